@@ -1,0 +1,1 @@
+"""hvd_cifar: data-parallel CNN training with Horovod."""

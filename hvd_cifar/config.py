@@ -1,0 +1,228 @@
+"""One typed, validated config for a training run.
+
+Precedence: the defaults below < a YAML file (``--config FILE``) < command-line flags.
+Flags are kebab-case spellings of the YAML's snake_case keys::
+
+    python -m hvd_cifar.train --config configs/demo.yaml --batch-size 64 --no-nesterov
+    python -m hvd_cifar.train --fp16-allreduce true --freeze-schedule "{0: 0, 10: 2}"
+
+Every mistake (unknown key, wrong type, out-of-range value) raises ``ConfigError`` with one
+line that names the key; the entry point turns it into one message and a non-zero exit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
+MODELS = ("vgg11", "vgg13", "vgg16", "vgg19", "resnet18", "smallcnn")
+SYNC_METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
+SCHEDULES = ("onecycle", "cosine", "step")
+AMP_MODES = ("none", "fp16", "bf16")
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message is one line naming the key."""
+
+
+@dataclass
+class Config:
+    # --- data ---
+    dataset: str = "digits"            # one of DATASETS
+    data_dir: str = "data"             # where torchvision data sets live / are downloaded to
+    download: bool = False             # allow torchvision to download (needs internet)
+    augment: bool = True               # pad-4 random crop (+ flip where the data set allows)
+    synthetic_size: int = 2048         # images in the synthetic training set (test set: 1/4)
+    # --- model ---
+    model: str = "vgg11"               # one of MODELS
+    channels_last: bool = False        # NHWC memory layout (faster convs on GPUs)
+    amp: str = "none"                  # autocast: none | fp16 (with a grad scaler) | bf16
+    # --- optimisation ---
+    epochs: int = 10
+    batch_size: int = 64               # images per rank per forward/backward pass
+    lr: float = 0.05                   # for one rank at batch_size; scaled by world size x accumulation
+    warmup_epochs: float = 1.0         # linear warm-up to the scaled lr, in epochs
+    schedule: str = "onecycle"         # after warm-up: onecycle (linear to 0) | cosine | step (x0.1 at 50%, 75%)
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 5e-4
+    label_smoothing: float = 0.0
+    # --- distribution ---
+    sync: str = "horovod"              # gradient synchronisation method, one of SYNC_METHODS
+    fp16_allreduce: bool = False       # gradients cross the wire as fp16
+    accumulation_steps: int = 1        # local forward/backward passes per synchronisation
+    freeze: int = 0                    # leading feature blocks that do not train
+    freeze_schedule: dict = field(default_factory=dict)  # {epoch: frozen blocks from that epoch on}
+    # --- run control ---
+    seed: int = 0
+    threads_per_rank: int = 0          # torch intra-op threads; 0 = cores on the host / ranks on the host
+    max_steps_per_epoch: int = 0       # 0 = the full epoch; >0 cuts epochs short (quick runs, benchmarks)
+    eval_batch_size: int = 500         # images per rank per evaluation batch
+    log_dir: str = "logs"              # run folders are created under here
+    run_name: str = ""                 # "" = timestamped unique name
+    checkpoint_every: int = 1          # epochs between checkpoints; 0 = only at the end
+    resume: str = ""                   # run folder (or run name under log_dir) to continue
+    progress: bool = True              # tqdm bar on rank 0
+
+    # ------------------------------------------------------------------
+    def validate(self) -> "Config":
+        choices = {"dataset": DATASETS, "model": MODELS, "sync": SYNC_METHODS,
+                   "schedule": SCHEDULES, "amp": AMP_MODES}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
+        positive = ("epochs", "batch_size", "accumulation_steps", "eval_batch_size", "synthetic_size")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
+        non_negative = ("warmup_epochs", "momentum", "weight_decay", "freeze", "seed",
+                        "threads_per_rank", "max_steps_per_epoch", "checkpoint_every")
+        for key in non_negative:
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr: must be > 0, got {self.lr}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError(f"label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        if self.momentum >= 1:
+            raise ConfigError(f"momentum: must be < 1, got {self.momentum}")
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("nesterov: needs momentum > 0")
+        if self.warmup_epochs > self.epochs:
+            raise ConfigError(f"warmup_epochs: {self.warmup_epochs} is longer than epochs ({self.epochs})")
+        for epoch, frozen in self.freeze_schedule.items():
+            if not isinstance(epoch, int) or not isinstance(frozen, int) or epoch < 0 or frozen < 0:
+                raise ConfigError(f"freeze_schedule: entries must be 'epoch: blocks' with "
+                                  f"non-negative integers, got {epoch!r}: {frozen!r}")
+        if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
+            raise ConfigError(f"run_name: must be a plain folder name, got {self.run_name!r}")
+        return self
+
+    def frozen_blocks(self, epoch: int) -> int:
+        """Feature blocks frozen during ``epoch`` (0-based): ``freeze``, then the schedule."""
+        frozen = self.freeze
+        for start in sorted(self.freeze_schedule):
+            if epoch >= start:
+                frozen = self.freeze_schedule[start]
+        return frozen
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_HINTS = typing.get_type_hints(Config)
+
+
+def _unknown(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, FIELDS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"{key}: unknown config key{hint}")
+
+
+def _coerce(key: str, value: Any, from_cli: bool) -> Any:
+    """Check ``value`` against the field's type; CLI strings are parsed as YAML scalars first."""
+    kind = _HINTS[key]
+    if isinstance(kind, types.GenericAlias):
+        kind = typing.get_origin(kind)
+    if from_cli and isinstance(value, str) and kind is not str:
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"{key}: cannot parse {value!r}") from None
+    if kind is str and from_cli:
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is dict and value is None:
+        value = {}
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def apply(cfg: Config, updates: dict[str, Any], from_cli: bool = False) -> Config:
+    for key, value in updates.items():
+        if key not in FIELDS:
+            raise _unknown(key)
+        setattr(cfg, key, _coerce(key, value, from_cli))
+    return cfg
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config: file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config: {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a mapping of keys to values")
+    return data
+
+
+def parse_flags(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
+    """``--key value``, ``--key=value``, ``--flag`` / ``--no-flag`` → (config file, {key: raw})."""
+    config_file, updates = None, {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or arg == "--":
+            raise ConfigError(f"command line: unexpected argument {arg!r} (flags look like --batch-size 64)")
+        name, eq, inline = arg[2:].partition("=")
+        key = name.replace("-", "_")
+        negated = key.startswith("no_") and key[3:] in FIELDS and _HINTS[key[3:]] is bool
+        if key == "config":
+            value, i = (inline, i + 1) if eq else (_next(argv, i, key), i + 2)
+            config_file = value
+            continue
+        if negated:
+            if eq:
+                raise ConfigError(f"{key[3:]}: --{name} takes no value")
+            updates[key[3:]] = False
+            i += 1
+            continue
+        if key not in FIELDS:
+            raise _unknown(key)
+        if eq:
+            updates[key] = inline
+            i += 1
+        elif _HINTS[key] is bool and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+            updates[key] = True
+            i += 1
+        else:
+            updates[key] = _next(argv, i, key)
+            i += 2
+    return config_file, updates
+
+
+def _next(argv: list[str], i: int, key: str) -> str:
+    if i + 1 >= len(argv):
+        raise ConfigError(f"{key}: --{key.replace('_', '-')} needs a value")
+    return argv[i + 1]
+
+
+def from_args(argv: list[str], base: dict[str, Any] | None = None) -> Config:
+    """Defaults < ``base`` (a saved run's config, when resuming) < YAML file < flags."""
+    config_file, flag_updates = parse_flags(argv)
+    cfg = Config()
+    if base:
+        apply(cfg, base)
+    if config_file:
+        apply(cfg, load_yaml(config_file))
+    apply(cfg, flag_updates, from_cli=True)
+    return cfg.validate()

@@ -1,0 +1,199 @@
+"""Data sets held whole in memory as uint8 tensors, batched augmentation, per-rank shards.
+
+The hot path has no DataLoader and no per-sample PIL work: a batch is an index slice of one
+seeded permutation, augmented (pad-4 random crop, horizontal flip where it makes sense) and
+normalised with a handful of tensor operations on the training device.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+TORCHVISION_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "svhn": ""}
+SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
+DIGITS_TEST_SIZE = 360      # images held out from scikit-learn's 1,797 digits
+DIGITS_SPLIT_SEED = 20240   # fixed, so every run and rank sees the same split
+
+
+class DataError(RuntimeError):
+    """A data set that is missing, corrupt or too small; the message is one line saying what to do."""
+
+
+@dataclass
+class DataSet:
+    name: str
+    train_images: torch.Tensor   # (N, 3, 32, 32) uint8
+    train_labels: torch.Tensor   # (N,) int64
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+    num_classes: int
+    hflip: bool                  # mirror images make sense (objects yes, digits no)
+
+    def to(self, device: torch.device) -> "DataSet":
+        for key in ("train_images", "train_labels", "test_images", "test_labels"):
+            setattr(self, key, getattr(self, key).to(device))
+        return self
+
+    def channel_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and std of the training images, in [0, 1] units."""
+        x = self.train_images.float().div_(255)
+        return x.mean(dim=(0, 2, 3)), x.std(dim=(0, 2, 3))
+
+
+# ----------------------------------------------------------------------------- loading
+def download(name: str, data_dir: str) -> None:
+    """Fetch a torchvision data set into ``data_dir`` (run on one rank before the others load)."""
+    if name in TORCHVISION_FOLDERS:
+        _torchvision_sets(name, data_dir, download=True)
+
+
+def load(name: str, data_dir: str, synthetic_size: int = 2048, seed: int = 0) -> DataSet:
+    if name == "digits":
+        return _digits()
+    if name == "synthetic":
+        return _synthetic(synthetic_size, seed)
+    if name in TORCHVISION_FOLDERS:
+        return _torchvision(name, data_dir)
+    raise DataError(f"dataset: unknown data set {name!r}")
+
+
+def _torchvision_sets(name: str, data_dir: str, download: bool):
+    import torchvision.datasets as tvd  # imported here: torchvision is slow to import
+
+    os.makedirs(data_dir, exist_ok=True) if download else None
+    if name == "svhn":
+        return (tvd.SVHN(data_dir, split="train", download=download),
+                tvd.SVHN(data_dir, split="test", download=download))
+    cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
+    return cls(data_dir, train=True, download=download), cls(data_dir, train=False, download=download)
+
+
+def _torchvision(name: str, data_dir: str) -> DataSet:
+    folder = os.path.join(data_dir, TORCHVISION_FOLDERS[name])
+    present = (all(os.path.exists(os.path.join(data_dir, f)) for f in SVHN_FILES)
+               if name == "svhn" else os.path.isdir(folder))
+    if not present:
+        where = data_dir if name == "svhn" else folder
+        raise DataError(f"dataset: {name} not found at {where}; run once with --download true "
+                        f"(needs internet) or copy the data set there")
+    try:
+        train, test = _torchvision_sets(name, data_dir, download=False)
+    except RuntimeError as exc:  # torchvision's checksum test failed
+        raise DataError(f"dataset: {name} in {data_dir} is corrupt ({exc}); delete it and run with "
+                        f"--download true") from None
+    except Exception as exc:  # unreadable despite a good checksum
+        raise DataError(f"dataset: {name} in {data_dir} could not be read "
+                        f"({type(exc).__name__}: {exc}); delete it and download again") from None
+
+    def images(ds) -> torch.Tensor:
+        x = torch.from_numpy(np.ascontiguousarray(ds.data))
+        return x if name == "svhn" else x.permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW
+
+    def labels(ds) -> torch.Tensor:
+        return torch.as_tensor(ds.labels if name == "svhn" else ds.targets, dtype=torch.int64)
+
+    num_classes = 100 if name == "cifar100" else 10
+    return DataSet(name, images(train), labels(train), images(test), labels(test), num_classes,
+                   hflip=name != "svhn")
+
+
+def _digits() -> DataSet:
+    """scikit-learn's 1,797 8x8 handwritten digits (shipped with the package, so offline),
+    upsampled to 32x32 RGB and split once with a fixed seed."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.from_numpy(digits.images).float().unsqueeze(1) / 16.0             # (N,1,8,8) in [0,1]
+    x = F.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False)
+    x = (x.clamp(0, 1) * 255).round().to(torch.uint8).expand(-1, 3, -1, -1).contiguous()
+    y = torch.from_numpy(digits.target).long()
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(DIGITS_SPLIT_SEED))
+    test, train = order[:DIGITS_TEST_SIZE], order[DIGITS_TEST_SIZE:]
+    return DataSet("digits", x[train], y[train], x[test], y[test], 10, hflip=False)
+
+
+def _synthetic(size: int, seed: int) -> DataSet:
+    """Random images and labels: a stand-in of CIFAR's shape for throughput benchmarks."""
+    g = torch.Generator().manual_seed(seed)
+    test_size = max(size // 4, 1)
+    x = torch.randint(0, 256, (size + test_size, 3, 32, 32), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 10, (size + test_size,), generator=g)
+    return DataSet("synthetic", x[:size], y[:size], x[size:], y[size:], 10, hflip=True)
+
+
+# ----------------------------------------------------------------------------- batching
+class ShardedLoader:
+    """Each epoch: one permutation of all N images, seeded by (seed, epoch) and identical on
+    every rank; rank r takes ``perm[r::world]``. All ranks run the same number of steps (a
+    collective per step needs that), and the last batch takes the remainder, so together the
+    ranks see every image exactly once per epoch (unless ``max_steps`` cuts the epoch short)."""
+
+    def __init__(self, images, labels, batch_size, rank, world_size, seed, mean, std,
+                 augment=False, hflip=False, max_steps=0, channels_last=False):
+        self.images, self.labels = images, labels
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.seed, self.augment, self.hflip, self.max_steps = seed, augment, hflip, max_steps
+        self.channels_last = channels_last
+        # x/255 then (x - mean)/std folded into one multiply-add
+        self.scale = (1.0 / (255.0 * std)).view(1, 3, 1, 1).to(images.device)
+        self.shift = (-mean / std).view(1, 3, 1, 1).to(images.device)
+        shard = len(images) // world_size
+        if shard < batch_size:
+            raise DataError(f"batch_size: {batch_size} x {world_size} ranks is larger than the "
+                            f"{len(images)} training images")
+        # Whole batches only; the last one also takes the shard's remainder (< batch_size
+        # images), so no image is skipped and no batch is too small for BatchNorm.
+        self.full_steps = shard // batch_size
+        self.steps_per_epoch = min(self.full_steps, max_steps) if max_steps else self.full_steps
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def epoch(self, epoch: int):
+        """Yield (images, labels) for this rank's shard of ``epoch``."""
+        perm = torch.randperm(len(self.images), generator=torch.Generator().manual_seed(
+            self.seed * 1_000_003 + epoch)).to(self.images.device)
+        shard = perm[self.rank::self.world_size]
+        gen = torch.Generator(device=self.images.device)
+        gen.manual_seed((self.seed * 1_000_003 + epoch) * 1009 + self.rank)
+        steps, b = self.steps_per_epoch, self.batch_size
+        for step in range(steps):
+            last = step == self.full_steps - 1
+            idx = shard[step * b:] if last else shard[step * b:(step + 1) * b]
+            yield self.transform(self.images[idx], gen), self.labels[idx]
+
+    def transform(self, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
+        x = x.float().mul_(self.scale).add_(self.shift)
+        if self.augment:
+            x = random_crop(x, 4, gen)
+            if self.hflip:
+                flip = torch.rand(len(x), generator=gen, device=x.device) < 0.5
+                x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+
+def random_crop(x: torch.Tensor, pad: int, gen: torch.Generator | None) -> torch.Tensor:
+    """Reflect-pad by ``pad`` and cut a random HxW window per image, for the whole batch at once."""
+    n, c, h, w = x.shape
+    padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
+    dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen, device=x.device)
+    dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen, device=x.device)
+    rows = (dy.view(n, 1) + torch.arange(h, device=x.device)).view(n, 1, h, 1)
+    cols = (dx.view(n, 1) + torch.arange(w, device=x.device)).view(n, 1, 1, w)
+    batch = torch.arange(n, device=x.device).view(n, 1, 1, 1)
+    chans = torch.arange(c, device=x.device).view(1, c, 1, 1)
+    return padded[batch, chans, rows, cols]
+
+
+def eval_batches(images, labels, batch_size, rank, world_size, transform):
+    """This rank's strided shard of the test set, unaugmented; shards may differ by one image."""
+    idx = torch.arange(rank, len(images), world_size, device=images.device)
+    for start in range(0, len(idx), batch_size):
+        part = idx[start:start + batch_size]
+        yield transform(images[part]), labels[part]

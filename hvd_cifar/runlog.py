@@ -1,0 +1,181 @@
+"""The run folder: logs/RUN_NAME/ with config.yaml, metrics.jsonl, meta.json, rank logs,
+checkpoint_last.pt and eval.json. Files are written whole or not at all (temp + rename)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+CHECKPOINT = "checkpoint_last.pt"
+METRICS = "metrics.jsonl"
+
+
+class RunError(RuntimeError):
+    """A run folder or checkpoint problem; the message is one line saying what is wrong."""
+
+
+def atomic_write(path: str, write) -> None:
+    """Write via ``write(file_object)`` to a temp file in the same folder, fsync, then rename over
+    ``path``: a reader (or a crash) sees the old file or the new one, never half of one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str, obj: Any) -> None:
+    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
+
+
+def default_run_name(cfg, world_size: int) -> str:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{cfg.model}-{cfg.dataset}-{cfg.sync}-np{world_size}"
+
+
+def resolve_resume(resume: str, log_dir: str) -> str:
+    """A run folder path, or a run name under ``log_dir``."""
+    for candidate in (resume, os.path.join(log_dir, resume)):
+        if os.path.isfile(os.path.join(candidate, "config.yaml")):
+            return os.path.abspath(candidate)
+    raise RunError(f"resume: no run folder at {resume!r} (nor under {log_dir}/) with a config.yaml")
+
+
+def create_run_dir(cfg, world_size: int) -> str:
+    """Make a new, empty run folder; never reuse an existing one (resuming goes elsewhere)."""
+    try:
+        os.makedirs(cfg.log_dir, exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"log_dir: cannot create {cfg.log_dir!r} ({exc.strerror})") from None
+    if not os.access(cfg.log_dir, os.W_OK | os.X_OK):
+        raise RunError(f"log_dir: {cfg.log_dir!r} is not writable")
+    base = cfg.run_name or default_run_name(cfg, world_size)
+    name, n = base, 1
+    while True:
+        path = os.path.join(cfg.log_dir, name)
+        try:
+            os.mkdir(path)
+            return os.path.abspath(path)
+        except FileExistsError:
+            if cfg.run_name:
+                raise RunError(f"run_name: {path} already exists; pick another name or resume it "
+                               f"with --resume {path}") from None
+            n += 1
+            name = f"{base}-{n}"
+        except OSError as exc:
+            raise RunError(f"log_dir: cannot create {path!r} ({exc.strerror})") from None
+
+
+class RankLog:
+    """A per-rank text log in the run folder; rank 0 also prints its lines."""
+
+    def __init__(self, run_dir: str, rank: int, echo: bool):
+        self.file = open(os.path.join(run_dir, f"rank{rank}.log"), "a", buffering=1)
+        self.rank, self.echo = rank, echo
+
+    def __call__(self, message: str) -> None:
+        stamp = dt.datetime.now().strftime("%H:%M:%S")
+        self.file.write(f"{stamp} [rank {self.rank}] {message}\n")
+        if self.echo:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def append_metrics(run_dir: str, record: dict) -> None:
+    """One JSON object per line; each line is written with one write() and fsynced."""
+    with open(os.path.join(run_dir, METRICS), "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    path = os.path.join(run_dir, METRICS)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def truncate_metrics(run_dir: str, epochs_done: int) -> None:
+    """On resume, drop lines for epochs the checkpoint does not cover (they will be rerun)."""
+    kept = [r for r in read_metrics(run_dir) if r["epoch"] < epochs_done]
+    atomic_write(os.path.join(run_dir, METRICS),
+                 lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
+
+
+def git_commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_metadata(world_size: int, hostnames: list[str], sync_name: str, device: str) -> dict:
+    from importlib import metadata
+
+    versions = {}
+    for pkg in ("torch", "torchvision", "horovod", "mpi4py", "numpy", "scikit-learn"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "started": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": [sys.executable, "-m", "hvd_cifar.train", *sys.argv[1:]],
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "world_size": world_size,
+        "hostnames": hostnames,
+        "sync": sync_name,
+        "device": device,
+        "launcher": "mpirun" if "OMPI_COMM_WORLD_SIZE" in os.environ else
+                    "horovodrun-gloo" if "HOROVOD_RANK" in os.environ else "single-process",
+        "unix_time": time.time(),
+    }
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def checkpoint_identity(cfg, num_classes: int) -> dict:
+    """What must match for a checkpoint's tensors to fit this run."""
+    return {"model": cfg.model, "dataset": cfg.dataset, "num_classes": num_classes}
+
+
+def save_checkpoint(run_dir: str, state: dict) -> None:
+    atomic_write(os.path.join(run_dir, CHECKPOINT), lambda f: torch.save(state, f))
+
+
+def load_checkpoint(run_dir: str, identity: dict) -> dict:
+    path = os.path.join(run_dir, CHECKPOINT)
+    if not os.path.exists(path):
+        raise RunError(f"resume: {run_dir} has no {CHECKPOINT} (no epoch finished yet?)")
+    try:
+        # weights_only: a checkpoint is data; never run pickled code from a file.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user-facing fault
+        raise RunError(f"resume: {path} is not a readable checkpoint ({type(exc).__name__})") from None
+    if state.get("identity") != identity:
+        raise RunError(f"resume: checkpoint {path} is for {state.get('identity')}, "
+                       f"but this run is {identity}")
+    return state

@@ -1,0 +1,124 @@
+"""Gradient synchronisation methods, interchangeable behind one small interface.
+
+The training loop talks only to ``SyncMethod``; each method lives in its own module here and
+registers itself in ``METHODS``. Adding a method means adding one file.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+from typing import Any
+
+import torch
+
+# config value -> module implementing it
+METHODS = {
+    "horovod": "hvd_cifar.sync.horovod",
+    "mpi-allreduce": "hvd_cifar.sync.mpi",
+    "mpi-gather-scatter": "hvd_cifar.sync.mpi",
+    "ddp": "hvd_cifar.sync.ddp",
+}
+
+_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def launch_rank() -> int:
+    """This process's rank as the launcher set it, known before any communication starts."""
+    for var in _RANK_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def launched_by_mpi() -> bool:
+    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ or "PMIX_RANK" in os.environ
+
+
+def abort_job(code: int = 1) -> None:
+    """End every rank of the job now. Under MPI, MPI_Abort takes the others down with this one;
+    under horovodrun's Gloo launcher, the driver stops the job when one rank exits non-zero."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if launched_by_mpi():
+        try:
+            from mpi4py import MPI
+            MPI.COMM_WORLD.Abort(code)
+        except Exception:  # noqa: BLE001 - falling through to a hard exit is the point
+            pass
+    os._exit(code)
+
+
+class SyncMethod:
+    """What the training loop needs from a gradient synchronisation method.
+
+    Per optimizer update the loop calls, in order:
+      ``accumulate(model, sync_now)`` around each micro-batch's forward and backward,
+      ``synchronize(optimizer)`` once the last micro-batch of the update has run backward,
+      ``step(optimizer, scaler)`` to apply the averaged gradients.
+    """
+
+    name = "base"
+    rank = 0
+    size = 1
+    local_rank = 0
+    local_size = 1
+
+    # --- model and optimizer -------------------------------------------------------
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             named_parameters: list[tuple[str, torch.nn.Parameter]], accumulation_steps: int,
+             fp16: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """Return the (model, optimizer) the loop should use; called again when the set of
+        trainable parameters changes, with the *unwrapped* model and a new optimizer."""
+        raise NotImplementedError
+
+    def accumulate(self, model: torch.nn.Module, sync_now: bool):
+        """Context for one micro-batch; ``sync_now`` is False for all but the last of an update."""
+        return contextlib.nullcontext()
+
+    def synchronize(self, optimizer: torch.optim.Optimizer) -> None:
+        """Finish averaging gradients across ranks (the part of sync time not hidden in backward)."""
+        raise NotImplementedError
+
+    def step(self, optimizer: torch.optim.Optimizer, scaler=None) -> None:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+
+    def broadcast_state(self, model: torch.nn.Module) -> None:
+        """Make every rank's parameters and buffers equal to rank 0's."""
+        raise NotImplementedError
+
+    # --- small collectives for metrics and coordination ------------------------------
+    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def broadcast_object(self, obj: Any) -> Any:
+        raise NotImplementedError
+
+    def allgather_object(self, obj: Any) -> list:
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        self.allreduce_sum(torch.zeros(1))
+
+    # --- accounting ----------------------------------------------------------------
+    def wire_bytes_per_sync(self, payload_bytes: int) -> int:
+        """Bytes one rank sends per synchronisation of ``payload_bytes`` of gradients (the busiest
+        rank where ranks differ). Ring allreduce: reduce-scatter then allgather, each moving
+        (N-1)/N of the payload."""
+        n = self.size
+        return int(round(2 * (n - 1) / n * payload_bytes)) if n > 1 else 0
+
+    def close(self) -> None:
+        pass
+
+
+def make(name: str) -> SyncMethod:
+    if name not in METHODS:
+        raise ValueError(f"unknown sync method {name!r}")
+    module = importlib.import_module(METHODS[name])
+    return module.create(name)

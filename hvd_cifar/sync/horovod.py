@@ -1,0 +1,65 @@
+"""Horovod: ring allreduce over MPI or Gloo, overlapped with backward by per-parameter hooks."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import horovod.torch as hvd
+
+from hvd_cifar.sync import SyncMethod
+
+
+class HorovodSync(SyncMethod):
+    name = "horovod"
+
+    def __init__(self):
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+
+    def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
+        # Named parameters give every allreduce a stable name across ranks. Only trainable
+        # parameters are passed: Horovod hooks what it is given when the optimizer is built,
+        # so a frozen parameter left in would still have zeros allreduced every step.
+        optimizer = hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=named_parameters,
+            compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none,
+            # Horovod counts backward passes per parameter and allreduces on the k-th, so
+            # k micro-batches cost one synchronisation.
+            backward_passes_per_step=accumulation_steps,
+            op=hvd.Average,
+        )
+        return model, optimizer
+
+    def synchronize(self, optimizer):
+        # Waits for the allreduces the backward hooks started. Called explicitly (rather than
+        # inside step()) so that the wait is measured as sync time and so that an update with
+        # fewer than k micro-batches (an epoch's tail) still gets its gradients allreduced.
+        optimizer.synchronize()
+
+    def step(self, optimizer, scaler=None):
+        with optimizer.skip_synchronize():  # synchronize() already ran
+            super().step(optimizer, scaler)
+
+    def broadcast_state(self, model):
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def allreduce_sum(self, tensor):
+        return hvd.allreduce(tensor, op=hvd.Sum)
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return hvd.broadcast_object(obj, root_rank=0)
+
+    def allgather_object(self, obj: Any) -> list:
+        return hvd.allgather_object(obj)
+
+    def barrier(self):
+        hvd.barrier()
+
+    def close(self):
+        hvd.shutdown()
+
+
+def create(name: str) -> SyncMethod:
+    return HorovodSync()

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Launch hvd_cifar training with horovodrun, reading the hosts from a hostfile.
+#
+#   launch/horovodrun.sh -np 4 -hostfile hostfiles/example-cluster --config configs/cifar10_vgg11.yaml
+#   launch/horovodrun.sh -np 2 --gloo --config configs/demo.yaml           # hostfiles/localhost
+#   launch/horovodrun.sh -np 4 -H hostfiles/example-cluster -p 2222 -- --epochs 3
+#
+# horovodrun's own -H wants "host:slots,..." and its -hostfile parser trips on comments and
+# blank lines, so this script validates the file (saying which line is wrong), turns it into
+# the -H list and runs horovodrun with it. Options before the training flags (or before --):
+#   -np N                  processes (default: all slots in the hostfile)
+#   -hostfile FILE | -H FILE
+#   --gloo | --mpi         controller (default: horovodrun's choice, MPI when mpirun exists)
+#   -p PORT                ssh port on the remote hosts
+#   --network-interfaces IF, --start-timeout S, --verbose   passed to horovodrun
+# Everything else goes to python -m hvd_cifar.train.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PY" ] || PY="$(command -v python3)"
+
+np=0
+hostfile="$ROOT/hostfiles/localhost"
+hvd_args=()
+while (($#)); do
+  case "$1" in
+    -np|--num-proc) np="$2"; shift 2 ;;
+    -hostfile|--hostfile|-H|--hosts) hostfile="$2"; shift 2 ;;
+    --gloo|--mpi|--verbose) hvd_args+=("$1"); shift ;;
+    -p|--ssh-port|--network-interfaces|--start-timeout) hvd_args+=("$1" "$2"); shift 2 ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
+
+hosts="$("$PY" -m hvd_cifar.hostfile "$hostfile" --np "$np" --format horovod)"
+if [ "$np" -eq 0 ]; then
+  np=0
+  IFS=',' read -ra entries <<< "$hosts"
+  for entry in "${entries[@]}"; do np=$((np + ${entry##*:})); done
+fi
+HOROVODRUN="$(dirname "$PY")/horovodrun"
+[ -x "$HOROVODRUN" ] || HOROVODRUN=horovodrun
+# Arguments go through as an array: nothing from the command line is ever re-parsed by a shell.
+exec "$HOROVODRUN" -np "$np" -H "$hosts" ${hvd_args[@]+"${hvd_args[@]}"} "$PY" -m hvd_cifar.train "$@"

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Launch hvd_cifar training with Open MPI's mpirun (clusters with a shared file system).
+#
+#   launch/mpirun.sh -np 4 -hostfile hostfiles/example-cluster --config configs/cifar10_vgg11.yaml
+#   launch/mpirun.sh -np 2 --oversubscribe --config configs/tiny.yaml      # hostfiles/localhost
+#
+# The hostfile is validated first (comments, blank lines, "HOST slots=N" or "HOST:N") and
+# handed to mpirun as a clean copy. The flags are the ones Horovod's docs give for Open MPI:
+#   -bind-to none -map-by slot   let each rank use its threads instead of pinning it to one core
+#   -x VAR                       export the environment Horovod and NCCL read to remote ranks
+#   -mca pml ob1 -mca btl ^openib  plain TCP/shared-memory transports, no InfiniBand verbs
+# Options before the training flags (or before --): -np N, -hostfile FILE | -H FILE,
+# --oversubscribe (more ranks than cores), -p PORT (ssh port of the remote hosts).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PY" ] || PY="$(command -v python3)"
+
+np=0
+hostfile="$ROOT/hostfiles/localhost"
+mpi_args=()
+while (($#)); do
+  case "$1" in
+    -np|-n) np="$2"; shift 2 ;;
+    -hostfile|--hostfile|-H) hostfile="$2"; shift 2 ;;
+    --oversubscribe) mpi_args+=(--oversubscribe); shift ;;
+    -p|--ssh-port) mpi_args+=(-mca plm_rsh_args "-p $2"); shift 2 ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
+
+clean="$(mktemp "${TMPDIR:-/tmp}/hvd_cifar_hosts.XXXXXX")"
+trap 'rm -f "$clean"' EXIT
+"$PY" -m hvd_cifar.hostfile "$hostfile" --np "$np" --format mpi > "$clean"
+if [ "$np" -eq 0 ]; then
+  np="$(awk -F'slots=' '{s += $2} END {print s}' "$clean")"
+fi
+[ "$(id -u)" -ne 0 ] || mpi_args+=(--allow-run-as-root)
+
+set +e
+mpirun -np "$np" --hostfile "$clean" \
+  -bind-to none -map-by slot \
+  -x PATH -x LD_LIBRARY_PATH -x PYTHONPATH -x NCCL_DEBUG -x HOROVOD_TIMELINE \
+  -mca pml ob1 -mca btl ^openib \
+  ${mpi_args[@]+"${mpi_args[@]}"} \
+  "$PY" -m hvd_cifar.train "$@"
+status=$?
+exit "$status"

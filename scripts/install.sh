@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything hvd_cifar needs, from nothing:
+#   Debian packages (Open MPI, cmake, ssh, iproute2), a virtual environment at .venv
+#   with torch, torchvision, horovod (built from source with fixes), mpi4py and the
+#   rest, and the package itself installed editable.
+# The Dockerfile runs this same script, so CI exercises the image's recipe.
+#
+#   bash scripts/install.sh            # set up (a second run takes seconds)
+#   VENV=/opt/venv bash scripts/install.sh
+#   HOROVOD_GPU_OPERATIONS=NCCL bash scripts/install.sh   # GPU build (needs CUDA + NCCL)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3.11}"
+WHEEL_CACHE="${HVD_CIFAR_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_cifar/wheels}"
+
+# Pinned versions: torch and torchvision must be a matching pair; horovod 0.28.1 is
+# the last release. Python 3.11 because horovodrun 0.28.1 still imports distutils.
+TORCH_VERSION=2.13.0
+TORCHVISION_VERSION=0.28.0
+HOROVOD_VERSION=0.28.1
+PY_PACKAGES=(
+  "mpi4py==4.1.2" "tqdm>=4.66" "pyyaml>=6.0" "matplotlib>=3.8" "scikit-learn>=1.4"
+  "pytest>=8.0" "pytest-timeout>=2.3" "numpy>=1.26" "psutil>=5.9" "cloudpickle>=3.0"
+  "packaging>=23" "setuptools>=69" "wheel>=0.42"
+)
+APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client openssh-server iproute2 procps)
+
+log() { printf '[install] %s\n' "$*"; }
+
+# --- Debian packages --------------------------------------------------------------
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  log "apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- virtual environment ------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV with $PYTHON"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+# This machine's pip config points find-links at a folder holding a CPU-only torch wheel,
+# with which PyPI's torchvision fails on import ("operator torchvision::nms does not
+# exist"). Ignore that config so pip takes PyPI's standard build, which runs on CPU too.
+export PIP_CONFIG_FILE=/dev/null
+unset PIP_FIND_LINKS PIP_EXTRA_INDEX_URL || true
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip_install() { "$PY" -m pip install -q "$@"; }
+
+have() { "$PY" - "$@" <<'PYEOF'
+import sys
+from importlib import metadata
+for spec in sys.argv[1:]:
+    name, _, want = spec.partition("==")
+    try:
+        got = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        sys.exit(1)
+    if want and got.split("+")[0] != want:
+        sys.exit(1)
+PYEOF
+}
+
+if ! have "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"; then
+  log "pip install torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION (large download)"
+  pip_install "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+fi
+stamp="$VENV/.hvd_cifar_py_packages"
+if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PACKAGES[*]}" ]; then
+  log "pip install ${PY_PACKAGES[*]}"
+  pip_install "${PY_PACKAGES[@]}"
+  echo "${PY_PACKAGES[*]}" > "$stamp"
+fi
+
+# --- horovod, built from source with three fixes, wheel cached ------------------------
+gpu_ops="${HOROVOD_GPU_OPERATIONS:-}"
+wheel_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-py$("$PY" -c 'import sys;print("%d%d"%sys.version_info[:2])')${gpu_ops:+-$gpu_ops}"
+if ! have "horovod==$HOROVOD_VERSION"; then
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    build="$(mktemp -d)"
+    trap 'rm -rf "$build"' EXIT
+    log "building horovod $HOROVOD_VERSION from source (about 8 minutes on 2 cores)"
+    "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build"
+    tar -xzf "$build/horovod-$HOROVOD_VERSION.tar.gz" -C "$build"
+    src="$build/horovod-$HOROVOD_VERSION"
+    "$PY" - "$src" <<'PYEOF'
+import pathlib, sys
+src = pathlib.Path(sys.argv[1])
+
+def patch(rel, old, new):
+    path = src / rel
+    text = path.read_text()
+    if old not in text:
+        sys.exit(f"horovod patch anchor not found in {rel}: {old!r}")
+    path.write_text(text.replace(old, new, 1))
+
+# Fix 1: torch >= 2.1 headers use C++17 features. Both the top-level build and the
+# torch extension must agree on the standard: with 17 in only one of them the link
+# fails on gloo::rendezvous::Store::kDefaultTimeout (an inline static in C++17).
+patch("CMakeLists.txt", "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
+patch("horovod/torch/CMakeLists.txt", "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
+
+# Fix 2: PyPI's torch is a CUDA build, and with nvcc on PATH FindPytorch decides this is
+# a CUDA build of horovod, which then fails to find cudart on a machine without the CUDA
+# runtime. Only treat torch as CUDA when a GPU build was asked for explicitly.
+patch("cmake/Modules/FindPytorch.cmake",
+      'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)',
+      'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\n'
+      'if(NOT DEFINED ENV{HOROVOD_GPU_OPERATIONS})\n'
+      '    set(Pytorch_CUDA FALSE)\n'
+      'endif()')
+PYEOF
+    # Fix 3: use the system cmake (3.25; pip's cmake 4 rejects gloo's cmake_minimum_required)
+    # and build without isolation so the extension compiles against the torch installed above
+    # rather than a different torch pulled into a throwaway build environment.
+    export PATH="/usr/bin:$PATH"
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+    MAKEFLAGS="-j$(nproc)" \
+      "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$build/dist" "$src"
+    mkdir -p "$wheel_dir"
+    cp "$build"/dist/horovod-*.whl "$wheel_dir/"
+  fi
+  log "installing cached horovod wheel from $wheel_dir"
+  pip_install --no-deps "$wheel_dir"/horovod-*.whl
+  "$VENV/bin/horovodrun" --check-build
+fi
+
+# --- the package itself ----------------------------------------------------------------
+if ! have hvd_cifar; then
+  pip_install --no-deps --no-build-isolation -e "$ROOT"
+fi
+log "ready: $VENV"
