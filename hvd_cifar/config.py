@@ -68,6 +68,7 @@ class Config:
     log_dir: str = "logs"              # run folders are created under here
     run_name: str = ""                 # "" = timestamped unique name
     checkpoint_every: int = 1          # epochs between checkpoints; 0 = only at the end
+    stop_after: int = 0                # end the run after this many epochs (0 = all); the schedule still spans `epochs`
     resume: str = ""                   # run folder (or run name under log_dir) to continue
     progress: bool = True              # tqdm bar on rank 0
 
@@ -83,7 +84,7 @@ class Config:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
         non_negative = ("warmup_epochs", "momentum", "weight_decay", "freeze", "seed",
-                        "threads_per_rank", "max_steps_per_epoch", "checkpoint_every")
+                        "threads_per_rank", "max_steps_per_epoch", "checkpoint_every", "stop_after")
         for key in non_negative:
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")

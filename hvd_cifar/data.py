@@ -164,17 +164,21 @@ class ShardedLoader:
         for step in range(steps):
             last = step == self.full_steps - 1
             idx = shard[step * b:] if last else shard[step * b:(step + 1) * b]
-            yield self.transform(self.images[idx], gen), self.labels[idx]
+            yield self.augmented(self.normalize(self.images[idx]), gen), self.labels[idx]
 
-    def transform(self, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 images -> float, zero mean and unit variance per channel (no augmentation)."""
         x = x.float().mul_(self.scale).add_(self.shift)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def augmented(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         if self.augment:
             x = random_crop(x, 4, gen)
             if self.hflip:
                 flip = torch.rand(len(x), generator=gen, device=x.device) < 0.5
                 x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
         return x
 
 
@@ -191,9 +195,9 @@ def random_crop(x: torch.Tensor, pad: int, gen: torch.Generator | None) -> torch
     return padded[batch, chans, rows, cols]
 
 
-def eval_batches(images, labels, batch_size, rank, world_size, transform):
+def eval_batches(images, labels, batch_size, rank, world_size, normalize):
     """This rank's strided shard of the test set, unaugmented; shards may differ by one image."""
     idx = torch.arange(rank, len(images), world_size, device=images.device)
     for start in range(0, len(idx), batch_size):
         part = idx[start:start + batch_size]
-        yield transform(images[part]), labels[part]
+        yield normalize(images[part]), labels[part]

@@ -104,7 +104,7 @@ def evaluate(model, ds: data.DataSet, loader: data.ShardedLoader, cfg: Config, s
     loss_sum = torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
         for x, y in data.eval_batches(ds.test_images, ds.test_labels, cfg.eval_batch_size,
-                                      sync.rank, sync.size, loader.transform):
+                                      sync.rank, sync.size, loader.normalize):
             with amp_ctx():
                 out = model(x)
             loss_sum += F.cross_entropy(out.float(), y, reduction="sum").double().cpu()
@@ -174,8 +174,9 @@ def run(cfg: Config) -> int:
     # ---- model: same seed everywhere, then rank 0's weights broadcast to be sure
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, ds.num_classes).to(device)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    # channels_last applies to the input batches only: convolutions then run in NHWC, while the
+    # parameters (and, by autograd's layout contract, their gradients) stay contiguous, which
+    # is what allreduce and broadcast of flat buffers require.
     depth = len(model.feature_blocks)
     for frozen in (cfg.freeze, *cfg.freeze_schedule.values()):
         if frozen > depth:
@@ -218,7 +219,8 @@ def run(cfg: Config) -> int:
     from tqdm import tqdm
 
     final_confusion = None
-    for epoch in range(start_epoch, cfg.epochs):
+    end_epoch = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
+    for epoch in range(start_epoch, end_epoch):
         # ---- layer freezing schedule: a new trainable set needs a new optimizer and sync hooks
         if cfg.frozen_blocks(epoch) != frozen:
             frozen = cfg.frozen_blocks(epoch)
@@ -259,7 +261,7 @@ def run(cfg: Config) -> int:
                 sync.synchronize(optimizer)
                 t = timed("sync", t)
                 sync.step(optimizer, scaler)
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()  # set_to_none by default in torch 2
                 syncs += 1
                 t = timed("optimizer", t)
             with torch.no_grad():
@@ -309,14 +311,14 @@ def run(cfg: Config) -> int:
         log(f"epoch {epoch + 1}/{cfg.epochs}  train loss {record['train_loss']:.4f} acc {record['train_acc']:.4f}"
             f"  test loss {test_loss:.4f} acc {test_acc:.4f}  {epoch_time:.1f} s  "
             f"{record['images_per_s']:.0f} img/s  lr {record['lr']:.4g}")
-        last_epoch = epoch == cfg.epochs - 1
+        last_epoch = epoch == end_epoch - 1
         if is_main and ((cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0) or last_epoch):
             ckpt = {"epoch": epoch + 1, "identity": identity, "config": cfg.to_dict(),
                     "model": model.state_dict(), "optimizer": optimizer.state_dict()}
             if scaler is not None:
                 ckpt["scaler"] = scaler.state_dict()
             runlog.save_checkpoint(run_dir, ckpt)
-        if last_epoch:
+        if epoch == cfg.epochs - 1:
             final_confusion = confusion
 
     if final_confusion is not None and is_main:

@@ -1,6 +1,7 @@
 """Horovod: ring allreduce over MPI or Gloo, overlapped with backward by per-parameter hooks."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -16,12 +17,19 @@ class HorovodSync(SyncMethod):
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self.optimizer = None
 
     def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
         # Named parameters give every allreduce a stable name across ranks. Only trainable
         # parameters are passed: Horovod hooks what it is given when the optimizer is built,
         # so a frozen parameter left in would still have zeros allreduced every step.
-        optimizer = hvd.DistributedOptimizer(
+        if self.optimizer is not None:
+            # The previous wrapper's hooks stay on the parameters' gradient accumulators (Horovod
+            # keeps no handle to remove them) and would allreduce under the same names as the new
+            # one's; a countdown that never reaches zero keeps them from starting any allreduce.
+            for p in self.optimizer._allreduce_delay:
+                self.optimizer._allreduce_delay[p] = math.inf
+        optimizer = self.optimizer = hvd.DistributedOptimizer(
             optimizer,
             named_parameters=named_parameters,
             compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none,

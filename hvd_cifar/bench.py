@@ -1,0 +1,366 @@
+"""A scaling sweep in one command: train every combination of the options given, each as its
+own launched job, and tabulate and plot how throughput scales with the number of processes.
+
+    python -m hvd_cifar.bench --np 1 2 --fp16-allreduce false true --accumulation-steps 1 4 \\
+        --batch-size 32 --model smallcnn --steps 10
+    python -m hvd_cifar.bench --np 1 2 4 --launcher mpirun --hostfile hostfiles/example-cluster \\
+        --model vgg11 --dataset cifar10 --steps 50 --extra "--data-dir /shared/data"
+    python -m hvd_cifar.bench --np 1 2 --dry-run          # print the commands, run nothing
+
+Options taking several values (--np, --sync, --model, --batch-size, --fp16-allreduce,
+--accumulation-steps, --freeze) span a cartesian product; each combination is one run of
+``python -m hvd_cifar.train`` with ``--max-steps-per-epoch STEPS``, launched by
+  horovodrun:  .venv/bin/horovodrun -np N -H localhost:N python -m hvd_cifar.train ...
+               (with --hostfile: launch/horovodrun.sh -np N -hostfile FILE ...)
+  mpirun:      mpirun --oversubscribe -np N -bind-to none -map-by slot python -m hvd_cifar.train ...
+               (with --hostfile: launch/mpirun.sh -np N -hostfile FILE --oversubscribe ...)
+np=1 runs are launched the same way as the others, so that they differ in the count alone.
+
+Everything goes under --out (default logs/bench-YYYYmmdd-HHMMSS):
+  runs/NAME/          the run folders (metrics.jsonl, ...)
+  logs/NAME.stdout.txt, logs/NAME.stderr.txt   each job's output
+  scaling.md, scaling.csv, scaling.png          the table and the plot
+Numbers are made by ``hvd_cifar.report`` (means over epochs after the first when there are two
+or more; speedup from img/s against np=1 of the same configuration). A configuration that
+fails (non-zero exit, or no end within --timeout seconds) is a row with status
+``failed (...)`` and its stderr tail in scaling.md; the sweep goes on. Exit status: 0 when
+every configuration ran, 1 when some failed, 2 for bad options.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from hvd_cifar import config as config_mod
+from hvd_cifar.config import ConfigError
+from hvd_cifar.report import (MB, Column, OneLineParser, ReportError, add_speedup, load_run,
+                              markdown_table, num, plot_scaling, summarize, write_csv)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Swept options: (bench flag / row key, trainer flag)
+SWEEP = (("model", "--model"), ("sync", "--sync"), ("batch_size", "--batch-size"),
+         ("fp16_allreduce", "--fp16-allreduce"), ("accumulation_steps", "--accumulation-steps"),
+         ("freeze", "--freeze"), ("world_size", None))
+# Trainer keys the bench sets itself; --extra may not override them or the table would lie.
+OWNED_KEYS = ("model", "sync", "batch_size", "fp16_allreduce", "accumulation_steps", "freeze",
+              "dataset", "epochs", "max_steps_per_epoch", "log_dir", "run_name", "resume", "progress")
+STDERR_TAIL_LINES = 20
+# The trainer's own one-line verdict, without the "[1,0]<stderr>:" tags launchers add around it.
+ERROR_LINE = re.compile(r"hvd_cifar: (?:error: |rank \d+ failed).*?(?=\[\d+,\d+\]<std|$)")
+
+
+class BenchError(RuntimeError):
+    """A bad option; the message is one line naming it."""
+
+
+# ----------------------------------------------------------------------------- options
+def boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def integer(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {n}")
+        return n
+    parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
+
+
+positive, non_negative = integer(1), integer(0)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = OneLineParser(prog="python -m hvd_cifar.bench", description=__doc__.split("\n\n")[0],
+                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--np", nargs="+", type=positive, default=[1, 2], help="process counts (default: 1 2)")
+    p.add_argument("--sync", nargs="+", choices=config_mod.SYNC_METHODS, default=["horovod"])
+    p.add_argument("--model", nargs="+", choices=config_mod.MODELS, default=["smallcnn"])
+    p.add_argument("--batch-size", nargs="+", type=positive, default=[32], help="images per rank per step")
+    p.add_argument("--fp16-allreduce", nargs="+", type=boolean, default=[False])
+    p.add_argument("--accumulation-steps", nargs="+", type=positive, default=[1])
+    p.add_argument("--freeze", nargs="+", type=non_negative, default=[0], help="leading frozen blocks")
+    p.add_argument("--dataset", choices=config_mod.DATASETS, default="synthetic",
+                   help="default: synthetic (CIFAR-shaped random images, offline)")
+    p.add_argument("--steps", type=positive, default=10, help="training steps per epoch per rank")
+    p.add_argument("--epochs", type=positive, default=2,
+                   help="default 2: the first (warm-up) epoch is left out of the means")
+    p.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun")
+    p.add_argument("--hostfile", help="hosts for the launcher (through launch/*.sh); default: this machine")
+    p.add_argument("--out", help="output folder (default: logs/bench-YYYYmmdd-HHMMSS)")
+    p.add_argument("--extra", default="", help='more trainer flags, e.g. "--lr 0.1 --threads-per-rank 1"')
+    p.add_argument("--timeout", type=positive, default=900, help="seconds per configuration (default 900)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = p.parse_args(argv)
+    args.np = sorted(set(args.np))  # np=1 first, so a group's baseline runs before the others
+    return args
+
+
+def extra_flags(extra: str) -> list[str]:
+    """--extra as an argument list, checked by the trainer's own flag parser."""
+    try:
+        flags = shlex.split(extra)
+    except ValueError as exc:
+        raise BenchError(f"--extra: cannot split {extra!r} ({exc})") from None
+    try:
+        _, updates = config_mod.parse_flags(flags)
+    except ConfigError as exc:
+        raise BenchError(f"--extra: {exc}") from None
+    owned = [k for k in updates if k in OWNED_KEYS]
+    if owned:
+        raise BenchError(f"--extra: --{owned[0].replace('_', '-')} is set by the bench itself "
+                         f"(use the bench's own option, if it has one)")
+    return flags
+
+
+# ----------------------------------------------------------------------------- the sweep
+def configurations(args) -> list[dict]:
+    """The cartesian product, np varying fastest."""
+    values = [args.model, args.sync, args.batch_size, args.fp16_allreduce, args.accumulation_steps,
+              args.freeze, args.np]
+    keys = [key for key, _ in SWEEP]
+    return [dict(zip(keys, combo), dataset=args.dataset) for combo in itertools.product(*values)]
+
+
+def run_name(cfg: dict) -> str:
+    return (f"{cfg['model']}-{cfg['dataset']}-{cfg['sync']}-np{cfg['world_size']}-b{cfg['batch_size']}"
+            f"-fp16{'on' if cfg['fp16_allreduce'] else 'off'}-acc{cfg['accumulation_steps']}-frz{cfg['freeze']}")
+
+
+def unique_name(runs_dir: str, name: str, taken: set[str]) -> str:
+    candidate, n = name, 1
+    while candidate in taken or os.path.exists(os.path.join(runs_dir, candidate)):
+        n += 1
+        candidate = f"{name}-{n}"
+    taken.add(candidate)
+    return candidate
+
+
+def train_flags(cfg: dict, args, runs_dir: str, name: str, extra: list[str]) -> list[str]:
+    flags = [flag_arg for key, flag in SWEEP if flag
+             for flag_arg in (flag, str(cfg[key]).lower() if isinstance(cfg[key], bool) else str(cfg[key]))]
+    return [*flags, "--dataset", args.dataset, "--epochs", str(args.epochs),
+            "--max-steps-per-epoch", str(args.steps), "--log-dir", runs_dir, "--run-name", name,
+            "--progress", "false", *extra]
+
+
+def horovodrun_path() -> str:
+    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")  # the venv's own
+    return beside if os.access(beside, os.X_OK) else "horovodrun"
+
+
+def command(n: int, args, flags: list[str]) -> list[str]:
+    """The job's argument list (never a shell string)."""
+    train = [sys.executable, "-m", "hvd_cifar.train", *flags]
+    if args.launcher == "horovodrun":
+        if args.hostfile:
+            return [os.path.join(ROOT, "launch", "horovodrun.sh"), "-np", str(n), "-hostfile", args.hostfile, *flags]
+        return [horovodrun_path(), "-np", str(n), "-H", f"localhost:{n}", *train]
+    if args.hostfile:
+        return [os.path.join(ROOT, "launch", "mpirun.sh"), "-np", str(n), "-hostfile", args.hostfile,
+                "--oversubscribe", *flags]
+    as_root = ["--allow-run-as-root"] if os.geteuid() == 0 else []  # Open MPI refuses root otherwise
+    # Oversubscribe: a sweep may ask for more ranks than cores; bind-to none lets each rank
+    # use its threads instead of being pinned to one core.
+    return ["mpirun", *as_root, "--oversubscribe", "-np", str(n), "-bind-to", "none", "-map-by", "slot", *train]
+
+
+def launch(cmd: list[str], stdout_path: str, stderr_path: str, timeout: int) -> tuple[int | None, float]:
+    """Run one job to its end or its timeout; returns (exit status or None on timeout, seconds)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHON=sys.executable,
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    start = time.perf_counter()
+    with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
+        # Its own session: on a timeout the launcher and every rank it started go down together.
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT, env=env,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(proc)
+            code = None
+        except BaseException:  # Ctrl-C: take the job down with us
+            stop(proc)
+            raise
+    return code, time.perf_counter() - start
+
+
+def stop(proc: subprocess.Popen) -> None:
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "\n".join(f.read().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def first_error(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                found = ERROR_LINE.search(line.rstrip("\n"))
+                if found:
+                    return found.group(0).strip()
+    except OSError:
+        pass
+    return ""
+
+
+def collect(cfg: dict, run_dir: str, code: int | None, timeout: int) -> dict:
+    """The table row of one job: its configuration, status and (when it ran) its numbers."""
+    row = dict(cfg, run=os.path.basename(run_dir), run_dir=run_dir)
+    if code is None:
+        row["status"] = f"failed (timeout after {timeout} s)"
+    elif code != 0:
+        row["status"] = f"failed (exit {code})"
+    else:
+        try:
+            summary = summarize(load_run(run_dir))
+        except ReportError as exc:
+            row["status"] = f"failed (exit 0 but {exc})"
+        else:
+            row.update({k: v for k, v in summary.items() if k not in cfg})
+            row["status"] = "ok"
+    return row
+
+
+# ----------------------------------------------------------------------------- the table
+SCALING_COLUMNS = [
+    Column("np", "world_size"), Column("sync", "sync"), Column("model", "model"), Column("dataset", "dataset"),
+    Column("batch/rank", "batch_size"), Column("fp16 allreduce", "fp16_allreduce"),
+    Column("accum steps", "accumulation_steps"), Column("freeze", "freeze"),
+    num("epoch time (s)", "mean_epoch_time_s", ".3f"),
+    num("img/s", "images_per_s", ".1f"),
+    num("step time (ms)", "step_time_s", ".2f", 1e-3),
+    num("sync time (ms/step)", "sync_time_per_step_s", ".2f", 1e-3),
+    num("bytes/step/rank (MB)", "bytes_per_step_per_rank", ".4f", MB),
+    num("final test acc (%)", "final_test_acc", ".2f", 0.01),
+    num("speedup vs np=1", "speedup", ".2f"),
+    num("efficiency", "efficiency", ".2f"),
+    Column("status", "status"),
+]
+CSV_COLUMNS = SCALING_COLUMNS + [Column("run", "run"), Column("epochs", "epochs"), Column("run_dir", "run_dir"),
+                                 Column("error", "error"), Column("stderr", "stderr_file"),
+                                 Column("command", "command")]
+
+
+def write_outputs(rows: list[dict], args, out: str, argv: list[str]) -> str:
+    add_speedup(rows)
+    table = markdown_table(SCALING_COLUMNS, rows)
+    write_csv(os.path.join(out, "scaling.csv"), CSV_COLUMNS, rows)
+    ok = [r for r in rows if r["status"] == "ok"]
+    if ok:
+        plot_scaling(ok, os.path.join(out, "scaling.png"))
+    lines = ["# Scaling sweep\n",
+             f"`python -m hvd_cifar.bench {shlex.join(argv)}`\n",
+             f"{dt.datetime.now().isoformat(timespec='seconds')}; launcher {args.launcher}"
+             f"{' with hostfile ' + args.hostfile if args.hostfile else ' on this machine'}; "
+             f"{args.epochs} epoch(s) of {args.steps} steps per rank; data set {args.dataset}.\n",
+             "Times, img/s (all ranks) and bytes are means over the epochs after the first when there are "
+             "two or more. Step and sync times are per training step (sync: slowest rank). Bytes: gradient "
+             "bytes one rank sends per step. Speedup: img/s over img/s of np=1 with the same other "
+             "settings; efficiency: speedup / np.\n",
+             table]
+    lines += ["![scaling](scaling.png)\n"] if ok else ["No configuration finished; no plot.\n"]
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed:
+        lines.append("## Failed configurations\n")
+        for r in failed:
+            lines += [f"### {r['run']}: {r['status']}\n", f"`{r['command']}`\n",
+                      *([f"Error: {r['error']}\n"] if r.get("error") else []),
+                      f"Last lines of stderr (all of it: `{r['stderr_file']}`):\n",
+                      "```", tail(r["stderr_file"]) or "(empty)", "```\n"]
+    path = os.path.join(out, "scaling.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    try:
+        extra = extra_flags(args.extra)
+        if args.hostfile and not os.path.isfile(args.hostfile):
+            raise BenchError(f"--hostfile: {args.hostfile} does not exist")
+        if args.hostfile:
+            args.hostfile = os.path.abspath(args.hostfile)  # jobs run from the project root
+        out = os.path.abspath(args.out or os.path.join("logs", f"bench-{dt.datetime.now():%Y%m%d-%H%M%S}"))
+        runs_dir, logs_dir = os.path.join(out, "runs"), os.path.join(out, "logs")
+        if not args.dry_run:
+            os.makedirs(runs_dir, exist_ok=True)
+            os.makedirs(logs_dir, exist_ok=True)
+    except BenchError as exc:
+        print(f"hvd_cifar: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"hvd_cifar: error: --out: cannot create {exc.filename} ({exc.strerror})", file=sys.stderr)
+        return 2
+
+    configs = configurations(args)
+    taken: set[str] = set()
+    rows, interrupted = [], False
+    print(f"bench: {len(configs)} configuration(s), output in {out}", flush=True)
+    for i, cfg in enumerate(configs, 1):
+        name = unique_name(runs_dir, run_name(cfg), taken)
+        cmd = command(cfg["world_size"], args, train_flags(cfg, args, runs_dir, name, extra))
+        if args.dry_run:
+            print(shlex.join(cmd))
+            continue
+        stdout_file = os.path.join(logs_dir, f"{name}.stdout.txt")
+        stderr_file = os.path.join(logs_dir, f"{name}.stderr.txt")
+        print(f"[{i}/{len(configs)}] {name} ... ", end="", flush=True)
+        try:
+            code, seconds = launch(cmd, stdout_file, stderr_file, args.timeout)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            interrupted = True
+            break
+        row = collect(cfg, os.path.join(runs_dir, name), code, args.timeout)
+        row.update(command=shlex.join(cmd), stderr_file=stderr_file,
+                   error=first_error(stderr_file) if row["status"] != "ok" else "")
+        rows.append(row)
+        print(f"{row['status']} ({seconds:.1f} s){' ' + row['error'] if row['error'] else ''}", flush=True)
+    if args.dry_run:
+        return 0
+
+    table = write_outputs(rows, args, out, argv)
+    print("\n" + table)
+    print(f"bench: table in {os.path.join(out, 'scaling.md')} and scaling.csv"
+          f"{', plot in scaling.png' if any(r['status'] == 'ok' for r in rows) else ''}")
+    if interrupted:
+        return 130
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,587 @@
+"""Reports, tables and figures made from run folders (metrics.jsonl, config.yaml, eval.json).
+
+One run: a Markdown report and five figures, written to RUN_DIR/report/ unless --out says
+otherwise::
+
+    python -m hvd_cifar.report logs/RUN
+    python -m hvd_cifar.report logs/RUN --out /tmp/run-report
+
+Several runs: a comparison table (compare.md, compare.csv), overlaid curves and, where the
+inputs hold one configuration at several world sizes, a scaling plot. --out is required
+here (there is no obvious folder to put a comparison in)::
+
+    python -m hvd_cifar.report logs/np1 logs/np2 logs/np2-fp16 --out logs/compare-np
+
+How the numbers are made (the same for every table and for ``hvd_cifar.bench``):
+  * "steady-state" epochs are all epochs but the first one recorded, when a run has two or
+    more; the first epoch holds the warm-up (allocator, first allreduces, thread pools) and
+    is slower. A run with one epoch has only that one. Means over epochs use these epochs.
+  * img/s over several epochs is (images) / (seconds), summed over the steady-state epochs,
+    counting the images of all ranks.
+  * speedup = img/s of a run / img/s of the run with world size 1 of the same configuration
+    (model, dataset, batch size per rank, sync, fp16_allreduce, accumulation_steps, freeze)
+    among the inputs (the first one given, if several); efficiency = speedup / world size.
+    Throughput rather than epoch time, because with --max-steps-per-epoch each rank runs the
+    same number of steps whatever the world size, so an epoch holds N times more images.
+  * bytes are the gradient bytes one rank sends (``comm_bytes_per_rank`` in metrics.jsonl,
+    counted by the sync method), 1 MB = 10^6 bytes.
+
+Bad input (no metrics.jsonl, an empty or corrupt one) ends with one line
+``hvd_cifar: error: ...`` on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import yaml
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+PHASES = ("data", "forward", "backward", "sync", "optimizer")
+# What makes two runs "the same configuration" for speedup; world size is what differs.
+CONFIG_KEYS = ("model", "dataset", "batch_size", "sync", "fp16_allreduce", "accumulation_steps", "freeze")
+MB = 1e6  # bytes
+
+
+class ReportError(RuntimeError):
+    """Unusable input; the message is one line saying which file and what is wrong."""
+
+
+# ----------------------------------------------------------------------------- reading runs
+@dataclass
+class Run:
+    path: str
+    name: str
+    metrics: list[dict]
+    config: dict = field(default_factory=dict)   # config.yaml, {} if absent
+    meta: dict = field(default_factory=dict)     # meta.json, {} if absent
+    eval: dict | None = None                     # eval.json, None if absent
+
+
+def read_metrics_file(path: str) -> list[dict]:
+    """metrics.jsonl as a list of records; every problem is a ReportError naming the line."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise ReportError(f"{os.path.dirname(path) or '.'}: no metrics.jsonl (not a run folder, "
+                          f"or no epoch finished yet)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot be read ({exc})") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ReportError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("epoch"), int):
+            raise ReportError(f"{path}: line {number} is not an epoch record (needs an integer 'epoch')")
+        records.append(record)
+    if not records:
+        raise ReportError(f"{path}: holds no epoch records")
+    return records
+
+
+def _read_optional(path: str, parse: Callable[[Any], Any]) -> Any:
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return parse(f)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ReportError(f"{path}: cannot be read ({str(exc).splitlines()[0]})") from None
+
+
+def load_run(path: str) -> Run:
+    if not os.path.isdir(path):
+        raise ReportError(f"{path}: no such run folder")
+    metrics = read_metrics_file(os.path.join(path, "metrics.jsonl"))
+    config = _read_optional(os.path.join(path, "config.yaml"), yaml.safe_load) or {}
+    meta = _read_optional(os.path.join(path, "meta.json"), json.load) or {}
+    evaluation = _read_optional(os.path.join(path, "eval.json"), json.load)
+    if not isinstance(config, dict) or not isinstance(meta, dict):
+        raise ReportError(f"{path}: config.yaml / meta.json must each hold a mapping")
+    name = os.path.basename(os.path.normpath(os.path.abspath(path)))
+    return Run(os.path.abspath(path), name, metrics, config, meta, evaluation)
+
+
+# ----------------------------------------------------------------------------- numbers
+def value(record: dict, key: str) -> float:
+    """A numeric metric, or NaN when the record lacks it (older runs, optional keys)."""
+    v = record.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def steady_epochs(records: list[dict]) -> list[dict]:
+    """All epochs but the first (warm-up), when there are two or more."""
+    return records[1:] if len(records) >= 2 else records
+
+
+def _ratio(num: Iterable[float], den: Iterable[float]) -> float:
+    n, d = sum(num), sum(den)
+    return n / d if d and not math.isnan(d) else math.nan
+
+
+def setting(run: Run, key: str) -> Any:
+    """A run's setting: config.yaml first, then what the last epoch record says."""
+    last = run.metrics[-1]
+    if key == "world_size":
+        return last.get("world_size", run.meta.get("world_size"))
+    if key == "freeze":
+        freeze = run.config.get("freeze", last.get("frozen_blocks"))
+        schedule = run.config.get("freeze_schedule") or {}
+        return f"{freeze} {json.dumps(schedule, sort_keys=True)}" if schedule else freeze
+    return run.config.get(key, last.get(key))
+
+
+def summarize(run: Run) -> dict:
+    """One row of numbers for a run; averages are over steady-state epochs (see module doc)."""
+    steady = steady_epochs(run.metrics)
+    times = [value(r, "epoch_time_s") for r in steady]
+    steps = [value(r, "steps") for r in steady]
+    images = [value(r, "images_per_s") * value(r, "epoch_time_s") for r in steady]
+    row = {"run": run.name, **{k: setting(run, k) for k in CONFIG_KEYS}}
+    row.update({
+        "world_size": setting(run, "world_size"),
+        "epochs": len(run.metrics),
+        "mean_epoch_time_s": sum(times) / len(times),
+        "total_epoch_time_s": sum(value(r, "epoch_time_s") for r in run.metrics),
+        "images_per_s": _ratio(images, times),
+        "step_time_s": _ratio(times, steps),
+        "sync_time_per_step_s": _ratio((value(r, "sync_time_s") for r in steady), steps),
+        "bytes_per_epoch_per_rank": sum(value(r, "comm_bytes_per_rank") for r in steady) / len(steady),
+        "bytes_per_step_per_rank": _ratio((value(r, "comm_bytes_per_rank") for r in steady), steps),
+        "final_test_acc": value(run.metrics[-1], "test_acc"),
+        "final_train_acc": value(run.metrics[-1], "train_acc"),
+        "path": run.path,
+    })
+    return row
+
+
+def config_key(row: dict) -> tuple:
+    return tuple(str(row.get(k)) for k in CONFIG_KEYS)
+
+
+def add_speedup(rows: list[dict]) -> None:
+    """Fill ``speedup`` and ``efficiency`` in place against the first world-size-1 row of the
+    same configuration; NaN where there is none (or the row has no throughput)."""
+    baselines: dict[tuple, float] = {}
+    for row in rows:
+        if row.get("world_size") == 1 and not math.isnan(row.get("images_per_s", math.nan)):
+            baselines.setdefault(config_key(row), row["images_per_s"])
+    for row in rows:
+        base = baselines.get(config_key(row))
+        ips, n = row.get("images_per_s", math.nan), row.get("world_size")
+        if base and isinstance(n, int) and not math.isnan(ips):
+            row["speedup"] = ips / base
+            row["efficiency"] = row["speedup"] / n
+        else:
+            row["speedup"] = row["efficiency"] = math.nan
+
+
+# ----------------------------------------------------------------------------- tables
+def text(v: Any) -> str:
+    """A text cell; booleans as the YAML spelling (true/false)."""
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+@dataclass
+class Column:
+    header: str                          # Markdown header, with units
+    key: str                             # key in the row dict; also the CSV header
+    fmt: Callable[[Any], str] = text     # Markdown cell; the CSV gets the raw value
+    numeric: bool = False                # right-aligned in Markdown
+
+
+def fmt_number(v: Any, spec: str, scale: float = 1.0) -> str:
+    """``v / scale`` formatted with ``spec``; '-' for a missing value (None, NaN, not a number)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        return "-"
+    return format(v / scale, spec)
+
+
+def num(header: str, key: str, spec: str, scale: float = 1.0) -> Column:
+    """A numeric column shown as ``value / scale`` with ``spec``."""
+    return Column(header, key, lambda v: fmt_number(v, spec, scale), numeric=True)
+
+
+def markdown_table(columns: list[Column], rows: list[dict]) -> str:
+    def cell(c: Column, row: dict) -> str:
+        v = row.get(c.key)
+        return (c.fmt(v) if v is not None else "-").replace("|", "\\|")
+    lines = ["| " + " | ".join(c.header for c in columns) + " |",
+             "|" + "|".join("---:" if c.numeric else "---" for c in columns) + "|"]
+    lines += ["| " + " | ".join(cell(c, row) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: str, columns: list[Column], rows: list[dict]) -> None:
+    """Raw values at full precision; missing numbers are empty cells."""
+    def raw(v: Any) -> Any:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return ""
+        if isinstance(v, bool):
+            return text(v)
+        return repr(v) if isinstance(v, float) else v
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow([c.key for c in columns])
+        out.writerows([[raw(row.get(c.key)) for c in columns] for row in rows])
+
+
+EPOCH_COLUMNS = [
+    Column("epoch", "epoch"),
+    num("train loss", "train_loss", ".4f"),
+    num("train acc (%)", "train_acc", ".2f", 0.01),
+    num("test loss", "test_loss", ".4f"),
+    num("test acc (%)", "test_acc", ".2f", 0.01),
+    num("lr", "lr", ".4g"),
+    num("epoch time (s)", "epoch_time_s", ".3f"),
+    num("img/s", "images_per_s", ".1f"),
+    *[num(f"{p} (ms/step)", f"{p}_ms_per_step", ".2f") for p in PHASES],
+    num("bytes/rank (MB)", "comm_bytes_per_rank", ".3f", MB),
+]
+
+CONFIG_COLUMNS = [
+    Column("run", "run"), Column("model", "model"), Column("dataset", "dataset"),
+    Column("sync", "sync"), Column("np", "world_size"), Column("batch/rank", "batch_size"),
+    Column("fp16 allreduce", "fp16_allreduce"), Column("accum steps", "accumulation_steps"),
+    Column("freeze", "freeze"),
+]
+
+COMPARE_COLUMNS = CONFIG_COLUMNS + [
+    Column("epochs", "epochs"),
+    num("mean epoch time (s, excl. first epoch)", "mean_epoch_time_s", ".3f"),
+    num("img/s (excl. first epoch)", "images_per_s", ".1f"),
+    num("speedup vs np=1", "speedup", ".2f"),
+    num("scaling efficiency", "efficiency", ".2f"),
+    num("bytes/epoch/rank (MB)", "bytes_per_epoch_per_rank", ".3f", MB),
+    num("final test acc (%)", "final_test_acc", ".2f", 0.01),
+]
+
+
+def epoch_rows(run: Run) -> list[dict]:
+    rows = []
+    for r in run.metrics:
+        row = dict(r)
+        for p in PHASES:
+            row[f"{p}_ms_per_step"] = value(r, f"{p}_time_s") / value(r, "steps") * 1000
+        rows.append(row)
+    return rows
+
+
+def classification_table(evaluation: dict) -> str:
+    report = evaluation.get("classification_report") or {}
+    columns = [Column("class", "class"), num("precision", "precision", ".4f"),
+               num("recall", "recall", ".4f"), num("f1-score", "f1-score", ".4f"),
+               num("support", "support", ".0f")]
+    rows = [{"class": name, **scores} for name, scores in report.items() if isinstance(scores, dict)]
+    table = markdown_table(columns, rows)
+    if isinstance(report.get("accuracy"), (int, float)):
+        table += f"\naccuracy: {report['accuracy']:.4f}\n"
+    return table
+
+
+def confusion_table(matrix: list[list[int]]) -> str:
+    k = len(matrix)
+    columns = [Column("true \\ predicted", "true")] + [Column(str(j), str(j)) for j in range(k)]
+    rows = [{"true": str(i), **{str(j): str(v) for j, v in enumerate(row)}} for i, row in enumerate(matrix)]
+    return markdown_table(columns, rows)
+
+
+# ----------------------------------------------------------------------------- figures
+def _figure(title: str, xlabel: str, ylabel: str, size=(7.0, 4.2)):
+    fig = Figure(figsize=size, dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)  # headless: render with Agg, never touch a display
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _save(fig, path: str) -> str:
+    fig.savefig(path)
+    return path
+
+
+def _epoch_axis(ax) -> None:
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs, not 0.5 steps
+
+
+def plot_run(run: Run, out: str) -> list[str]:
+    """The five figures of one run; returns their paths."""
+    m = run.metrics
+    epochs = [r["epoch"] for r in m]
+    paths = []
+
+    fig, ax = _figure(f"Accuracy by epoch - {run.name}", "epoch (from 0)", "accuracy (%)")
+    ax.plot(epochs, [100 * value(r, "train_acc") for r in m], "o-", label="train (running, augmented)")
+    ax.plot(epochs, [100 * value(r, "test_acc") for r in m], "s-", label="test (after the epoch)")
+    _epoch_axis(ax)
+    ax.legend()
+    paths.append(_save(fig, os.path.join(out, "acc_train_test.png")))
+
+    fig, ax = _figure(f"Loss by epoch - {run.name}", "epoch (from 0)", "cross-entropy loss")
+    ax.plot(epochs, [value(r, "train_loss") for r in m], "o-", label="train")
+    ax.plot(epochs, [value(r, "test_loss") for r in m], "s-", label="test")
+    _epoch_axis(ax)
+    ax.legend()
+    paths.append(_save(fig, os.path.join(out, "loss.png")))
+
+    fig, ax = _figure(f"Time per epoch - {run.name}", "epoch (from 0)", "time (s)")
+    train_t = [value(r, "epoch_time_s") for r in m]
+    eval_t = [value(r, "eval_time_s") for r in m]
+    ax.bar(epochs, train_t, label="training")
+    ax.bar(epochs, [0 if math.isnan(e) else e for e in eval_t], bottom=train_t, label="evaluation")
+    _epoch_axis(ax)
+    ax.legend()
+    paths.append(_save(fig, os.path.join(out, "training_time.png")))
+
+    fig, ax = _figure(f"Time per training step by phase - {run.name}", "epoch (from 0)", "time per step (ms)")
+    bottom = [0.0] * len(m)
+    for p in PHASES:
+        per_step = [value(r, f"{p}_time_s") / value(r, "steps") * 1000 for r in m]
+        per_step = [0.0 if math.isnan(v) else v for v in per_step]
+        ax.bar(epochs, per_step, bottom=bottom, label=p)
+        bottom = [b + v for b, v in zip(bottom, per_step)]
+    ax.plot(epochs, [value(r, "step_time_s") * 1000 for r in m], "kD", label="wall-clock step time")
+    # Each phase is the slowest rank's, taken separately, so the stack can exceed the wall clock.
+    ax.text(0.01, 0.99, "each phase: slowest rank; sync and optimizer: once per update, spread over its steps",
+            transform=ax.transAxes, va="top", fontsize=7, color="0.35")
+    heights = [h for h in bottom + [value(r, "step_time_s") * 1000 for r in m] if not math.isnan(h)]
+    if heights and max(heights) > 0:  # room above the bars for the note
+        ax.set_ylim(0, max(heights) * 1.15)
+    _epoch_axis(ax)
+    handles, labels = ax.get_legend_handles_labels()  # stack order: top phase first
+    ax.legend(handles[::-1], labels[::-1], loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    paths.append(_save(fig, os.path.join(out, "step_breakdown.png")))
+
+    fig, ax = _figure(f"Gradient traffic per epoch, per rank - {run.name}", "epoch (from 0)", "MB (10^6 bytes)")
+    series = [("sent by the sync method (counted)", "comm_bytes_per_rank")]
+    series += [(f"NIC measured ({k})", k) for k in ("nic_tx_bytes", "nic_rx_bytes") if any(k in r for r in m)]
+    width = 0.8 / len(series)
+    for i, (label, key) in enumerate(series):
+        offset = (i - (len(series) - 1) / 2) * width
+        ax.bar([e + offset for e in epochs], [value(r, key) / MB for r in m], width, label=label)
+    if setting(run, "world_size") == 1:
+        ax.text(0.5, 0.5, "one rank: no gradient traffic", transform=ax.transAxes, ha="center")
+    top = max((value(r, k) / MB for r in m for _, k in series if not math.isnan(value(r, k))), default=0)
+    ax.set_ylim(0, top * 1.25 if top > 0 else 1)  # room for the legend above the bars
+    _epoch_axis(ax)
+    ax.legend(loc="upper left")
+    paths.append(_save(fig, os.path.join(out, "comm_bytes.png")))
+    return paths
+
+
+def _label(row: dict) -> str:
+    return str(row["run"])
+
+
+def _line_style(i: int) -> dict:
+    """Different markers, each smaller than the last, so that runs with equal values (say, the
+    same accuracy) stay visible on top of each other."""
+    return {"marker": "osD^v<>p"[i % 8], "markersize": max(10 - 1.5 * i, 3), "linestyle": "-",
+            "alpha": 0.85}
+
+
+def plot_compare(runs: list[Run], rows: list[dict], out: str) -> list[str]:
+    paths = []
+    fig, ax = _figure("Test accuracy by epoch", "epoch (from 0)", "test accuracy (%)")
+    for i, (run, row) in enumerate(zip(runs, rows)):
+        ax.plot([r["epoch"] for r in run.metrics], [100 * value(r, "test_acc") for r in run.metrics],
+                label=_label(row), **_line_style(i))
+    _epoch_axis(ax)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, os.path.join(out, "compare_test_acc.png")))
+
+    fig, ax = _figure("Training time per epoch", "epoch (from 0)", "epoch time (s)")
+    for i, (run, row) in enumerate(zip(runs, rows)):
+        ax.plot([r["epoch"] for r in run.metrics], [value(r, "epoch_time_s") for r in run.metrics],
+                label=_label(row), **_line_style(i))
+    ax.set_ylim(bottom=0)
+    _epoch_axis(ax)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, os.path.join(out, "compare_epoch_time.png")))
+    return paths
+
+
+def scaling_groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows with a throughput, by configuration, each group sorted by world size."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if isinstance(row.get("world_size"), int) and not math.isnan(row.get("images_per_s", math.nan)):
+            groups.setdefault(config_key(row), []).append(row)
+    return {k: sorted(v, key=lambda r: r["world_size"]) for k, v in groups.items()}
+
+
+def config_label(row: dict) -> str:
+    return (f"{row['model']}/{row['dataset']} {row['sync']} b{row['batch_size']}"
+            f" fp16={str(row['fp16_allreduce']).lower()} accum={row['accumulation_steps']}"
+            f" freeze={row['freeze']}")
+
+
+def plot_scaling(rows: list[dict], path: str) -> str:
+    """Throughput and epoch time against world size, one line per configuration; the dashed
+    line is linear scaling from that configuration's world-size-1 run."""
+    fig = Figure(figsize=(11.0, 4.4), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_ips, ax_time = fig.subplots(1, 2)
+    for group in scaling_groups(rows).values():
+        ranks = [r["world_size"] for r in group]
+        line, = ax_ips.plot(ranks, [r["images_per_s"] for r in group], "o-", label=config_label(group[0]))
+        if group[0]["world_size"] == 1:
+            base = group[0]["images_per_s"]
+            ax_ips.plot(ranks, [base * n for n in ranks], "--", color=line.get_color(), alpha=0.5)
+        ax_time.plot(ranks, [r["mean_epoch_time_s"] for r in group], "o-", color=line.get_color())
+    all_ranks = sorted({r["world_size"] for g in scaling_groups(rows).values() for r in g})
+    for ax, ylabel, title in ((ax_ips, "images per second (all ranks)", "Throughput"),
+                              (ax_time, "mean epoch time (s)", "Epoch time")):
+        ax.set_xlabel("processes (np)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.set_xticks(all_ranks)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    handles, labels = ax_ips.get_legend_handles_labels()
+    handles.append(Line2D([], [], linestyle="--", color="0.5"))
+    labels.append("linear scaling from np=1")
+    ax_ips.legend(handles, labels, fontsize=7, loc="upper left")
+    fig.suptitle("Scaling with the number of processes (means over epochs after the first)")
+    fig.savefig(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- reports
+def run_report(run: Run, out: str) -> str:
+    """report.md and the figures of one run in ``out``; returns the report's path."""
+    os.makedirs(out, exist_ok=True)
+    figures = plot_run(run, out)
+    s = summarize(run)
+    cfg, last = run.config, run.metrics[-1]
+    summary = [
+        ("model", s["model"]), ("dataset", s["dataset"]),
+        ("world size (ranks)", s["world_size"]), ("hosts", ", ".join(sorted(set(run.meta.get("hostnames", [])))) or "-"),
+        ("launcher", run.meta.get("launcher", "-")), ("device", run.meta.get("device", "-")),
+        ("sync method", s["sync"]), ("fp16 allreduce", text(s["fp16_allreduce"])),
+        ("accumulation steps", s["accumulation_steps"]), ("frozen blocks (config)", s["freeze"]),
+        ("frozen blocks (last epoch)", last.get("frozen_blocks", "-")),
+        ("trainable parameters (last epoch)", f"{last['trainable_params']:,}" if "trainable_params" in last else "-"),
+        ("batch size per rank", s["batch_size"]),
+        ("base lr (per rank)", cfg.get("lr", "-")), ("schedule", cfg.get("schedule", "-")),
+        ("max steps per epoch", cfg.get("max_steps_per_epoch", "-")),
+        ("epochs recorded", s["epochs"]),
+        ("total training time (s, all epochs)", f"{s['total_epoch_time_s']:.3f}"),
+        ("mean epoch time (s, first epoch excluded)" if len(run.metrics) >= 2 else "mean epoch time (s, one epoch)",
+         f"{s['mean_epoch_time_s']:.3f}"),
+        ("throughput (img/s, same epochs)", fmt_number(s["images_per_s"], ".1f")),
+        ("bytes per epoch per rank (MB, same epochs)", fmt_number(s["bytes_per_epoch_per_rank"], ".3f", MB)),
+        ("final train accuracy (%)", fmt_number(s["final_train_acc"], ".2f", 0.01)),
+        ("final test accuracy (%)", fmt_number(s["final_test_acc"], ".2f", 0.01)),
+    ]
+    lines = [f"# Run report: {run.name}\n", f"Run folder: `{run.path}`\n", "## Summary\n",
+            markdown_table([Column("item", "k"), Column("value", "v")], [{"k": k, "v": text(v)} for k, v in summary]),
+            "## Per epoch\n",
+            "Epochs are numbered from 0 as in metrics.jsonl. Accuracy and loss on the training set are "
+            "running values over the epoch's (augmented) batches. Phase times are per training step "
+            "(phase time / steps, slowest rank); bytes are gradient bytes sent per rank in the epoch.\n",
+            markdown_table(EPOCH_COLUMNS, epoch_rows(run))]
+    if run.eval:
+        lines += ["## Final evaluation (test set)\n",
+                 f"Test accuracy {run.eval.get('test_acc', math.nan):.4f}, "
+                 f"test loss {run.eval.get('test_loss', math.nan):.4f} (eval.json).\n",
+                 "### Classification report\n", classification_table(run.eval)]
+        if run.eval.get("confusion_matrix"):
+            lines += ["### Confusion matrix\n", "Rows: true class; columns: predicted class.\n",
+                     confusion_table(run.eval["confusion_matrix"])]
+    lines += ["## Figures\n"] + [f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures]
+    path = os.path.join(out, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+def compare_rows(runs: list[Run]) -> list[dict]:
+    rows = [summarize(run) for run in runs]
+    names = [r["run"] for r in rows]
+    for run, row in zip(runs, rows):  # same folder name under different parents: say which
+        if names.count(row["run"]) > 1:
+            row["run"] = os.path.join(os.path.basename(os.path.dirname(run.path)), row["run"])
+    add_speedup(rows)
+    return rows
+
+
+def compare_report(runs: list[Run], out: str) -> str:
+    """compare.md, compare.csv and the overlaid figures in ``out``; returns compare.md's path."""
+    os.makedirs(out, exist_ok=True)
+    rows = compare_rows(runs)
+    figures = plot_compare(runs, rows, out)
+    if any(len(g) >= 2 for g in scaling_groups(rows).values()):
+        figures.append(plot_scaling(rows, os.path.join(out, "scaling.png")))
+    write_csv(os.path.join(out, "compare.csv"), COMPARE_COLUMNS + [Column("path", "path")], rows)
+    lines = ["# Run comparison\n",
+            "Means and img/s are over all epochs but the first (warm-up) when a run has two or more. "
+            "Speedup = img/s / img/s of the np=1 run of the same model, dataset, batch size per rank, "
+            "sync, fp16 allreduce, accumulation steps and freeze among these runs; efficiency = "
+            "speedup / np; '-' where there is no such run. Bytes: gradient bytes sent per rank.\n",
+            markdown_table(COMPARE_COLUMNS, rows), "## Figures\n",
+            *[f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures],
+            "## Run folders\n", *[f"- {row['run']}: `{row['path']}`" for row in rows], ""]
+    path = os.path.join(out, "compare.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+# ----------------------------------------------------------------------------- command line
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one ``hvd_cifar: error:`` line and exit status 2."""
+
+    def error(self, message: str):
+        print(f"hvd_cifar: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = OneLineParser(prog="python -m hvd_cifar.report", description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folder(s) holding metrics.jsonl")
+    parser.add_argument("--out", help="output folder (default for one run: RUN_DIR/report; "
+                                      "required for several)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        runs = [load_run(p) for p in args.runs]
+        if len(runs) == 1:
+            path = run_report(runs[0], args.out or os.path.join(args.runs[0], "report"))
+        else:
+            if not args.out:
+                raise ReportError("--out: needed when comparing several runs")
+            path = compare_report(runs, args.out)
+    except ReportError as exc:
+        print(f"hvd_cifar: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. an --out that cannot be created
+        print(f"hvd_cifar: error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 2
+    print(f"report written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Shared helpers: run the real trainer (one process, horovodrun or mpirun) on real files."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+BIN = Path(PYTHON).parent
+HOROVODRUN = str(BIN / "horovodrun")
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+def launch_argv(launcher: str, np: int) -> list[str]:
+    """The command prefix that starts ``np`` ranks of ``python -m hvd_cifar.train``."""
+    if launcher == "single":
+        return [PYTHON, "-m", "hvd_cifar.train"]
+    if launcher == "horovodrun":
+        return [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", PYTHON, "-m", "hvd_cifar.train"]
+    if launcher == "horovodrun-gloo":
+        return [HOROVODRUN, "--gloo", "-np", str(np), "-H", f"localhost:{np}", PYTHON, "-m", "hvd_cifar.train"]
+    if launcher == "mpirun":
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        return ["mpirun", *root, "--oversubscribe", "-np", str(np), "-bind-to", "none", "-map-by", "slot",
+                PYTHON, "-m", "hvd_cifar.train"]
+    raise ValueError(launcher)
+
+
+def run_train(args: list[str], launcher: str = "single", np: int = 1, timeout: int = 300,
+              check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([*launch_argv(launcher, np), *args], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"training exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
+                             f"stderr:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def tiny_args(tmp_path):
+    """Base flags for a tiny run whose folder is tmp_path/logs/run."""
+    return ["--config", TINY, "--log-dir", str(tmp_path / "logs"), "--run-name", "run"]

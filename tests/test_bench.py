@@ -1,0 +1,242 @@
+"""hvd_cifar.bench for real: a 2-configuration horovodrun sweep (np 1 and 2, 3 steps per epoch),
+an mpirun sweep whose first configuration the trainer rejects, and a job that outlives its
+timeout. The scaling table is checked against the run folders' metrics.jsonl with numbers
+computed here; a failure must be a row, not the end of the sweep."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hvd_cifar import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- helpers
+def run_bench(*args: str, timeout: int = 500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvd_cifar.bench", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def md_table(markdown: str, heading: str) -> list[dict[str, str]]:
+    """The first Markdown table after the line starting with ``heading``, rows as {header: cell}."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    cells = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            cells.append([c.strip() for c in line.strip()[1:-1].split("|")])
+        elif cells:
+            break
+    header, _separator, *body = cells
+    return [dict(zip(header, row)) for row in body]
+
+
+def shown(cell: str, exact: float, decimals: int, scale: float = 1.0) -> None:
+    assert abs(float(cell) - exact / scale) <= 0.5 * 10 ** -decimals + 1e-9, (cell, exact / scale)
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 8_000, path
+    image = np.asarray(Image.open(path).convert("RGB"), dtype=float)
+    assert image.shape[1] >= 600 and image.shape[0] >= 350 and image.std() > 10, path
+
+
+def expected(run_dir: Path) -> dict:
+    """The table's numbers from metrics.jsonl: sums and means over the epochs after the first."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    steady = records[1:] if len(records) >= 2 else records
+    seconds = sum(r["epoch_time_s"] for r in steady)
+    steps = sum(r["steps"] for r in steady)
+    return {
+        "world_size": records[-1]["world_size"],
+        "mean_epoch_time_s": seconds / len(steady),
+        "images_per_s": sum(r["images_per_s"] * r["epoch_time_s"] for r in steady) / seconds,
+        "step_time_s": seconds / steps,
+        "sync_time_per_step_s": sum(r["sync_time_s"] for r in steady) / steps,
+        "bytes_per_step_per_rank": sum(r["comm_bytes_per_rank"] for r in steady) / steps,
+        "final_test_acc": records[-1]["test_acc"],
+    }
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    done = run_bench("--np", "2", "1", "--steps", "3", "--epochs", "2", "--dataset", "digits",
+                     "--model", "smallcnn", "--batch-size", "32", "--out", str(out))
+    return done, out
+
+
+@pytest.fixture(scope="module")
+def failing_sweep(tmp_path_factory):
+    """mpirun; the first configuration asks for more images per step than the data set has."""
+    out = tmp_path_factory.mktemp("failing")
+    done = run_bench("--np", "1", "--launcher", "mpirun", "--batch-size", "100000", "32", "--steps", "2",
+                     "--epochs", "1", "--dataset", "digits", "--out", str(out))
+    return done, out
+
+
+# ----------------------------------------------------------------------------- the sweep
+def test_sweep_runs_every_configuration(sweep):
+    done, out = sweep
+    assert done.returncode == 0, done.stdout + done.stderr
+    names = sorted(p.name for p in (out / "runs").iterdir())
+    assert names == ["smallcnn-digits-horovod-np1-b32-fp16off-acc1-frz0",
+                     "smallcnn-digits-horovod-np2-b32-fp16off-acc1-frz0"]
+    progress = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    assert len(progress) == 2 and all(" ok (" in line for line in progress), done.stdout
+    assert "| np | sync |" in done.stdout  # the table is printed too
+    for name in names:
+        assert (out / "logs" / f"{name}.stderr.txt").is_file()
+
+
+def test_scaling_csv_matches_metrics(sweep):
+    _, out = sweep
+    rows = read_csv(out / "scaling.csv")
+    assert [int(r["world_size"]) for r in rows] == [1, 2]  # np=1 first, whatever the order asked
+    want = [expected(Path(r["run_dir"])) for r in rows]
+    for row, w in zip(rows, want):
+        assert row["status"] == "ok"
+        assert int(row["world_size"]) == w["world_size"]
+        assert (row["model"], row["dataset"], row["sync"], row["batch_size"], row["fp16_allreduce"],
+                row["accumulation_steps"], row["freeze"]) == ("smallcnn", "digits", "horovod", "32", "false", "1", "0")
+        for key in ("mean_epoch_time_s", "images_per_s", "step_time_s", "sync_time_per_step_s",
+                    "bytes_per_step_per_rank", "final_test_acc"):
+            assert math.isclose(float(row[key]), w[key], rel_tol=1e-9, abs_tol=1e-12), key
+    assert float(rows[0]["bytes_per_step_per_rank"]) == 0 < float(rows[1]["bytes_per_step_per_rank"])
+    speedup = want[1]["images_per_s"] / want[0]["images_per_s"]
+    assert math.isclose(float(rows[0]["speedup"]), 1.0)
+    assert math.isclose(float(rows[1]["speedup"]), speedup, rel_tol=1e-9)
+    assert math.isclose(float(rows[1]["efficiency"]), speedup / 2, rel_tol=1e-9)
+
+
+def test_scaling_markdown_matches_csv(sweep):
+    _, out = sweep
+    rows = read_csv(out / "scaling.csv")
+    table = md_table((out / "scaling.md").read_text(), "# Scaling sweep")
+    assert len(table) == len(rows)
+    for md, row in zip(table, rows):
+        assert md["np"] == row["world_size"] and md["status"] == row["status"] == "ok"
+        shown(md["epoch time (s)"], float(row["mean_epoch_time_s"]), 3)
+        shown(md["img/s"], float(row["images_per_s"]), 1)
+        shown(md["step time (ms)"], float(row["step_time_s"]), 2, 1e-3)
+        shown(md["sync time (ms/step)"], float(row["sync_time_per_step_s"]), 2, 1e-3)
+        shown(md["bytes/step/rank (MB)"], float(row["bytes_per_step_per_rank"]), 4, 1e6)
+        shown(md["final test acc (%)"], float(row["final_test_acc"]), 2, 0.01)
+        shown(md["speedup vs np=1"], float(row["speedup"]), 2)
+        shown(md["efficiency"], float(row["efficiency"]), 2)
+
+
+def test_scaling_plot(sweep):
+    _, out = sweep
+    assert_png(out / "scaling.png")
+    assert "](scaling.png)" in (out / "scaling.md").read_text()
+
+
+# ----------------------------------------------------------------------------- failures
+def test_failed_configuration_is_a_row_and_the_sweep_goes_on(failing_sweep):
+    done, out = failing_sweep
+    assert done.returncode == 1, done.stdout + done.stderr  # some configuration failed
+    rows = read_csv(out / "scaling.csv")
+    assert [r["batch_size"] for r in rows] == ["100000", "32"]
+    failed, ok = rows
+    assert re.fullmatch(r"failed \(exit [1-9][0-9]*\)", failed["status"]), failed["status"]
+    assert all(failed[k] == "" for k in ("images_per_s", "mean_epoch_time_s", "final_test_acc", "speedup"))
+    assert failed["error"].startswith("hvd_cifar: error: batch_size: 100000")
+    assert "batch_size: 100000" in Path(failed["stderr_file"]).read_text()
+    assert failed["command"].startswith("mpirun ")
+    # The next configuration still ran, with mpirun, and has its numbers.
+    assert ok["status"] == "ok" and ok["command"].startswith("mpirun ")
+    assert math.isclose(float(ok["images_per_s"]), expected(Path(ok["run_dir"]))["images_per_s"], rel_tol=1e-9)
+    text = (out / "scaling.md").read_text()
+    md = md_table(text, "# Scaling sweep")
+    assert md[0]["status"] == failed["status"] and md[0]["img/s"] == "-" and md[1]["status"] == "ok"
+    failures = text.split("## Failed configurations", 1)[1]
+    assert "Error: hvd_cifar: error: batch_size: 100000" in failures and "```" in failures
+    assert f"{failed['run']}: {failed['status']}" in done.stdout.replace(" ... ", ": ")
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def test_timeout_fails_the_configuration_and_ends_its_processes(tmp_path):
+    out = tmp_path / "slow"
+    done = run_bench("--np", "2", "--timeout", "3", "--steps", "1000", "--dataset", "digits", "--out", str(out))
+    assert done.returncode == 1, done.stdout + done.stderr
+    (row,) = read_csv(out / "scaling.csv")
+    assert row["status"] == "failed (timeout after 3 s)"
+    deadline = time.time() + 15
+    while _processes_mentioning(str(out)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert _processes_mentioning(str(out)) == []  # horovodrun, mpirun and both ranks are gone
+    assert not (out / "scaling.png").exists()  # nothing finished, nothing to plot
+
+
+# ----------------------------------------------------------------------------- options
+def test_commands_are_argument_lists_for_each_launcher(tmp_path, capsys):
+    hostfile = ROOT / "hostfiles" / "localhost"
+    cases = [
+        ([], [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2",
+              sys.executable, "-m", "hvd_cifar.train"]),
+        (["--launcher", "mpirun"], ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+                                    "--oversubscribe", "-np", "2", "-bind-to", "none", "-map-by", "slot",
+                                    sys.executable, "-m", "hvd_cifar.train"]),
+        (["--hostfile", str(hostfile)], [str(ROOT / "launch" / "horovodrun.sh"), "-np", "2",
+                                         "-hostfile", str(hostfile), "--model"]),
+    ]
+    for extra_args, prefix in cases:
+        assert bench.main(["--np", "2", "--steps", "7", "--out", str(tmp_path), "--dry-run",
+                           "--extra", "--lr 0.1 --threads-per-rank 1", *extra_args]) == 0
+        (line,) = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("bench:")]
+        argv = shlex.split(line)
+        assert argv[:len(prefix)] == prefix, argv
+        flags = argv[argv.index("--model"):]
+        assert flags[flags.index("--max-steps-per-epoch") + 1] == "7"
+        assert flags[flags.index("--log-dir") + 1] == str(tmp_path / "runs")
+        assert flags[-4:] == ["--lr", "0.1", "--threads-per-rank", "1"]
+    assert not (tmp_path / "runs").exists()  # a dry run runs nothing
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--np", "0"], "--np: must be >= 1"),
+    (["--fp16-allreduce", "maybe"], "expected true or false"),
+    (["--extra", "--log-dir /tmp/x"], "--extra: --log-dir is set by the bench itself"),
+    (["--extra", "--batch-size 8"], "--extra: --batch-size is set by the bench itself"),
+    (["--extra", "--no-such-key 1"], "--extra: no_such_key: unknown config key"),
+    (["--hostfile", "/nonexistent/hosts"], "--hostfile: /nonexistent/hosts does not exist"),
+])
+def test_bad_options_are_one_line_errors(argv, message, capsys):
+    try:
+        code = bench.main([*argv, "--dry-run"])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("hvd_cifar: error: ") and message in err, err

@@ -1,0 +1,94 @@
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import PYTHON, ROOT
+from hvd_cifar import config
+from hvd_cifar.config import Config, ConfigError
+
+
+def test_precedence_defaults_yaml_flags(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("batch_size: 16\nlr: 0.2\nmodel: smallcnn\n")
+    cfg = config.from_args(["--config", str(path), "--batch-size", "64"])
+    assert cfg.batch_size == 64            # flag beats YAML
+    assert cfg.lr == 0.2                   # YAML beats default
+    assert cfg.model == "smallcnn"
+    assert cfg.epochs == Config().epochs   # default kept
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--fp16-allreduce"], True),
+    (["--no-fp16-allreduce"], False),
+    (["--fp16-allreduce", "true"], True),
+    (["--fp16-allreduce", "false"], False),
+    (["--fp16-allreduce=true"], True),
+])
+def test_boolean_flag_forms(argv, expected):
+    assert config.from_args(argv).fp16_allreduce is expected
+
+
+def test_flag_values_are_typed():
+    cfg = config.from_args(["--lr", "1", "--freeze-schedule", "{0: 0, 3: 2}", "--run-name", "2024",
+                            "--warmup-epochs", "0"])
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float)
+    assert cfg.freeze_schedule == {0: 0, 3: 2}
+    assert cfg.run_name == "2024"          # a string key keeps its text
+    assert cfg.frozen_blocks(0) == 0 and cfg.frozen_blocks(5) == 2
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["--bacth-size", "4"], "bacth_size"),
+    (["--batch-size", "four"], "batch_size"),
+    (["--epochs", "1.5"], "epochs"),
+    (["--lr", "-0.1"], "lr"),
+    (["--batch-size", "0"], "batch_size"),
+    (["--accumulation-steps", "0"], "accumulation_steps"),
+    (["--model", "alexnet"], "model"),
+    (["--dataset", "mnist"], "dataset"),
+    (["--sync", "carrier-pigeon"], "sync"),
+    (["--schedule", "linear"], "schedule"),
+    (["--amp", "fp8"], "amp"),
+    (["--nesterov", "maybe"], "nesterov"),
+    (["--label-smoothing", "1.0"], "label_smoothing"),
+    (["--freeze", "-1"], "freeze"),
+    (["--epochs"], "epochs"),
+    (["--run-name", "a/b"], "run_name"),
+])
+def test_bad_values_name_the_key(argv, key):
+    with pytest.raises(ConfigError) as err:
+        config.from_args(argv)
+    message = str(err.value)
+    assert message.startswith(key) and "\n" not in message
+
+
+def test_yaml_unknown_key_and_type(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("epochz: 3\n")
+    with pytest.raises(ConfigError, match="epochz: unknown config key .*'epochs'"):
+        config.from_args(["--config", str(path)])
+    path.write_text("epochs: three\n")
+    with pytest.raises(ConfigError, match="epochs: expected int"):
+        config.from_args(["--config", str(path)])
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = config.from_args(["--model", "resnet18", "--freeze-schedule", "{2: 1}", "--amp", "bf16"])
+    cfg.save(tmp_path / "config.yaml")
+    again = config.from_args(["--config", str(tmp_path / "config.yaml")])
+    assert again == cfg
+
+
+def test_shipped_configs_are_valid():
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        config.from_args(["--config", str(path)])
+        assert set(yaml.safe_load(path.read_text())) <= set(config.FIELDS)
+
+
+def test_cli_bad_key_is_one_line_and_exit_2():
+    proc = subprocess.run([PYTHON, "-m", "hvd_cifar.train", "--batch-sise", "8"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "hvd_cifar: error: batch_sise: unknown config key (did you mean 'batch_size'?)"]

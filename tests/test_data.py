@@ -1,0 +1,126 @@
+import hashlib
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torchvision.datasets as tvd
+
+from hvd_cifar import data
+from hvd_cifar.data import DataError, ShardedLoader
+
+
+def write_cifar10(root, n_train=50, n_test=20, seed=0):
+    """CIFAR-10's own on-disk format: pickled batches in cifar-10-batches-py/. Returns the
+    files' md5 sums so torchvision's integrity check can be pointed at them."""
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    expected = {}
+
+    def batch(name, n):
+        images = rng.integers(0, 256, (n, 3072), dtype=np.uint8)   # rows: R plane, G plane, B plane
+        labels = rng.integers(0, 10, n).tolist()
+        with open(folder / name, "wb") as f:
+            pickle.dump({"data": images, "labels": labels}, f)
+        expected[name] = (images, labels)
+
+    for i in range(1, 6):
+        batch(f"data_batch_{i}", n_train // 5)
+    batch("test_batch", n_test)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"class{i}" for i in range(10)]}, f)
+    md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+    return expected, md5
+
+
+@pytest.fixture
+def fake_cifar(tmp_path, monkeypatch):
+    expected, md5 = write_cifar10(tmp_path)
+    # The real torchvision loader checks the official md5 sums; point it at our files' sums.
+    monkeypatch.setattr(tvd.CIFAR10, "train_list", [[f"data_batch_{i}", md5[f"data_batch_{i}"]] for i in range(1, 6)])
+    monkeypatch.setattr(tvd.CIFAR10, "test_list", [["test_batch", md5["test_batch"]]])
+    monkeypatch.setattr(tvd.CIFAR10, "meta", {"filename": "batches.meta", "key": "label_names",
+                                              "md5": md5["batches.meta"]})
+    return tmp_path, expected
+
+
+def test_cifar10_loads_through_torchvision(fake_cifar):
+    root, expected = fake_cifar
+    ds = data.load("cifar10", str(root))
+    assert ds.train_images.shape == (50, 3, 32, 32) and ds.train_images.dtype == torch.uint8
+    assert ds.test_images.shape == (20, 3, 32, 32) and ds.num_classes == 10 and ds.hflip
+    raw, labels = expected["data_batch_1"]
+    # pixel (row 0, col 1) of image 0: channel c lives at c*1024 + 0*32 + 1 in the flat row
+    for c in range(3):
+        assert ds.train_images[0, c, 0, 1].item() == raw[0, c * 1024 + 1]
+    assert ds.train_labels[:10].tolist() == labels
+
+
+def test_missing_dataset_says_what_to_do(tmp_path):
+    with pytest.raises(DataError) as err:
+        data.load("cifar10", str(tmp_path))
+    assert "not found" in str(err.value) and "--download true" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_corrupt_dataset_is_reported(fake_cifar):
+    root, _ = fake_cifar
+    with open(root / "cifar-10-batches-py" / "data_batch_3", "r+b") as f:
+        f.seek(100)
+        f.write(b"garbage")
+    with pytest.raises(DataError, match="corrupt"):
+        data.load("cifar10", str(root))
+
+
+def test_digits_is_a_fixed_split():
+    a, b = data.load("digits", ""), data.load("digits", "")
+    assert a.train_images.shape == (1437, 3, 32, 32) and a.test_images.shape == (360, 3, 32, 32)
+    assert torch.equal(a.test_labels, b.test_labels) and torch.equal(a.train_images, b.train_images)
+    assert not a.hflip
+    assert a.train_images.max() == 255 and a.train_images.min() == 0
+
+
+def _loader(ds, rank, world, batch=64, **kw):
+    mean, std = ds.channel_stats()
+    return ShardedLoader(ds.train_images, ds.train_labels, batch, rank, world, seed=3, mean=mean, std=std, **kw)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ranks_together_see_every_image_once_per_epoch(world):
+    ds = data.load("digits", "")
+    # tag every image with its index so a batch can be traced back to the images in it
+    ds.train_images = torch.zeros(len(ds.train_labels), 3, 32, 32, dtype=torch.uint8)
+    ds.train_labels = torch.arange(len(ds.train_labels))
+    seen, steps = [], set()
+    for rank in range(world):
+        loader = _loader(ds, rank, world)
+        batches = list(loader.epoch(0))
+        steps.add(len(batches))
+        seen += [i for _, y in batches for i in y.tolist()]
+    assert len(steps) == 1                                   # same number of steps on every rank
+    assert sorted(seen) == list(range(len(ds.train_labels)))  # each image exactly once
+    other = [i for _, y in _loader(ds, 0, world).epoch(1) for i in y.tolist()]
+    assert other != [i for _, y in _loader(ds, 0, world).epoch(0) for i in y.tolist()]
+
+
+def test_augmentation_is_a_crop_of_the_padded_image():
+    x = torch.arange(2 * 3 * 32 * 32, dtype=torch.float32).view(2, 3, 32, 32)
+    out = data.random_crop(x, 4, torch.Generator().manual_seed(0))
+    padded = torch.nn.functional.pad(x, (4, 4, 4, 4), mode="reflect")
+    for i in range(2):
+        windows = [padded[i, :, dy:dy + 32, dx:dx + 32] for dy in range(9) for dx in range(9)]
+        assert any(torch.equal(out[i], w) for w in windows)
+
+
+def test_normalised_batches_have_unit_scale():
+    ds = data.load("digits", "")
+    x, y = next(_loader(ds, 0, 1, batch=512, augment=True).epoch(0))
+    assert x.dtype == torch.float32 and x.shape == (512, 3, 32, 32)
+    assert abs(x.mean().item()) < 0.2 and 0.8 < x.std().item() < 1.2
+
+
+def test_batch_larger_than_the_data_set_is_an_error():
+    ds = data.load("digits", "")
+    with pytest.raises(DataError, match="larger than the 1437 training images"):
+        _loader(ds, 0, 2, batch=1000)

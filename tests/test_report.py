@@ -1,0 +1,306 @@
+"""hvd_cifar.report on real run folders: a one-process run and a 2-rank horovodrun run of
+configs/tiny.yaml (3 epochs of 3 steps), trained once for the whole module. The tables are
+checked against metrics.jsonl / eval.json with numbers computed here, independently of the
+report's own code, and every figure must be a readable, non-blank PNG."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hvd_cifar import report
+
+ROOT = Path(__file__).resolve().parents[1]
+HOROVODRUN = ROOT / ".venv" / "bin" / "horovodrun"
+RUN_FIGURES = ("acc_train_test.png", "loss.png", "training_time.png", "step_breakdown.png", "comm_bytes.png")
+PHASES = ("data", "forward", "backward", "sync", "optimizer")
+
+
+# ----------------------------------------------------------------------------- helpers
+def md_table(markdown: str, heading: str) -> list[dict[str, str]]:
+    """The first Markdown table after the line starting with ``heading``, rows as {header: cell}."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    cells = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            cells.append([c.strip() for c in line.strip()[1:-1].split("|")])
+        elif cells:
+            break
+    header, _separator, *body = cells
+    return [dict(zip(header, row)) for row in body]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def shown(cell: str, exact: float, decimals: int, scale: float = 1.0) -> None:
+    """A table cell is ``exact / scale`` rounded to ``decimals`` places."""
+    assert abs(float(cell) - exact / scale) <= 0.5 * 10 ** -decimals + 1e-9, (cell, exact / scale)
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert len(data) > 8_000, f"{path} is suspiciously small ({len(data)} bytes)"
+    image = np.asarray(Image.open(path).convert("RGB"), dtype=float)
+    height, width, _ = image.shape
+    assert width >= 600 and height >= 350, f"{path} is {width}x{height}"
+    assert image.std() > 10, f"{path} looks blank"
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def expected(records: list[dict]) -> dict:
+    """What the tables should say, computed from metrics.jsonl: means over epochs after the first."""
+    steady = records[1:] if len(records) >= 2 else records
+    seconds = sum(r["epoch_time_s"] for r in steady)
+    return {
+        "mean_epoch_time_s": seconds / len(steady),
+        "total_epoch_time_s": sum(r["epoch_time_s"] for r in records),
+        "images_per_s": sum(r["images_per_s"] * r["epoch_time_s"] for r in steady) / seconds,
+        "bytes_per_epoch_per_rank": sum(r["comm_bytes_per_rank"] for r in steady) / len(steady),
+        "final_test_acc": records[-1]["test_acc"],
+        "final_train_acc": records[-1]["train_acc"],
+    }
+
+
+def run_main(argv: list[str], capsys) -> tuple[int, str]:
+    """report.main in this process; returns (exit status, stderr)."""
+    try:
+        code = report.main(argv)
+    except SystemExit as exc:  # argparse's own exits
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Two real training runs: one plain process and a 2-rank horovodrun job."""
+    logs = tmp_path_factory.mktemp("report-runs")
+    train = [sys.executable, "-m", "hvd_cifar.train", "--config", "configs/tiny.yaml", "--epochs", "3",
+             "--max-steps-per-epoch", "3", "--log-dir", str(logs)]
+    jobs = {"np1": [*train, "--run-name", "np1"],
+            "np2": [str(HOROVODRUN), "-np", "2", "-H", "localhost:2", *train, "--run-name", "np2"]}
+    # Both at once: their start-up overlaps; these tests read the numbers, not judge the speed.
+    procs = {}
+    for name, cmd in jobs.items():
+        log = open(logs / f"{name}.out", "w")
+        procs[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
+    for name, (proc, log) in procs.items():
+        proc.wait(timeout=400)
+        log.close()
+        assert proc.returncode == 0, f"{name} failed:\n{(logs / f'{name}.out').read_text()[-3000:]}"
+    return {name: logs / name for name in jobs}
+
+
+@pytest.fixture(scope="module")
+def reports(runs, tmp_path_factory) -> dict[str, Path]:
+    """report.md + figures: np1 in its default place (RUN/report), np2 in an --out folder."""
+    out = tmp_path_factory.mktemp("np2-report")
+    assert report.main([str(runs["np1"])]) == 0
+    assert report.main([str(runs["np2"]), "--out", str(out)]) == 0
+    return {"np1": runs["np1"] / "report", "np2": out}
+
+
+@pytest.fixture(scope="module")
+def comparison(runs, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("compare")
+    assert report.main([str(runs["np1"]), str(runs["np2"]), "--out", str(out)]) == 0
+    return out
+
+
+# ----------------------------------------------------------------------------- one run
+@pytest.mark.parametrize("name", ["np1", "np2"])
+def test_epoch_table_matches_metrics(name, runs, reports):
+    records = metrics(runs[name])
+    assert len(records) == 3
+    rows = md_table((reports[name] / "report.md").read_text(), "## Per epoch")
+    assert [int(r["epoch"]) for r in rows] == [r["epoch"] for r in records]
+    for row, rec in zip(rows, records):
+        shown(row["train loss"], rec["train_loss"], 4)
+        shown(row["test loss"], rec["test_loss"], 4)
+        shown(row["train acc (%)"], rec["train_acc"], 2, 0.01)
+        shown(row["test acc (%)"], rec["test_acc"], 2, 0.01)
+        assert math.isclose(float(row["lr"]), rec["lr"], rel_tol=1e-3)
+        shown(row["epoch time (s)"], rec["epoch_time_s"], 3)
+        shown(row["img/s"], rec["images_per_s"], 1)
+        for phase in PHASES:
+            shown(row[f"{phase} (ms/step)"], rec[f"{phase}_time_s"] / rec["steps"] * 1000, 2)
+        shown(row["bytes/rank (MB)"], rec["comm_bytes_per_rank"], 3, 1e6)
+
+
+@pytest.mark.parametrize("name, world_size", [("np1", 1), ("np2", 2)])
+def test_summary_matches_metrics_and_config(name, world_size, runs, reports):
+    want = expected(metrics(runs[name]))
+    summary = {r["item"]: r["value"] for r in md_table((reports[name] / "report.md").read_text(), "## Summary")}
+    assert summary["world size (ranks)"] == str(world_size)
+    assert summary["model"] == "smallcnn" and summary["dataset"] == "digits"
+    assert summary["sync method"] == "horovod" and summary["fp16 allreduce"] == "false"
+    assert summary["batch size per rank"] == "32" and summary["accumulation steps"] == "1"
+    assert summary["frozen blocks (config)"] == "0"
+    shown(summary["mean epoch time (s, first epoch excluded)"], want["mean_epoch_time_s"], 3)
+    shown(summary["total training time (s, all epochs)"], want["total_epoch_time_s"], 3)
+    shown(summary["throughput (img/s, same epochs)"], want["images_per_s"], 1)
+    shown(summary["bytes per epoch per rank (MB, same epochs)"], want["bytes_per_epoch_per_rank"], 3, 1e6)
+    shown(summary["final test accuracy (%)"], want["final_test_acc"], 2, 0.01)
+    shown(summary["final train accuracy (%)"], want["final_train_acc"], 2, 0.01)
+    # One rank sends nothing; two ranks send their gradients every step.
+    assert (want["bytes_per_epoch_per_rank"] > 0) == (world_size > 1)
+
+
+def test_eval_sections_match_eval_json(runs, reports):
+    evaluation = json.loads((runs["np2"] / "eval.json").read_text())
+    text = (reports["np2"] / "report.md").read_text()
+    rows = {r["class"]: r for r in md_table(text, "### Classification report")}
+    for name, scores in evaluation["classification_report"].items():
+        if isinstance(scores, dict):
+            for key in ("precision", "recall", "f1-score"):
+                shown(rows[name][key], scores[key], 4)
+            assert float(rows[name]["support"]) == scores["support"]
+    matrix = md_table(text, "### Confusion matrix")
+    assert [[int(row[str(j)]) for j in range(len(matrix))] for row in matrix] == evaluation["confusion_matrix"]
+
+
+@pytest.mark.parametrize("name", ["np1", "np2"])
+def test_run_figures_are_readable_pngs(name, reports):
+    text = (reports[name] / "report.md").read_text()
+    for figure in RUN_FIGURES:
+        assert_png(reports[name] / figure)
+        assert f"]({figure})" in text  # and the report shows it
+
+
+def test_cli_default_out_and_exit_status(runs, tmp_path):
+    run = tmp_path / "copy"
+    shutil.copytree(runs["np1"], run, ignore=shutil.ignore_patterns("report", "*.pt"))
+    done = subprocess.run([sys.executable, "-m", "hvd_cifar.report", str(run)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (run / "report" / "report.md").is_file()
+    assert sorted(p.name for p in (run / "report").glob("*.png")) == sorted(RUN_FIGURES)
+
+
+def test_missing_and_unknown_keys_are_tolerated(runs, tmp_path, capsys):
+    """Older or newer runs: optional keys missing, new keys (NIC counters) present, no eval.json."""
+    run = tmp_path / "odd-keys"
+    shutil.copytree(runs["np2"], run, ignore=shutil.ignore_patterns("report", "*.pt", "eval.json"))
+    records = metrics(run)
+    for i, rec in enumerate(records):
+        for key in ("eval_time_s", "data_time_s", "comm_bytes_per_rank"):
+            rec.pop(key)
+        rec.update(nic_rx_bytes=1_000_000 * (i + 1), nic_tx_bytes=2_000_000 * (i + 1), a_future_key="x")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, err = run_main([str(run), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    text = (tmp_path / "out" / "report.md").read_text()
+    rows = md_table(text, "## Per epoch")
+    assert all(r["data (ms/step)"] == "-" and r["bytes/rank (MB)"] == "-" for r in rows)
+    shown(rows[0]["forward (ms/step)"], records[0]["forward_time_s"] / records[0]["steps"] * 1000, 2)
+    assert "Classification report" not in text
+    for figure in RUN_FIGURES:
+        assert_png(tmp_path / "out" / figure)
+
+
+# ----------------------------------------------------------------------------- several runs
+def test_compare_csv_and_markdown_match_metrics(runs, comparison):
+    want = {name: expected(metrics(runs[name])) for name in ("np1", "np2")}
+    speedup = want["np2"]["images_per_s"] / want["np1"]["images_per_s"]
+    csv_rows = {r["run"]: r for r in read_csv(comparison / "compare.csv")}
+    md_rows = {r["run"]: r for r in md_table((comparison / "compare.md").read_text(), "# Run comparison")}
+    assert set(csv_rows) == set(md_rows) == {"np1", "np2"}
+    for name, world_size in (("np1", 1), ("np2", 2)):
+        c, m, w = csv_rows[name], md_rows[name], want[name]
+        assert int(c["world_size"]) == world_size and m["np"] == str(world_size)
+        assert (c["model"], c["dataset"], c["sync"], c["batch_size"]) == ("smallcnn", "digits", "horovod", "32")
+        for key in ("mean_epoch_time_s", "images_per_s", "bytes_per_epoch_per_rank", "final_test_acc"):
+            assert math.isclose(float(c[key]), w[key], rel_tol=1e-9, abs_tol=1e-12), key
+        shown(m["mean epoch time (s, excl. first epoch)"], w["mean_epoch_time_s"], 3)
+        shown(m["img/s (excl. first epoch)"], w["images_per_s"], 1)
+        shown(m["bytes/epoch/rank (MB)"], w["bytes_per_epoch_per_rank"], 3, 1e6)
+        shown(m["final test acc (%)"], w["final_test_acc"], 2, 0.01)
+    assert math.isclose(float(csv_rows["np1"]["speedup"]), 1.0)
+    assert math.isclose(float(csv_rows["np2"]["speedup"]), speedup, rel_tol=1e-9)
+    assert math.isclose(float(csv_rows["np2"]["efficiency"]), speedup / 2, rel_tol=1e-9)
+    shown(md_rows["np2"]["speedup vs np=1"], speedup, 2)
+    shown(md_rows["np2"]["scaling efficiency"], speedup / 2, 2)
+
+
+def test_compare_figures(comparison):
+    text = (comparison / "compare.md").read_text()
+    for figure in ("compare_test_acc.png", "compare_epoch_time.png", "scaling.png"):
+        assert_png(comparison / figure)
+        assert f"]({figure})" in text
+
+
+def test_speedup_only_against_np1_of_the_same_config(runs, tmp_path, capsys):
+    """An np=1 run with another batch size is no baseline: no speedup, and no scaling plot."""
+    other = tmp_path / "np1-b64"
+    shutil.copytree(runs["np1"], other, ignore=shutil.ignore_patterns("report", "*.pt"))
+    config = (other / "config.yaml").read_text()
+    assert "batch_size: 32\n" in config
+    (other / "config.yaml").write_text(config.replace("batch_size: 32\n", "batch_size: 64\n"))
+    out = tmp_path / "out"
+    code, err = run_main([str(other), str(runs["np2"]), "--out", str(out)], capsys)
+    assert code == 0, err
+    rows = {r["run"]: r for r in read_csv(out / "compare.csv")}
+    assert rows["np1-b64"]["batch_size"] == "64"
+    assert float(rows["np1-b64"]["speedup"]) == 1.0
+    assert rows["np2"]["speedup"] == "" and rows["np2"]["efficiency"] == ""
+    assert not (out / "scaling.png").exists()
+
+
+# ----------------------------------------------------------------------------- bad input
+def _write(folder: Path, text: str | None) -> Path:
+    folder.mkdir()
+    if text is not None:
+        (folder / "metrics.jsonl").write_text(text)
+    return folder
+
+
+GOOD_LINE = json.dumps({"epoch": 0, "epoch_time_s": 1.0, "steps": 2})
+
+
+@pytest.mark.parametrize("case, text, message", [
+    ("no-metrics", None, "no metrics.jsonl"),
+    ("empty", "", "holds no epoch records"),
+    ("blank-lines", "\n\n", "holds no epoch records"),
+    ("corrupt-line", GOOD_LINE + "\n" + '{"epoch": 1, "lr": 0.1, trunc' + "\n", "line 2 is not valid JSON"),
+    ("not-a-record", GOOD_LINE + "\n[1, 2]\n", "line 2 is not an epoch record"),
+])
+def test_bad_run_folder_is_one_line_error(case, text, message, tmp_path, capsys):
+    folder = _write(tmp_path / case, text)
+    code, err = run_main([str(folder)], capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("hvd_cifar: error: ") and message in err, err
+
+
+def test_bad_arguments_are_one_line_errors(runs, tmp_path, capsys):
+    for argv, message in (([str(tmp_path / "nowhere")], "no such run folder"),
+                          ([str(runs["np1"]), str(runs["np2"])], "--out: needed"),
+                          (["--bogus", str(runs["np1"])], "unrecognized arguments"),
+                          ([], "required")):
+        code, err = run_main(argv, capsys)
+        assert code == 2 and err.count("\n") == 1 and err.startswith("hvd_cifar: error: "), (argv, err)
+        assert message in err, (argv, err)
+
+
+def test_cli_bad_input_has_no_traceback(tmp_path):
+    folder = _write(tmp_path / "corrupt", "{not json\n")
+    done = subprocess.run([sys.executable, "-m", "hvd_cifar.report", str(folder)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"hvd_cifar: error: {folder}/metrics.jsonl: line 1 is not valid JSON "
+                                        f"(Expecting property name enclosed in double quotes)"]

@@ -1,0 +1,137 @@
+"""The four sync methods against each other, in real 2-rank jobs under both launchers.
+
+    .venv/bin/python -m pytest -q tests/test_sync_methods.py
+
+Every run trains smallcnn on the digits from the same seed for 2 epochs of 5 steps, with
+gradient accumulation in groups of 2 (so each epoch ends on a group of 1) and the first
+feature block frozen from epoch 1 on (so every method re-wraps the model mid-run). In fp32,
+averaging two ranks' gradients is exact whatever the method ((a+b)/2 = a/2+b/2), so every
+method must land on the same weights and losses as Horovod under mpirun, the reference.
+With fp16 gradients on the wire the methods round differently: close to the reference, not
+equal to it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import read_metrics, run_train
+from hvd_cifar.models import build_model, set_frozen_blocks
+
+METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
+RANKS = 2
+STEPS, GROUP = 5, 2                  # steps per epoch, accumulation steps: syncs of 2, 2, 1
+SYNCS_PER_EPOCH = 3
+FREEZE = {0: 0, 1: 1}                # epoch -> frozen feature blocks
+TRAIN_FLAGS = ["--config", "configs/tiny.yaml", "--model", "smallcnn", "--epochs", "2",
+               "--max-steps-per-epoch", str(STEPS), "--accumulation-steps", str(GROUP),
+               "--freeze-schedule", "{1: 1}", "--threads-per-rank", "1", "--checkpoint-every", "0"]
+
+pytestmark = pytest.mark.slow
+
+
+def train_flags(method: str, log_dir: Path, *flags: str) -> list[str]:
+    return [*TRAIN_FLAGS, "--sync", method, "--log-dir", str(log_dir), "--run-name", "run", *flags]
+
+
+def train(launcher: str, method: str, log_dir: Path, *flags: str) -> Path:
+    """One successful 2-rank run; its run folder."""
+    run_train(train_flags(method, log_dir, *flags), launcher=launcher, np=RANKS)
+    return log_dir / "run"
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoint_last.pt", weights_only=True)["model"]
+
+
+def max_weight_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].is_floating_point())
+
+
+def trainable_bytes(frozen: int, bytes_per_value: int) -> int:
+    model = build_model("smallcnn", 10)
+    set_frozen_blocks(model, frozen)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad) * bytes_per_value
+
+
+def analytic_bytes_per_sync(method: str, payload: int, n: int = RANKS) -> int:
+    """What one rank sends per synchronisation: a ring allreduce sends 2(N-1)/N of the payload;
+    gather-scatter's root sends the mean to the N-1 others."""
+    return (n - 1) * payload if method == "mpi-gather-scatter" else round(2 * (n - 1) / n * payload)
+
+
+def check_accounting(method: str, records: list[dict], fp16: bool) -> None:
+    assert [r["epoch"] for r in records] == [0, 1]
+    for r in records:
+        payload = trainable_bytes(FREEZE[r["epoch"]], 2 if fp16 else 4)
+        assert r["comm_bytes_per_sync"] == analytic_bytes_per_sync(method, payload), r
+        assert r["syncs"] == SYNCS_PER_EPOCH
+        assert r["comm_bytes_per_rank"] == r["comm_bytes_per_sync"] * SYNCS_PER_EPOCH
+        assert r["sync"] == method and r["world_size"] == RANKS and r["fp16_allreduce"] == fp16
+    # freezing a block must shrink what crosses the wire
+    assert records[1]["comm_bytes_per_sync"] < records[0]["comm_bytes_per_sync"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """Horovod under mpirun, fp32: what every other run is compared with."""
+    return train("mpirun", "horovod", tmp_path_factory.mktemp("reference"))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_same_weights_and_losses_under_mpirun(method, reference, tmp_path):
+    run_dir = reference if method == "horovod" else train("mpirun", method, tmp_path)
+    records, expected = read_metrics(run_dir), read_metrics(reference)
+    check_accounting(method, records, fp16=False)
+    for got, want in zip(records, expected):
+        for key in ("train_loss", "test_loss"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5), (key, got["epoch"])
+    final, start = weights(run_dir), weights(reference)
+    assert max_weight_difference(final, start) <= 1e-5
+    # ...and the run trained at all: the reference moved away from its initial weights
+    torch.manual_seed(0)  # the config's seed, as train.py builds the model
+    initial = build_model("smallcnn", 10).state_dict()
+    assert max_weight_difference(start, initial) > 1e-3
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_fp16_gradients_under_horovodrun(method, reference, tmp_path):
+    """fp16 on the wire: half the bytes, weights near the fp32 reference but not equal to it."""
+    run_dir = train("horovodrun", method, tmp_path, "--fp16-allreduce")
+    records, expected = read_metrics(run_dir), read_metrics(reference)
+    check_accounting(method, records, fp16=True)
+    difference = max_weight_difference(weights(run_dir), weights(reference))
+    assert 0 < difference < 5e-3, difference
+    for got, want in zip(records, expected):
+        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-2)
+
+
+def test_ddp_under_horovodrun_gloo(reference, tmp_path):
+    """No MPI at all: DDP finds its peers through Horovod's Gloo rendezvous."""
+    run_dir = train("horovodrun-gloo", "ddp", tmp_path)
+    check_accounting("ddp", read_metrics(run_dir), fp16=False)
+    assert max_weight_difference(weights(run_dir), weights(reference)) <= 1e-5
+
+
+def test_mpi_methods_refuse_horovodrun_gloo(tmp_path):
+    proc = run_train(train_flags("mpi-gather-scatter", tmp_path), launcher="horovodrun-gloo", np=RANKS,
+                     check=False)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "hvd_cifar: error:" in line]
+    assert len(errors) == 1 and "sync: 'mpi-gather-scatter' needs an MPI launcher" in errors[0], proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_gather_scatter_root_traffic_grows_with_ranks():
+    """Beyond two ranks the formulas part: the ring stays under 2x the payload per rank while
+    gather-scatter's root carries N-1 copies."""
+    from hvd_cifar.sync import SyncMethod
+    from hvd_cifar.sync.mpi import MpiGatherScatterSync
+
+    ring, star = SyncMethod(), object.__new__(MpiGatherScatterSync)  # no MPI needed for arithmetic
+    for n, ring_bytes, star_bytes in ((1, 0, 0), (2, 1000, 1000), (4, 1500, 3000), (8, 1750, 7000)):
+        ring.size = star.size = n
+        assert (ring.wire_bytes_per_sync(1000), star.wire_bytes_per_sync(1000)) == (ring_bytes, star_bytes)

@@ -1,0 +1,106 @@
+"""The trainer end to end in one process: run folder, metrics, checkpoint, resume, errors."""
+import json
+
+import pytest
+import torch
+import yaml
+
+from conftest import read_metrics, run_train
+
+METRIC_KEYS = {"epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s",
+               "images_per_s", "data_time_s", "forward_time_s", "backward_time_s", "sync_time_s",
+               "optimizer_time_s", "world_size", "sync", "comm_bytes_per_rank"}
+
+
+def test_run_folder_is_complete(tmp_path, tiny_args):
+    proc = run_train(tiny_args)
+    run = tmp_path / "logs" / "run"
+    names = {p.name for p in run.iterdir()}
+    assert {"config.yaml", "metrics.jsonl", "meta.json", "rank0.log", "checkpoint_last.pt", "eval.json"} <= names
+    assert not [n for n in names if n.endswith(".tmp")]
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["model"] == "smallcnn" and saved["run_name"] == "run"
+    records = read_metrics(run)
+    assert [r["epoch"] for r in records] == [0, 1]
+    for r in records:
+        assert METRIC_KEYS <= set(r)
+        assert r["world_size"] == 1 and r["steps"] == 6
+        phases = sum(r[f"{p}_time_s"] for p in ("data", "forward", "backward", "sync", "optimizer"))
+        assert 0.5 * r["epoch_time_s"] < phases <= r["epoch_time_s"] * 1.01
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["world_size"] == 1 and meta["versions"]["torch"] and meta["hostnames"]
+    evaluation = json.loads((run / "eval.json").read_text())
+    assert sum(map(sum, evaluation["confusion_matrix"])) == 360
+    assert evaluation["test_acc"] == pytest.approx(records[-1]["test_acc"])
+    ckpt = torch.load(run / "checkpoint_last.pt", weights_only=True)
+    assert ckpt["epoch"] == 2 and "features.0.0.weight" in ckpt["model"]
+    # rank 0 prints the report and confusion matrix after the last epoch
+    assert "precision" in proc.stdout and "confusion matrix" in proc.stdout
+
+
+def test_existing_run_name_is_never_overwritten(tmp_path, tiny_args):
+    (tmp_path / "logs" / "run").mkdir(parents=True)
+    proc = run_train(tiny_args, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"hvd_cifar: error: run_name: {tmp_path}/logs/run already exists; pick another name or "
+        f"resume it with --resume {tmp_path}/logs/run"]
+
+
+def test_default_run_names_are_unique(tmp_path):
+    args = ["--config", "configs/tiny.yaml", "--log-dir", str(tmp_path), "--epochs", "1",
+            "--max-steps-per-epoch", "1"]
+    run_train(args)
+    run_train(args)
+    assert len([p for p in tmp_path.iterdir() if (p / "metrics.jsonl").exists()]) == 2
+
+
+def test_resume_is_exact(tmp_path):
+    """E epochs straight == E/2 epochs, stop, resume for the rest: same weights, same metrics."""
+    common = ["--config", "configs/tiny.yaml", "--max-steps-per-epoch", "3", "--epochs", "4",
+              "--warmup-epochs", "1"]
+    run_train([*common, "--log-dir", str(tmp_path / "a"), "--run-name", "straight"])
+    run_train([*common, "--log-dir", str(tmp_path / "b"), "--run-name", "halves", "--stop-after", "2"])
+    halves = tmp_path / "b" / "halves"
+    assert [r["epoch"] for r in read_metrics(halves)] == [0, 1]
+    assert not (halves / "eval.json").exists()
+    proc = run_train(["--resume", str(halves), "--stop-after", "0"])
+    assert "resuming after epoch 2 of 4" in proc.stdout
+
+    straight = tmp_path / "a" / "straight"
+    a = torch.load(straight / "checkpoint_last.pt", weights_only=True)["model"]
+    b = torch.load(halves / "checkpoint_last.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    timing = {k for k in read_metrics(straight)[0] if k.endswith("_time_s") or k == "images_per_s"}
+    strip = lambda records: [{k: v for k, v in r.items() if k not in timing} for r in records]  # noqa: E731
+    assert strip(read_metrics(straight)) == strip(read_metrics(halves))
+
+
+def test_resume_of_a_missing_run_is_one_line(tmp_path):
+    proc = run_train(["--resume", str(tmp_path / "nope")], check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"hvd_cifar: error: resume: no run folder at '{tmp_path}/nope' (nor under logs/) with a config.yaml"]
+
+
+def test_resume_with_another_model_is_refused(tmp_path, tiny_args):
+    run_train([*tiny_args, "--epochs", "1", "--max-steps-per-epoch", "1"])
+    proc = run_train(["--resume", str(tmp_path / "logs" / "run"), "--model", "vgg11", "--epochs", "2"],
+                     check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "resume: checkpoint" in lines[0] and "vgg11" in lines[0]
+
+
+def test_missing_dataset_is_one_line(tmp_path, tiny_args):
+    proc = run_train([*tiny_args, "--dataset", "cifar10", "--data-dir", str(tmp_path / "none")], check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cifar10 not found" in lines[0]
+
+
+def test_bf16_autocast_and_channels_last_train(tmp_path, tiny_args):
+    run_train([*tiny_args, "--amp", "bf16", "--channels-last", "--epochs", "1"])
+    assert read_metrics(tmp_path / "logs" / "run")[0]["train_loss"] > 0
