@@ -239,8 +239,10 @@ class NetCluster:
                 self._created_run_dirs = [d for d in (NETNS_DIR, SSHD_DIR) if not os.path.isdir(d)]
                 os.makedirs(SSHD_DIR, mode=0o755, exist_ok=True)
                 used = _used_subnets()
-                subnet = next(k for k in itertools.chain(range(1 + os.getpid() % 250, 255), range(1, 255))
-                              if k not in used)
+                subnet = next((k for k in itertools.chain(range(1 + os.getpid() % 250, 255), range(1, 255))
+                               if k not in used), None)
+                if subnet is None:
+                    raise ClusterError("no free subnet 10.250.K.0/24 left (see `ip -all netns`)")
                 self.hosts = [f"10.250.{subnet}.{i + 1}" for i in range(self.n_hosts)]
                 self._make_network()
             self._write_ssh_files()

@@ -64,7 +64,7 @@ class Run:
     metrics: list[dict]
     config: dict = field(default_factory=dict)   # config.yaml, {} if absent
     meta: dict = field(default_factory=dict)     # meta.json, {} if absent
-    eval: dict | None = None                     # eval.json, None if absent
+    evaluation: dict | None = None               # eval.json, None if absent
 
 
 def read_metrics_file(path: str) -> list[dict]:
@@ -498,14 +498,14 @@ def run_report(run: Run, out: str) -> str:
             "running values over the epoch's (augmented) batches. Phase times are per training step "
             "(phase time / steps, slowest rank); bytes are gradient bytes sent per rank in the epoch.\n",
             markdown_table(EPOCH_COLUMNS, epoch_rows(run))]
-    if run.eval:
+    if run.evaluation:
         lines += ["## Final evaluation (test set)\n",
-                 f"Test accuracy {run.eval.get('test_acc', math.nan):.4f}, "
-                 f"test loss {run.eval.get('test_loss', math.nan):.4f} (eval.json).\n",
-                 "### Classification report\n", classification_table(run.eval)]
-        if run.eval.get("confusion_matrix"):
+                 f"Test accuracy {run.evaluation.get('test_acc', math.nan):.4f}, "
+                 f"test loss {run.evaluation.get('test_loss', math.nan):.4f} (eval.json).\n",
+                 "### Classification report\n", classification_table(run.evaluation)]
+        if run.evaluation.get("confusion_matrix"):
             lines += ["### Confusion matrix\n", "Rows: true class; columns: predicted class.\n",
-                     confusion_table(run.eval["confusion_matrix"])]
+                     confusion_table(run.evaluation["confusion_matrix"])]
     lines += ["## Figures\n"] + [f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures]
     path = os.path.join(out, "report.md")
     with open(path, "w") as f:

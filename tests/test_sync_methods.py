@@ -46,9 +46,18 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoint_last.pt", weights_only=True)["model"]
 
 
+def initial_weights() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)  # the config's seed, set by train.py just before it builds the model
+    return build_model("smallcnn", 10).state_dict()
+
+
 def max_weight_difference(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].is_floating_point())
+
+
+def flat(state: dict) -> torch.Tensor:
+    return torch.cat([t.double().flatten() for t in state.values() if t.is_floating_point()])
 
 
 def trainable_bytes(frozen: int, bytes_per_value: int) -> int:
@@ -83,30 +92,32 @@ def reference(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_same_weights_and_losses_under_mpirun(method, reference, tmp_path):
+    # Horovod under mpirun is the reference run itself: for it, only the accounting is news.
     run_dir = reference if method == "horovod" else train("mpirun", method, tmp_path)
     records, expected = read_metrics(run_dir), read_metrics(reference)
     check_accounting(method, records, fp16=False)
     for got, want in zip(records, expected):
         for key in ("train_loss", "test_loss"):
             assert got[key] == pytest.approx(want[key], rel=1e-5), (key, got["epoch"])
-    final, start = weights(run_dir), weights(reference)
-    assert max_weight_difference(final, start) <= 1e-5
-    # ...and the run trained at all: the reference moved away from its initial weights
-    torch.manual_seed(0)  # the config's seed, as train.py builds the model
-    initial = build_model("smallcnn", 10).state_dict()
-    assert max_weight_difference(start, initial) > 1e-3
+    assert max_weight_difference(weights(run_dir), weights(reference)) <= 1e-5
+    # ...and there was something to agree on: training moved the weights
+    assert max_weight_difference(weights(run_dir), initial_weights()) > 1e-2
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_fp16_gradients_under_horovodrun(method, reference, tmp_path):
-    """fp16 on the wire: half the bytes, weights near the fp32 reference but not equal to it."""
+    """fp16 on the wire: half the bytes, and weights near the fp32 reference but not equal to it
+    (equal would mean the gradients never crossed as fp16). Near: the rounding moves the end
+    point by a small fraction of the distance training covered (about 0.7% here)."""
     run_dir = train("horovodrun", method, tmp_path, "--fp16-allreduce")
     records, expected = read_metrics(run_dir), read_metrics(reference)
     check_accounting(method, records, fp16=True)
-    difference = max_weight_difference(weights(run_dir), weights(reference))
-    assert 0 < difference < 5e-3, difference
+    final, fp32, initial = flat(weights(run_dir)), flat(weights(reference)), flat(initial_weights())
+    rounding_drift = ((final - fp32).norm() / (fp32 - initial).norm()).item()
+    assert 0 < rounding_drift < 0.05, rounding_drift
     for got, want in zip(records, expected):
-        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-2)
+        for key in ("train_loss", "test_loss"):
+            assert got[key] == pytest.approx(want[key], rel=1e-3), (key, got["epoch"])
 
 
 def test_ddp_under_horovodrun_gloo(reference, tmp_path):

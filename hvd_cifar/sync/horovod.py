@@ -29,7 +29,7 @@ class HorovodSync(SyncMethod):
             # one's; a countdown that never reaches zero keeps them from starting any allreduce.
             for p in self.optimizer._allreduce_delay:
                 self.optimizer._allreduce_delay[p] = math.inf
-        optimizer = self.optimizer = hvd.DistributedOptimizer(
+        distributed = self.optimizer = hvd.DistributedOptimizer(
             optimizer,
             named_parameters=named_parameters,
             compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none,
@@ -38,7 +38,10 @@ class HorovodSync(SyncMethod):
             backward_passes_per_step=accumulation_steps,
             op=hvd.Average,
         )
-        return model, optimizer
+        # Horovod builds a new optimizer from the param groups, with empty state: carry over the
+        # momentum buffers the loop put in the one it was given (on a change of trainable set).
+        distributed.state.update(optimizer.state)
+        return model, distributed
 
     def synchronize(self, optimizer):
         # Waits for the allreduces the backward hooks started. Called explicitly (rather than
