@@ -42,7 +42,8 @@ class Config:
     synthetic_size: int = 2048         # images in the synthetic training set (test set: 1/4)
     # --- model ---
     model: str = "vgg11"               # one of MODELS
-    channels_last: bool = False        # NHWC memory layout (faster convs on GPUs)
+    batchnorm: bool = True             # BatchNorm after each conv (false: exact accumulation checks; not resnet18)
+    channels_last: bool = False        # NHWC memory layout of the input batches (faster convs on GPUs)
     amp: str = "none"                  # autocast: none | fp16 (with a grad scaler) | bf16
     # --- optimisation ---
     epochs: int = 10
@@ -60,6 +61,7 @@ class Config:
     accumulation_steps: int = 1        # local forward/backward passes per synchronisation
     freeze: int = 0                    # leading feature blocks that do not train
     freeze_schedule: dict = field(default_factory=dict)  # {epoch: frozen blocks from that epoch on}
+    nic: str = "auto"                  # interface whose byte counters are recorded per host; auto = busiest non-loopback
     # --- run control ---
     seed: int = 0
     threads_per_rank: int = 0          # torch intra-op threads; 0 = cores on the host / ranks on the host
@@ -102,6 +104,8 @@ class Config:
             if not isinstance(epoch, int) or not isinstance(frozen, int) or epoch < 0 or frozen < 0:
                 raise ConfigError(f"freeze_schedule: entries must be 'epoch: blocks' with "
                                   f"non-negative integers, got {epoch!r}: {frozen!r}")
+        if not self.batchnorm and self.model == "resnet18":
+            raise ConfigError("batchnorm: resnet18 is only built with BatchNorm")
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
             raise ConfigError(f"run_name: must be a plain folder name, got {self.run_name!r}")
         return self

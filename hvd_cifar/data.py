@@ -183,16 +183,16 @@ class ShardedLoader:
 
 
 def random_crop(x: torch.Tensor, pad: int, gen: torch.Generator | None) -> torch.Tensor:
-    """Reflect-pad by ``pad`` and cut a random HxW window per image, for the whole batch at once."""
+    """Reflect-pad by ``pad`` and cut a random HxW window per image, for the whole batch at once:
+    one gather over the flattened padded images, the window's flat indices offset per image."""
     n, c, h, w = x.shape
     padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
-    dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen, device=x.device)
-    dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen, device=x.device)
-    rows = (dy.view(n, 1) + torch.arange(h, device=x.device)).view(n, 1, h, 1)
-    cols = (dx.view(n, 1) + torch.arange(w, device=x.device)).view(n, 1, 1, w)
-    batch = torch.arange(n, device=x.device).view(n, 1, 1, 1)
-    chans = torch.arange(c, device=x.device).view(1, c, 1, 1)
-    return padded[batch, chans, rows, cols]
+    width = w + 2 * pad
+    dy = torch.randint(0, 2 * pad + 1, (n, 1), generator=gen, device=x.device)
+    dx = torch.randint(0, 2 * pad + 1, (n, 1), generator=gen, device=x.device)
+    window = (torch.arange(h, device=x.device).view(h, 1) * width + torch.arange(w, device=x.device)).view(1, -1)
+    index = (window + dy * width + dx).view(n, 1, h * w).expand(-1, c, -1)
+    return padded.flatten(2).gather(2, index).view(n, c, h, w)
 
 
 def eval_batches(images, labels, batch_size, rank, world_size, normalize):

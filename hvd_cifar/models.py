@@ -18,17 +18,23 @@ VGG_LAYOUTS = {  # output channels per 3x3 conv; "M" = 2x2 max-pool
 }
 
 
+def norm(channels: int, batchnorm: bool) -> nn.Module:
+    """BatchNorm, or nothing: without it a k-step accumulated update equals one big-batch update
+    exactly, which is how accumulation and the sync methods are checked for equivalence."""
+    return nn.BatchNorm2d(channels) if batchnorm else nn.Identity()
+
+
 class VGG(nn.Module):
     """CIFAR VGG: conv-BN-ReLU blocks (a following max-pool belongs to its block), then a linear head."""
 
-    def __init__(self, layout: list, num_classes: int = 10):
+    def __init__(self, layout: list, num_classes: int = 10, batchnorm: bool = True):
         super().__init__()
         blocks, in_ch = [], 3
         for item in layout:
             if item == "M":
                 blocks[-1].append(nn.MaxPool2d(2))
                 continue
-            blocks.append([nn.Conv2d(in_ch, item, 3, padding=1), nn.BatchNorm2d(item), nn.ReLU(inplace=True)])
+            blocks.append([nn.Conv2d(in_ch, item, 3, padding=1), norm(item, batchnorm), nn.ReLU(inplace=True)])
             in_ch = item
         self.features = nn.Sequential(*(nn.Sequential(*b) for b in blocks))
         self.classifier = nn.Linear(512, num_classes)
@@ -82,11 +88,11 @@ class ResNet18(nn.Module):
 class SmallCNN(nn.Module):
     """Three conv-BN-ReLU-pool blocks (32-64-128 channels): seconds per epoch on a CPU."""
 
-    def __init__(self, num_classes: int = 10):
+    def __init__(self, num_classes: int = 10, batchnorm: bool = True):
         super().__init__()
         blocks, in_ch = [], 3
         for out_ch in (32, 64, 128):
-            blocks.append(nn.Sequential(nn.Conv2d(in_ch, out_ch, 3, padding=1), nn.BatchNorm2d(out_ch),
+            blocks.append(nn.Sequential(nn.Conv2d(in_ch, out_ch, 3, padding=1), norm(out_ch, batchnorm),
                                         nn.ReLU(inplace=True), nn.MaxPool2d(2)))
             in_ch = out_ch
         self.features = nn.Sequential(*blocks)
@@ -101,13 +107,15 @@ class SmallCNN(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
-def build_model(name: str, num_classes: int) -> nn.Module:
+def build_model(name: str, num_classes: int, batchnorm: bool = True) -> nn.Module:
     if name in VGG_LAYOUTS:
-        return VGG(VGG_LAYOUTS[name], num_classes)
+        return VGG(VGG_LAYOUTS[name], num_classes, batchnorm)
     if name == "resnet18":
+        if not batchnorm:
+            raise ValueError("batchnorm: resnet18 is only built with BatchNorm")
         return ResNet18(num_classes)
     if name == "smallcnn":
-        return SmallCNN(num_classes)
+        return SmallCNN(num_classes, batchnorm)
     raise ValueError(f"unknown model {name!r}")
 
 

@@ -211,7 +211,6 @@ class NetCluster:
         self._sshd: list[subprocess.Popen] = []
         self._created_run_dirs: list[str] = []
         self._old_handlers: dict[int, object] = {}
-        self._is_up = False
         self._torn_down = False
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -222,6 +221,8 @@ class NetCluster:
         self.down()
 
     def up(self) -> "NetCluster":
+        if self.tmpdir or self._torn_down:
+            raise ClusterError("a NetCluster comes up once; make a new one")
         if os.geteuid() != 0:
             raise ClusterError("network namespaces need root")
         for tool in ("ip", "tc", "unshare", "ssh-keygen", SSHD, SSH):
@@ -247,7 +248,6 @@ class NetCluster:
                 self._make_network()
             self._write_ssh_files()
             self._start_sshd()
-            self._is_up = True
             self._wait_for_ssh()
         except BaseException:
             self.down()
@@ -339,7 +339,8 @@ class NetCluster:
                 else:
                     last = f"host {i}: {out or p.returncode}"
             if pending and time.monotonic() > deadline:
-                raise ClusterError(f"ssh to hosts {sorted(pending)} did not work in {timeout_s:.0f} s ({last})")
+                raise ClusterError(f"ssh to hosts {sorted(pending)} did not work in "
+                                   f"{timeout_s:.0f} s ({last})")
             if pending:
                 time.sleep(0.2)
 
@@ -347,7 +348,7 @@ class NetCluster:
         """Idempotent teardown; every step runs even if an earlier one failed."""
         if self._torn_down:
             return
-        self._torn_down, self._is_up = True, False
+        self._torn_down = True
         with _signals_deferred():
             try:
                 mine = [*self.namespaces, self.switch_ns]

@@ -14,7 +14,8 @@ Each epoch appends one line to logs/RUN_NAME/metrics.jsonl before anything is pr
 """
 from __future__ import annotations
 
-import json
+import gc
+import hashlib
 import math
 import os
 import socket
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from hvd_cifar import config as config_mod
-from hvd_cifar import data, runlog
+from hvd_cifar import data, netstats, runlog
 from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.data import DataError
 from hvd_cifar.models import build_model, set_frozen_blocks
@@ -173,7 +174,7 @@ def run(cfg: Config) -> int:
 
     # ---- model: same seed everywhere, then rank 0's weights broadcast to be sure
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, ds.num_classes).to(device)
+    model = build_model(cfg.model, ds.num_classes, cfg.batchnorm).to(device)
     # channels_last applies to the input batches only: convolutions then run in NHWC, while the
     # parameters (and, by autograd's layout contract, their gradients) stay contiguous, which
     # is what allreduce and broadcast of flat buffers require.
@@ -209,6 +210,10 @@ def run(cfg: Config) -> int:
         del ckpt
     sync.broadcast_state(model)
 
+    # One rank per host reads that host's interface counters around each epoch's training.
+    host = socket.gethostname()
+    nic = netstats.NicMeter(netstats.pick_interface(cfg.nic) if sync.local_rank == 0 else None)
+
     def timed(phase: str, since: float) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()  # so that a phase's time is its own, not the next one's
@@ -226,6 +231,9 @@ def run(cfg: Config) -> int:
             frozen = cfg.frozen_blocks(epoch)
             set_frozen_blocks(model, frozen)
             net, optimizer, payload_bytes, trainable = build_optimizer(model, cfg, sync, old=optimizer)
+            # The old wrapped optimizer's gradient hooks live as long as it does (Horovod's hooks
+            # form a reference cycle with it): collect it now so only the new hooks fire.
+            gc.collect()
             sync.broadcast_state(model)
             log(f"epoch {epoch}: {frozen} feature block(s) frozen, {trainable:,} trainable parameters")
         net.train()
@@ -237,6 +245,7 @@ def run(cfg: Config) -> int:
         bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not (is_main and cfg.progress),
                    leave=False, dynamic_ncols=True)
         syncs = 0
+        nic.start()
         epoch_start = t = time.perf_counter()
         for step in range(steps):
             x, y = next(batches)
@@ -272,6 +281,9 @@ def run(cfg: Config) -> int:
             t = time.perf_counter()
         bar.close()
         epoch_time = time.perf_counter() - epoch_start
+        nic_bytes = nic.stop()
+        gathered = sync.allgather_object((host, nic.interface, *nic_bytes) if nic.interface else None)
+        per_host = [entry for entry in gathered if entry]  # (host, interface, rx, tx)
 
         stats = sync.allreduce_sum(stats.cpu())
         # Each rank timed its own phases; the slowest rank sets the pace, so report the max.
@@ -298,6 +310,9 @@ def run(cfg: Config) -> int:
             **{f"{phase}_time_s": slowest[j].item() for j, phase in enumerate(PHASES)},
             "comm_bytes_per_sync": sync.wire_bytes_per_sync(payload_bytes),
             "comm_bytes_per_rank": sync.wire_bytes_per_sync(payload_bytes) * syncs,
+            "nic_interface": {h: iface for h, iface, _, _ in per_host},
+            "nic_rx_bytes": {h: rx for h, _, rx, _ in per_host},
+            "nic_tx_bytes": {h: tx for h, _, _, tx in per_host},
             "trainable_params": trainable,
             "frozen_blocks": frozen,
             "world_size": sync.size,
@@ -321,12 +336,18 @@ def run(cfg: Config) -> int:
         if epoch == cfg.epochs - 1:
             final_confusion = confusion
 
+    # Data-parallel ranks must end with identical parameters; say so (or not) in eval.json.
+    digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+    ranks_agree = len(set(sync.allgather_object(digest.hexdigest()))) == 1
+    if not ranks_agree:
+        log("WARNING: ranks finished with different parameters")
     if final_confusion is not None and is_main:
         report_text, report = classification_summary(final_confusion)
         test_acc = final_confusion.diag().sum().item() / final_confusion.sum().item()
         runlog.write_json(os.path.join(run_dir, "eval.json"), {
             "test_acc": test_acc, "test_loss": test_loss, "classes": ds.num_classes,
-            "confusion_matrix": final_confusion.tolist(), "classification_report": report})
+            "confusion_matrix": final_confusion.tolist(), "classification_report": report,
+            "parameters_identical_across_ranks": ranks_agree})
         log("classification report (test set):\n" + report_text)
         log("confusion matrix (rows: true class, columns: predicted):\n" + format_matrix(final_confusion))
         log(f"final test accuracy {test_acc:.4f}; run folder {run_dir}")

@@ -96,6 +96,7 @@ def failing_sweep(tmp_path_factory):
 
 
 # ----------------------------------------------------------------------------- the sweep
+@pytest.mark.slow  # real launcher jobs
 def test_sweep_runs_every_configuration(sweep):
     done, out = sweep
     assert done.returncode == 0, done.stdout + done.stderr
@@ -109,6 +110,7 @@ def test_sweep_runs_every_configuration(sweep):
         assert (out / "logs" / f"{name}.stderr.txt").is_file()
 
 
+@pytest.mark.slow  # real launcher jobs
 def test_scaling_csv_matches_metrics(sweep):
     _, out = sweep
     rows = read_csv(out / "scaling.csv")
@@ -129,6 +131,7 @@ def test_scaling_csv_matches_metrics(sweep):
     assert math.isclose(float(rows[1]["efficiency"]), speedup / 2, rel_tol=1e-9)
 
 
+@pytest.mark.slow  # real launcher jobs
 def test_scaling_markdown_matches_csv(sweep):
     _, out = sweep
     rows = read_csv(out / "scaling.csv")
@@ -146,6 +149,7 @@ def test_scaling_markdown_matches_csv(sweep):
         shown(md["efficiency"], float(row["efficiency"]), 2)
 
 
+@pytest.mark.slow  # real launcher jobs
 def test_scaling_plot(sweep):
     _, out = sweep
     assert_png(out / "scaling.png")
@@ -153,6 +157,7 @@ def test_scaling_plot(sweep):
 
 
 # ----------------------------------------------------------------------------- failures
+@pytest.mark.slow  # real launcher jobs
 def test_failed_configuration_is_a_row_and_the_sweep_goes_on(failing_sweep):
     done, out = failing_sweep
     assert done.returncode == 1, done.stdout + done.stderr  # some configuration failed
@@ -187,6 +192,7 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow  # real launcher jobs
 def test_timeout_fails_the_configuration_and_ends_its_processes(tmp_path):
     out = tmp_path / "slow"
     done = run_bench("--np", "2", "--timeout", "3", "--steps", "1000", "--dataset", "digits", "--out", str(out))

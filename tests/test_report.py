@@ -124,6 +124,7 @@ def comparison(runs, tmp_path_factory) -> Path:
 
 
 # ----------------------------------------------------------------------------- one run
+@pytest.mark.slow  # uses the module's 2-rank run
 @pytest.mark.parametrize("name", ["np1", "np2"])
 def test_epoch_table_matches_metrics(name, runs, reports):
     records = metrics(runs[name])
@@ -143,6 +144,7 @@ def test_epoch_table_matches_metrics(name, runs, reports):
         shown(row["bytes/rank (MB)"], rec["comm_bytes_per_rank"], 3, 1e6)
 
 
+@pytest.mark.slow  # uses the module's 2-rank run
 @pytest.mark.parametrize("name, world_size", [("np1", 1), ("np2", 2)])
 def test_summary_matches_metrics_and_config(name, world_size, runs, reports):
     want = expected(metrics(runs[name]))
@@ -162,6 +164,7 @@ def test_summary_matches_metrics_and_config(name, world_size, runs, reports):
     assert (want["bytes_per_epoch_per_rank"] > 0) == (world_size > 1)
 
 
+@pytest.mark.slow  # uses the module's 2-rank run
 def test_eval_sections_match_eval_json(runs, reports):
     evaluation = json.loads((runs["np2"] / "eval.json").read_text())
     text = (reports["np2"] / "report.md").read_text()
@@ -175,6 +178,7 @@ def test_eval_sections_match_eval_json(runs, reports):
     assert [[int(row[str(j)]) for j in range(len(matrix))] for row in matrix] == evaluation["confusion_matrix"]
 
 
+@pytest.mark.slow  # uses the module's 2-rank run
 @pytest.mark.parametrize("name", ["np1", "np2"])
 def test_run_figures_are_readable_pngs(name, reports):
     text = (reports[name] / "report.md").read_text()
@@ -183,6 +187,7 @@ def test_run_figures_are_readable_pngs(name, reports):
         assert f"]({figure})" in text  # and the report shows it
 
 
+@pytest.mark.slow  # uses the module's 2-rank run
 def test_cli_default_out_and_exit_status(runs, tmp_path):
     run = tmp_path / "copy"
     shutil.copytree(runs["np1"], run, ignore=shutil.ignore_patterns("report", "*.pt"))
@@ -193,6 +198,7 @@ def test_cli_default_out_and_exit_status(runs, tmp_path):
     assert sorted(p.name for p in (run / "report").glob("*.png")) == sorted(RUN_FIGURES)
 
 
+@pytest.mark.slow  # uses the module's 2-rank run
 def test_missing_and_unknown_keys_are_tolerated(runs, tmp_path, capsys):
     """Older or newer runs: optional keys missing, new keys (NIC counters) present, no eval.json."""
     run = tmp_path / "odd-keys"
@@ -215,6 +221,7 @@ def test_missing_and_unknown_keys_are_tolerated(runs, tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- several runs
+@pytest.mark.slow  # uses the module's 2-rank run
 def test_compare_csv_and_markdown_match_metrics(runs, comparison):
     want = {name: expected(metrics(runs[name])) for name in ("np1", "np2")}
     speedup = want["np2"]["images_per_s"] / want["np1"]["images_per_s"]
@@ -238,6 +245,7 @@ def test_compare_csv_and_markdown_match_metrics(runs, comparison):
     shown(md_rows["np2"]["scaling efficiency"], speedup / 2, 2)
 
 
+@pytest.mark.slow  # uses the module's 2-rank run
 def test_compare_figures(comparison):
     text = (comparison / "compare.md").read_text()
     for figure in ("compare_test_acc.png", "compare_epoch_time.png", "scaling.png"):
@@ -245,6 +253,7 @@ def test_compare_figures(comparison):
         assert f"]({figure})" in text
 
 
+@pytest.mark.slow  # uses the module's 2-rank run
 def test_speedup_only_against_np1_of_the_same_config(runs, tmp_path, capsys):
     """An np=1 run with another batch size is no baseline: no speedup, and no scaling plot."""
     other = tmp_path / "np1-b64"
@@ -287,10 +296,11 @@ def test_bad_run_folder_is_one_line_error(case, text, message, tmp_path, capsys)
     assert err.count("\n") == 1 and err.startswith("hvd_cifar: error: ") and message in err, err
 
 
-def test_bad_arguments_are_one_line_errors(runs, tmp_path, capsys):
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
+    one, two = _write(tmp_path / "one", GOOD_LINE + "\n"), _write(tmp_path / "two", GOOD_LINE + "\n")
     for argv, message in (([str(tmp_path / "nowhere")], "no such run folder"),
-                          ([str(runs["np1"]), str(runs["np2"])], "--out: needed"),
-                          (["--bogus", str(runs["np1"])], "unrecognized arguments"),
+                          ([str(one), str(two)], "--out: needed"),
+                          (["--bogus", str(one)], "unrecognized arguments"),
                           ([], "required")):
         code, err = run_main(argv, capsys)
         assert code == 2 and err.count("\n") == 1 and err.startswith("hvd_cifar: error: "), (argv, err)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -14,6 +15,11 @@ class HorovodSync(SyncMethod):
     name = "horovod"
 
     def __init__(self):
+        # A rank that stops submitting collectives (a bug, a dead peer) would otherwise leave the
+        # rest waiting forever with only a warning: after this long Horovod shuts down with an
+        # error instead, which the entry point turns into an aborted job.
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
@@ -60,10 +66,12 @@ class HorovodSync(SyncMethod):
         return hvd.allreduce(tensor, op=hvd.Sum)
 
     def broadcast_object(self, obj: Any) -> Any:
-        return hvd.broadcast_object(obj, root_rank=0)
+        # A fixed name: Horovod's default derives it from type(obj), which differs when rank 0
+        # holds a value and the others hold None, and mismatched names never complete.
+        return hvd.broadcast_object(obj, root_rank=0, name="hvd_cifar.broadcast_object")
 
     def allgather_object(self, obj: Any) -> list:
-        return hvd.allgather_object(obj)
+        return hvd.allgather_object(obj, name="hvd_cifar.allgather_object")
 
     def barrier(self):
         hvd.barrier()

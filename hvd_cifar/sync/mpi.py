@@ -88,6 +88,8 @@ class MpiSync(SyncMethod):
         """Extra buffers a method needs for ``numel`` gradient elements."""
 
     def synchronize(self, optimizer):
+        if self.size == 1:  # one rank's gradients are already the mean
+            return
         offset = 0
         for p in self.params:  # pack: every trainable gradient into its slice of the buffer
             n = p.numel()

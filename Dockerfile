@@ -1,0 +1,53 @@
+# hvd_cifar: a reproducible image for single- and multi-node runs.
+#
+# CPU (default):  docker build -t hvd_cifar .
+# GPU (NCCL):     docker build -t hvd_cifar:gpu \
+#                   --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04 \
+#                   --build-arg HOROVOD_GPU_OPERATIONS=NCCL .
+# The image runs scripts/install.sh, the same script a developer and CI run, so the recipe
+# is exercised on every CI run even where no Docker engine exists.
+ARG BASE_IMAGE=python:3.11.7-slim-bookworm
+FROM ${BASE_IMAGE}
+
+ARG HOROVOD_GPU_OPERATIONS=
+ARG APP_USER=trainer
+ARG UID=1000
+ENV DEBIAN_FRONTEND=noninteractive \
+    HOROVOD_GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS} \
+    VENV=/opt/hvd_cifar/.venv \
+    HVD_CIFAR_WHEEL_CACHE=/opt/hvd_cifar/wheels \
+    PATH=/opt/hvd_cifar/.venv/bin:${PATH}
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Python 3.11 (horovodrun 0.28.1 still imports distutils): the CPU base has it; CUDA bases
+# (Ubuntu) get it from apt. sudo is not installed: the build runs as root until USER below.
+RUN if ! command -v python3.11 >/dev/null; then \
+      apt-get update && apt-get install -y --no-install-recommends \
+        python3.11=3.11.* python3.11-venv=3.11.* python3.11-dev=3.11.* && \
+      rm -rf /var/lib/apt/lists/*; \
+    fi
+
+WORKDIR /opt/hvd_cifar
+COPY pyproject.toml ./
+COPY scripts/ scripts/
+COPY hvd_cifar/ hvd_cifar/
+COPY configs/ configs/
+COPY hostfiles/ hostfiles/
+COPY launch/ launch/
+COPY docker/ docker/
+
+# Everything (Open MPI, ssh, torch, horovod built with its fixes, the package) in one script;
+# it ends with `horovodrun --check-build`, so a broken build fails the image build.
+RUN bash scripts/install.sh && rm -rf /var/lib/apt/lists/* /root/.cache/pip && \
+    horovodrun --check-build
+
+# Run as an unprivileged user; logs/ and data/ are the only places it writes.
+RUN useradd --create-home --uid "${UID}" --shell /bin/bash "${APP_USER}" && \
+    mkdir -p logs data && chown "${APP_USER}:${APP_USER}" logs data
+USER ${APP_USER}
+
+# Multi-node: start sshd on a chosen port in each container (docker/sshd.sh PORT), then
+# launch from one of them with horovodrun -p PORT (see README.md).
+EXPOSE 2222
+CMD ["launch/horovodrun.sh", "-np", "2", "--config", "configs/demo.yaml"]

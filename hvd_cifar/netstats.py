@@ -1,0 +1,41 @@
+"""Network interface byte counters (Linux /proc/net/dev), read by one rank per host."""
+from __future__ import annotations
+
+
+def read_counters() -> dict[str, tuple[int, int]]:
+    """{interface: (rx_bytes, tx_bytes)} for this network namespace."""
+    counters = {}
+    with open("/proc/net/dev") as f:
+        for line in f.readlines()[2:]:
+            name, _, fields = line.partition(":")
+            values = fields.split()
+            counters[name.strip()] = (int(values[0]), int(values[8]))
+    return counters
+
+
+def pick_interface(wanted: str) -> str | None:
+    """``wanted`` itself, or for "auto" the busiest non-loopback interface so far (the one the
+    job's traffic crosses on a cluster node); None when there is no such interface."""
+    counters = read_counters()
+    if wanted != "auto":
+        return wanted if wanted in counters else None
+    candidates = {name: sum(c) for name, c in counters.items() if name != "lo"}
+    return max(candidates, key=candidates.get) if candidates else None
+
+
+class NicMeter:
+    """Bytes received and sent on one interface between ``start()`` and ``stop()``."""
+
+    def __init__(self, interface: str | None):
+        self.interface = interface
+        self._start = (0, 0)
+
+    def _now(self) -> tuple[int, int]:
+        return read_counters().get(self.interface, (0, 0)) if self.interface else (0, 0)
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def stop(self) -> tuple[int, int]:
+        rx, tx = self._now()
+        return rx - self._start[0], tx - self._start[1]
