@@ -286,7 +286,7 @@ def write_outputs(rows: list[dict], args, out: str, argv: list[str]) -> str:
              f"{' with hostfile ' + args.hostfile if args.hostfile else ' on this machine'}; "
              f"{args.epochs} epoch(s) of {args.steps} steps per rank; data set {args.dataset}.\n",
              "Times, img/s (all ranks) and bytes are means over the epochs after the first when there are "
-             "two or more. Step and sync times are per training step (sync: slowest rank). Bytes: gradient "
+             "two or more. Step and sync times are per training step (sync: mean over ranks). Bytes: gradient "
              "bytes one rank sends per step. Speedup: img/s over img/s of np=1 with the same other "
              "settings; efficiency: speedup / np.\n",
              table]

@@ -358,8 +358,8 @@ def plot_run(run: Run, out: str) -> list[str]:
         ax.bar(epochs, per_step, bottom=bottom, label=p)
         bottom = [b + v for b, v in zip(bottom, per_step)]
     ax.plot(epochs, [value(r, "step_time_s") * 1000 for r in m], "kD", label="wall-clock step time")
-    # Each phase is the slowest rank's, taken separately, so the stack can exceed the wall clock.
-    ax.text(0.01, 0.99, "each phase: slowest rank; sync and optimizer: once per update, spread over its steps",
+    # Each phase is the mean over ranks, so the stack adds up to about the wall-clock step time.
+    ax.text(0.01, 0.99, "each phase: mean over ranks; sync and optimizer: once per update, spread over its steps",
             transform=ax.transAxes, va="top", fontsize=7, color="0.35")
     heights = [h for h in bottom + [value(r, "step_time_s") * 1000 for r in m] if not math.isnan(h)]
     if heights and max(heights) > 0:  # room above the bars for the note
@@ -496,7 +496,7 @@ def run_report(run: Run, out: str) -> str:
             "## Per epoch\n",
             "Epochs are numbered from 0 as in metrics.jsonl. Accuracy and loss on the training set are "
             "running values over the epoch's (augmented) batches. Phase times are per training step "
-            "(phase time / steps, slowest rank); bytes are gradient bytes sent per rank in the epoch.\n",
+            "(phase time / steps, mean over ranks); bytes are gradient bytes sent per rank in the epoch.\n",
             markdown_table(EPOCH_COLUMNS, epoch_rows(run))]
     if run.evaluation:
         lines += ["## Final evaluation (test set)\n",

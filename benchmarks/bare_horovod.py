@@ -1,0 +1,55 @@
+"""The smallest honest Horovod training loop: the yardstick for hvd_cifar's per-step overhead.
+
+    horovodrun -np 2 -H localhost:2 .venv/bin/python benchmarks/bare_horovod.py --model vgg11 --batch-size 32 --steps 10
+
+Same model definition and optimizer settings as hvd_cifar.train, but nothing else: pre-made
+random batches, no augmentation, no timers, no metrics. Prints one JSON line (rank 0) with the
+mean step time of the last epoch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
+
+from hvd_cifar.models import build_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="vgg11")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+
+    hvd.init()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = build_model(args.model, 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9, nesterov=True,
+                                weight_decay=5e-4)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    g = torch.Generator().manual_seed(hvd.rank())
+    batches = [(torch.randn(args.batch_size, 3, 32, 32, generator=g),
+                torch.randint(0, 10, (args.batch_size,), generator=g)) for _ in range(args.steps)]
+    model.train()
+    for _ in range(args.epochs):
+        start = time.perf_counter()
+        for x, y in batches:
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        step_time = (time.perf_counter() - start) / args.steps
+    if hvd.rank() == 0:
+        print(json.dumps({"step_time_s": step_time, "world_size": hvd.size()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

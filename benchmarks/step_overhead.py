@@ -1,0 +1,70 @@
+"""hvd_cifar's step time vs a bare Horovod loop, same model, batch, steps and np, interleaved.
+
+    .venv/bin/python benchmarks/step_overhead.py [--model vgg11] [--batch-size 32] [--np 2] [--steps 10] [--repeats 3]
+
+Each repeat runs the bare loop (benchmarks/bare_horovod.py) and hvd_cifar.train (synthetic data,
+augmentation on) back to back under horovodrun, and takes the last epoch's mean step time from
+each (hvd_cifar: metrics.jsonl step_time_s). Prints every pair, the medians and their ratio
+(target: hvd_cifar / bare <= 1.05).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+HOROVODRUN = str(Path(PY).parent / "horovodrun")
+
+
+def horovodrun(np: int, argv: list[str]) -> str:
+    cmd = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", PY, *argv]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="vgg11")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    threads = max(1, 2 // args.np)
+    common = ["--model", args.model, "--batch-size", str(args.batch_size)]
+    bare_times, ours_times = [], []
+    with tempfile.TemporaryDirectory() as logs:
+        for repeat in range(args.repeats):
+            out = horovodrun(args.np, ["benchmarks/bare_horovod.py", *common, "--steps", str(args.steps),
+                                       "--threads", str(threads)])
+            line = next(l for l in out.splitlines() if "step_time_s" in l)
+            bare = json.loads(line[line.index("{"):])["step_time_s"]
+            run = f"r{repeat}"
+            horovodrun(args.np, ["-m", "hvd_cifar.train", *common, "--dataset", "synthetic",
+                                 "--synthetic-size", str(args.batch_size * args.np * args.steps),
+                                 "--epochs", "2", "--max-steps-per-epoch", str(args.steps),
+                                 "--threads-per-rank", str(threads), "--progress", "false",
+                                 "--log-dir", logs, "--run-name", run])
+            records = [json.loads(l) for l in (Path(logs) / run / "metrics.jsonl").read_text().splitlines()]
+            ours = records[-1]["step_time_s"]
+            bare_times.append(bare)
+            ours_times.append(ours)
+            print(f"repeat {repeat}: bare {bare * 1e3:.1f} ms/step, hvd_cifar {ours * 1e3:.1f} ms/step, "
+                  f"ratio {ours / bare:.3f}", flush=True)
+    bare, ours = statistics.median(bare_times), statistics.median(ours_times)
+    print(f"\n| loop | median step time (ms) |\n|---|---:|\n| bare Horovod loop | {bare * 1e3:.1f} |\n"
+          f"| hvd_cifar.train | {ours * 1e3:.1f} |")
+    print(f"ratio hvd_cifar/bare: {ours / bare:.3f}  ({args.model}, batch {args.batch_size}/rank, "
+          f"np={args.np}, {args.steps} steps/epoch, {args.repeats} repeats)")
+
+
+if __name__ == "__main__":
+    main()

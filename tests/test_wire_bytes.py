@@ -1,0 +1,179 @@
+"""Bytes on the wire: what each host's NIC carried during an epoch's training steps matches the
+analytic figure for ring allreduce, and the communication options save what they claim.
+
+    .venv/bin/python -m pytest -q tests/test_wire_bytes.py      # as root; about 4 minutes
+
+Every job is the real trainer under a real launcher on the namespace cluster (one rank per
+host, 1 Gbit/s shaped links, see ``hvd_cifar.netcluster``), with vgg11 (9,231,114 parameters,
+36.9 MB of fp32 gradients per synchronisation) so that the gradients dominate everything else
+on the wire: TCP/IP/Ethernet headers and ACKs, Horovod's per-cycle coordination messages and,
+in the first epoch, the tail of the initial weight broadcast still draining from the socket
+buffers. Together they come to well under 1 % here (see docs/COMM_OPTIONS.md); a wrong
+algorithm does not hide in 5 %: at 4 ranks recursive doubling sends 2.0x the payload where ring
+sends 1.5x, and at 2 ranks a formula of (N-1)/N instead of 2(N-1)/N is off by a factor of 2.
+
+Launchers: ``horovodrun --gloo`` is the reference (Gloo's allreduce is a ring: reduce-scatter,
+then allgather), and plain ``mpirun`` with Horovod's MPI ops is checked too: Open MPI's tuned
+allreduce picks its own algorithm by message and communicator size, and what it picks for these
+sizes must move the same bytes for the figure in metrics.jsonl to hold under that launcher.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from hvd_cifar.models import build_model, set_frozen_blocks
+from hvd_cifar.netcluster import NetCluster
+
+
+def _netns_works() -> bool:
+    if not shutil.which("ip"):
+        return False
+    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
+
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+    pytest.mark.skipif(os.geteuid() == 0 and not _netns_works(), reason="`ip netns` is unavailable here"),
+    pytest.mark.slow,
+]
+
+TOLERANCE = 0.05          # measured / analytic within 1 +- 5 %
+STEPS = 4                 # per epoch: 4 syncs at k=1, 1 sync at k=4
+FREEZE = 6                # of vgg11's 8 blocks: about half the parameters, a saving well above noise
+TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", "2", "--max-steps-per-epoch", str(STEPS),
+         "--batch-size", "8", "--lr", "0.01", "--warmup-epochs", "0", "--checkpoint-every", "0",
+         "--progress", "false", "--threads-per-rank", "1",  # 2 cores: one thread per rank
+         "--nic", "eth0"]                                     # the host's link on the cluster
+
+# run name -> (ranks, launcher, extra trainer flags); each runs once per module, on first use
+JOBS = {
+    "gloo-np2": (2, "gloo", []),
+    "gloo-np4": (4, "gloo", []),
+    "mpirun-np2": (2, "mpirun", []),
+    "mpirun-np4": (4, "mpirun", []),
+    "fp16": (2, "gloo", ["--fp16-allreduce", "true"]),
+    "accum4": (2, "gloo", ["--accumulation-steps", "4"]),
+    "freeze": (2, "gloo", ["--freeze", str(FREEZE)]),
+}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with NetCluster(n_hosts=4, rate="1gbit") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def job(cluster, tmp_path_factory):
+    """``job(name)`` -> the run's metrics records (one per epoch), the job run on first call."""
+    done: dict[str, list[dict] | str] = {}
+
+    def get(name: str) -> list[dict]:
+        if name not in done:
+            done[name] = _run(cluster, name, tmp_path_factory.mktemp(name))
+        if isinstance(done[name], str):
+            pytest.fail(done[name])
+        return done[name]
+
+    return get
+
+
+def _run(cluster: NetCluster, name: str, log_dir) -> list[dict] | str:
+    np, launcher, extra = JOBS[name]
+    args = [*TRAIN, *extra, "--log-dir", str(log_dir), "--run-name", name]
+    before = [cluster.nic_counters(i) for i in range(np)]
+    if launcher == "mpirun":
+        result = cluster.run_mpirun(np, args, timeout=300)
+    else:
+        result = cluster.run_horovodrun(np, args, gloo=True, timeout=300)
+    after = [cluster.nic_counters(i) for i in range(np)]
+    if result.returncode != 0:
+        return f"{name}: exit status {result.returncode}\n{result.stdout[-4000:]}"
+    with open(log_dir / name / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    # The trainer's per-epoch deltas must be this host's eth0: together no more than the
+    # harness saw on that interface over the whole job (which adds start-up and evaluation).
+    for i, host in enumerate(cluster.hostnames[:np]):
+        rx_job, tx_job = after[i][0] - before[i][0], after[i][1] - before[i][1]
+        assert [r["nic_interface"].get(host) for r in records] == ["eth0"] * len(records), (name, host)
+        assert sum(r["nic_tx_bytes"][host] for r in records) <= tx_job, (name, host)
+        assert sum(r["nic_rx_bytes"][host] for r in records) <= rx_job, (name, host)
+    return records
+
+
+def ring_bytes_per_sync(n: int, params: int, bytes_per_param: int) -> int:
+    """What one rank sends per ring allreduce: reduce-scatter and allgather, (N-1)/N each."""
+    return round(2 * (n - 1) / n * params * bytes_per_param)
+
+
+def measured(records: list[dict], direction: str) -> float:
+    """Bytes per host over the run's epochs, averaged over the hosts (direction: tx or rx)."""
+    per_host = [sum(r[f"nic_{direction}_bytes"][h] for r in records) for h in records[0][f"nic_{direction}_bytes"]]
+    return sum(per_host) / len(per_host)
+
+
+def analytic(records: list[dict]) -> int:
+    return sum(r["comm_bytes_per_rank"] for r in records)
+
+
+def _check_against_analytic(name: str, records: list[dict], np: int, hostnames: list[str]) -> None:
+    for r in records:
+        bytes_per_param = 2 if r["fp16_allreduce"] else 4
+        assert r["world_size"] == np
+        assert r["comm_bytes_per_sync"] == ring_bytes_per_sync(np, r["trainable_params"], bytes_per_param), \
+            f"{name}: the recorded figure is not 2(N-1)/N x {r['trainable_params']} x {bytes_per_param} B"
+        assert r["comm_bytes_per_rank"] == r["comm_bytes_per_sync"] * r["syncs"]
+        assert sorted(r["nic_tx_bytes"]) == sorted(hostnames)  # one meter per host, every host
+        for host in hostnames:
+            for direction in ("tx", "rx"):
+                ratio = r[f"nic_{direction}_bytes"][host] / r["comm_bytes_per_rank"]
+                assert abs(ratio - 1) <= TOLERANCE, (
+                    f"{name} epoch {r['epoch']} {host}: eth0 {direction} {r[f'nic_{direction}_bytes'][host]:,} B "
+                    f"= {ratio:.4f} x the analytic {r['comm_bytes_per_rank']:,} B ({r['syncs']} syncs)")
+
+
+@pytest.mark.parametrize("name", ["gloo-np2", "gloo-np4", "mpirun-np2", "mpirun-np4"])
+def test_measured_bytes_match_ring_allreduce(job, cluster, name):
+    np = JOBS[name][0]
+    records = job(name)
+    assert [r["syncs"] for r in records] == [STEPS] * len(records)
+    _check_against_analytic(name, records, np, cluster.hostnames[:np])
+
+
+def test_fp16_allreduce_halves_the_bytes(job, cluster):
+    fp16, fp32 = job("fp16"), job("gloo-np2")
+    _check_against_analytic("fp16", fp16, 2, cluster.hostnames[:2])
+    for direction in ("tx", "rx"):
+        ratio = measured(fp16, direction) / measured(fp32, direction)
+        assert ratio <= 0.52, f"fp16 / fp32 measured {direction} bytes = {ratio:.4f}"
+
+
+def test_accumulation_syncs_once_per_k_steps(job, cluster):
+    k4, k1 = job("accum4"), job("gloo-np2")
+    assert [r["syncs"] for r in k4] == [STEPS // 4] * len(k4)
+    assert [r["steps"] for r in k4] == [r["steps"] for r in k1]
+    _check_against_analytic("accum4", k4, 2, cluster.hostnames[:2])
+    for direction in ("tx", "rx"):
+        ratio = measured(k4, direction) / measured(k1, direction)
+        assert ratio <= 0.27, f"k=4 / k=1 measured {direction} bytes per epoch = {ratio:.4f}"
+
+
+def test_freezing_saves_the_frozen_share(job, cluster):
+    frozen, base = job("freeze"), job("gloo-np2")
+    _check_against_analytic("freeze", frozen, 2, cluster.hostnames[:2])
+    # The frozen share from the model itself, not from what the trainer recorded.
+    model = build_model("vgg11", 10)
+    total = sum(p.numel() for p in model.parameters())
+    set_frozen_blocks(model, FREEZE)
+    share = 1 - sum(p.numel() for p in model.parameters() if p.requires_grad) / total
+    assert frozen[0]["trainable_params"] == round(total * (1 - share))
+    assert 0.3 < share < 0.7  # a saving large enough to tell apart from overheads
+    for direction in ("tx", "rx"):
+        saving = 1 - measured(frozen, direction) / measured(base, direction)
+        assert abs(saving - share) <= TOLERANCE * share, (
+            f"freeze {FREEZE}: measured {direction} saving {saving:.4f} vs frozen parameter share {share:.4f}")
