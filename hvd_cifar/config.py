@@ -122,8 +122,10 @@ class Config:
         return dataclasses.asdict(self)
 
     def save(self, path: str) -> None:
-        with open(path, "w") as f:
-            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+        """Write config.yaml whole or not at all (temp file + rename)."""
+        from hvd_cifar.runlog import atomic_write
+
+        atomic_write(path, lambda f: f.write(yaml.safe_dump(self.to_dict(), sort_keys=False).encode()))
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}

@@ -48,7 +48,12 @@ class DataSet:
 def download(name: str, data_dir: str) -> None:
     """Fetch a torchvision data set into ``data_dir`` (run on one rank before the others load)."""
     if name in TORCHVISION_FOLDERS:
-        _torchvision_sets(name, data_dir, download=True)
+        try:
+            _torchvision_sets(name, data_dir, download=True)
+        except (OSError, RuntimeError) as exc:  # no network, disk full, bad archive
+            raise DataError(f"download: fetching {name} into {data_dir} failed ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}); check the network or copy "
+                            f"the data set there") from None
 
 
 def load(name: str, data_dir: str, synthetic_size: int = 2048, seed: int = 0) -> DataSet:

@@ -25,6 +25,7 @@ import traceback
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from hvd_cifar import config as config_mod
 from hvd_cifar import data, netstats, runlog
@@ -75,6 +76,20 @@ def on_main(sync: SyncMethod, fn):
     result, error = sync.broadcast_object((result, error))
     if error:
         raise {cls.__name__: cls for cls in USER_ERRORS}[error[0]](error[1])
+    return result
+
+
+def on_every_rank(sync: SyncMethod, fn):
+    """Run ``fn`` on every rank; a user error on any rank (a data set missing on one host only)
+    is raised on all of them, so they stop together with one message instead of hanging."""
+    result, error = None, None
+    try:
+        result = fn()
+    except USER_ERRORS as exc:
+        error = (type(exc).__name__, str(exc))
+    errors = [e for e in sync.allgather_object(error) if e]
+    if errors:
+        raise {cls.__name__: cls for cls in USER_ERRORS}[errors[0][0]](errors[0][1])
     return result
 
 
@@ -149,8 +164,9 @@ def run(cfg: Config) -> int:
     cfg.run_name, cfg.log_dir = os.path.basename(run_dir), os.path.dirname(run_dir)
     log = runlog.RankLog(run_dir, sync.rank, echo=is_main)
     hostnames = sync.allgather_object(socket.gethostname())
-    if is_main and not resuming:
+    if is_main:  # a resumed run may have changed e.g. epochs: the folder's config says what ran
         cfg.save(os.path.join(run_dir, "config.yaml"))
+    if is_main and not resuming:
         runlog.write_json(os.path.join(run_dir, "meta.json"),
                           runlog.run_metadata(sync.size, hostnames, sync.name, str(device)))
     log(f"run folder {run_dir}: {cfg.model} on {cfg.dataset}, {sync.size} rank(s) "
@@ -158,10 +174,8 @@ def run(cfg: Config) -> int:
 
     # ---- data: one rank per host downloads, then every rank holds the whole set in memory
     if cfg.download:
-        if sync.local_rank == 0:
-            data.download(cfg.dataset, cfg.data_dir)
-        sync.barrier()
-    ds = data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed)
+        on_every_rank(sync, lambda: data.download(cfg.dataset, cfg.data_dir) if sync.local_rank == 0 else None)
+    ds = on_every_rank(sync, lambda: data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed))
     mean, std = ds.channel_stats()
     ds.to(device)
     loader = data.ShardedLoader(ds.train_images, ds.train_labels, cfg.batch_size, sync.rank,
@@ -220,8 +234,6 @@ def run(cfg: Config) -> int:
         now = time.perf_counter()
         timers[phase] += now - since
         return now
-
-    from tqdm import tqdm
 
     final_confusion = None
     end_epoch = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
