@@ -1,0 +1,210 @@
+"""Communication options side by side on the namespace cluster: bytes each rank puts on its
+1 Gbit/s link per epoch (analytic and measured at the NIC), epoch time and test accuracy, for
+fp32 / fp16 allreduce, gradient accumulation and layer freezing, at 2 and 4 ranks.
+
+    .venv/bin/python benchmarks/comm_options.py          # as root; about 20 minutes on 2 cores
+        [--np 2 4] [--options fp32 fp16 k=4 fp16+k=4 "freeze 2" "freeze 6"] [--rate 1gbit]
+        [--bytes-model vgg11] [--bytes-steps 4] [--bytes-epochs 3] [--bytes-batch-size 8]
+        [--acc-model smallcnn] [--acc-epochs 6] [--acc-batch-size 32]
+        [--out logs/bench-comm-options-YYYYmmdd-HHMMSS]
+
+One cluster of max(np) hosts (``hvd_cifar.netcluster``, one rank per host, links shaped to
+--rate), every job ``horovodrun --gloo`` (Gloo's allreduce is a ring, so the analytic figure
+2(N-1)/N x payload is what should cross the wire; see tests/test_wire_bytes.py). Two passes:
+
+  bytes pass     --bytes-model (vgg11: 36.9 MB of fp32 gradients, far above the control
+                 traffic) for --bytes-steps steps per epoch: bytes per epoch per rank,
+                 analytic (metrics.jsonl comm_bytes_per_rank) and measured (the host's eth0
+                 tx/rx counters around the epoch's training steps), and the epoch time.
+  accuracy pass  --acc-model (smallcnn: seconds per epoch on a CPU) for --acc-epochs whole
+                 epochs on digits: epoch time and the test accuracy after the last epoch.
+                 Options that freeze more blocks than this model has are left out of it.
+
+Per-epoch numbers are means over the epochs after the first (the first pays for warm-up and
+carries the tail of the initial weight broadcast). Each job's run folder lands in
+OUT/runs/PASS/NAME and its output in OUT/logs/PASS-NAME.log; the table is made from the runs'
+metrics.jsonl alone, written to OUT/comm_options.json and OUT/comm_options.md, then printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hvd_cifar.models import build_model  # noqa: E402
+from hvd_cifar.netcluster import ClusterError, NetCluster  # noqa: E402
+
+OPTIONS = {  # name -> trainer flags
+    "fp32": [],
+    "fp16": ["--fp16-allreduce", "true"],
+    "k=4": ["--accumulation-steps", "4"],
+    "fp16+k=4": ["--fp16-allreduce", "true", "--accumulation-steps", "4"],
+    "freeze 2": ["--freeze", "2"],
+    "freeze 6": ["--freeze", "6"],
+}
+COMMON = ["--dataset", "digits", "--seed", "0", "--checkpoint-every", "0", "--progress", "false",
+          "--threads-per-rank", "1",  # one core per rank is all there is
+          "--nic", "eth0"]            # each host's link to the switch
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=int, nargs="+", default=[2, 4], help="ranks per job, one per host")
+    p.add_argument("--options", nargs="+", default=list(OPTIONS), choices=list(OPTIONS))
+    p.add_argument("--rate", default="1gbit", help="link rate, tc syntax")
+    p.add_argument("--bytes-model", default="vgg11")
+    p.add_argument("--bytes-steps", type=int, default=4, help="steps per epoch (a multiple of 4: k=4 syncs whole)")
+    p.add_argument("--bytes-epochs", type=int, default=3)
+    p.add_argument("--bytes-batch-size", type=int, default=8, help="images per rank per step")
+    p.add_argument("--acc-model", default="smallcnn")
+    p.add_argument("--acc-epochs", type=int, default=6, help="whole epochs; 0 skips the accuracy pass")
+    p.add_argument("--acc-batch-size", type=int, default=32, help="images per rank per step")
+    p.add_argument("--lr", type=float, default=0.05, help="for one rank; the trainer scales it by np x k")
+    p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-comm-options-%Y%m%d-%H%M%S")))
+    p.add_argument("--timeout", type=int, default=900, help="seconds per job")
+    return p.parse_args(argv)
+
+
+def slug(option: str, np: int) -> str:
+    return f"{re.sub(r'[^a-z0-9]+', '-', option.lower()).strip('-')}-np{np}"
+
+
+def run_job(cluster: NetCluster, pass_name: str, option: str, np: int, flags: list[str], args) -> str:
+    """One training job; its run folder. Raises RuntimeError naming the log if it fails."""
+    name = slug(option, np)
+    runs = os.path.join(args.out, "runs", pass_name)
+    train = [*COMMON, *flags, *OPTIONS[option], "--lr", str(args.lr), "--log-dir", runs, "--run-name", name]
+    log_path = os.path.join(args.out, "logs", f"{pass_name}-{name}.log")
+    start = time.perf_counter()
+    result = cluster.run_horovodrun(np, train, gloo=True, timeout=args.timeout)
+    with open(log_path, "w") as log:
+        log.write(result.stdout or "")
+    if result.returncode != 0:
+        raise RuntimeError(f"{pass_name} {option} np={np}: exit status {result.returncode}; see {log_path}")
+    print(f"{pass_name} {option} np={np}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return os.path.join(runs, name)
+
+
+def summarize(run_dir: str) -> dict:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    timed = records[1:] or records  # epochs after the first, unless there is only one
+
+    def mean(values):
+        values = list(values)
+        return sum(values) / len(values)
+
+    def nic(direction):  # per epoch, mean over the hosts
+        return mean(mean(r[f"nic_{direction}_bytes"].values()) for r in timed)
+
+    def worst(direction):  # the host-epoch furthest from the analytic figure
+        return max((r[f"nic_{direction}_bytes"][h] / r["comm_bytes_per_rank"] for r in timed
+                    for h in r[f"nic_{direction}_bytes"]), key=lambda x: abs(x - 1))
+
+    return {
+        "np": records[-1]["world_size"],
+        "trainable_params": records[-1]["trainable_params"],
+        "frozen_blocks": records[-1]["frozen_blocks"],
+        "steps": records[-1]["steps"],
+        "syncs": mean(r["syncs"] for r in timed),
+        "analytic_bytes": mean(r["comm_bytes_per_rank"] for r in timed),
+        "tx_bytes": nic("tx"),
+        "rx_bytes": nic("rx"),
+        "worst_tx_ratio": worst("tx"),
+        "worst_rx_ratio": worst("rx"),
+        "epoch_time_s": mean(r["epoch_time_s"] for r in timed),
+        "sync_time_s": mean(r["sync_time_s"] for r in timed),
+        "test_acc": records[-1]["test_acc"],
+        "epochs": len(records),
+        "timed_epochs": len(timed),
+    }
+
+
+def markdown(results: dict, args) -> str:
+    byte_rows, acc_rows = results["bytes"], results["accuracy"]
+    lines = [f"Bytes pass: {args.bytes_model}, {args.bytes_steps} steps/epoch x {args.bytes_epochs} epochs, "
+             f"batch {args.bytes_batch_size}/rank. Accuracy pass: {args.acc_model}, {args.acc_epochs} whole "
+             f"epochs, batch {args.acc_batch_size}/rank. Links {args.rate}; horovodrun --gloo.", "",
+             "| option | np | syncs/epoch | analytic MB/epoch/rank | measured tx MB | measured rx MB "
+             "| tx / analytic | rx / analytic | worst host tx, rx / analytic | epoch time (s) | sync time (s) "
+             f"| {args.acc_model} epoch time (s) | {args.acc_model} test acc |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, b in byte_rows.items():
+        a = acc_rows.get(key)
+        acc = f"{a['epoch_time_s']:.2f} | {a['test_acc']:.4f}" if a else "n/a | n/a"
+        lines.append(
+            f"| {b['option']} | {b['np']} | {b['syncs']:g} | {b['analytic_bytes'] / 1e6:.2f} | "
+            f"{b['tx_bytes'] / 1e6:.2f} | {b['rx_bytes'] / 1e6:.2f} | {b['tx_bytes'] / b['analytic_bytes']:.4f} | "
+            f"{b['rx_bytes'] / b['analytic_bytes']:.4f} | {b['worst_tx_ratio']:.4f}, {b['worst_rx_ratio']:.4f} | "
+            f"{b['epoch_time_s']:.2f} | {b['sync_time_s']:.2f} | {acc} |")
+    lines += ["", "Ratios (bytes pass, measured = mean of the hosts' eth0 tx per epoch):", ""]
+    for np in args.np:
+        base = byte_rows.get(slug("fp32", np))
+        if not base:
+            continue
+        for option, label in (("fp16", "fp16 / fp32 bytes"), ("k=4", "k=4 / k=1 bytes"),
+                              ("fp16+k=4", "fp16+k=4 / fp32 bytes")):
+            row = byte_rows.get(slug(option, np))
+            if row:
+                lines.append(f"- np={np} {label}: measured {row['tx_bytes'] / base['tx_bytes']:.4f}, "
+                             f"analytic {row['analytic_bytes'] / base['analytic_bytes']:.4f}")
+        for key, row in byte_rows.items():
+            if row["np"] == np and row["frozen_blocks"]:
+                share = 1 - row["trainable_params"] / base["trainable_params"]
+                saving = 1 - row["tx_bytes"] / base["tx_bytes"]
+                lines.append(f"- np={np} {row['option']}: measured saving {saving:.4f} vs frozen-parameter "
+                             f"share {share:.4f} ({base['trainable_params'] - row['trainable_params']:,} of "
+                             f"{base['trainable_params']:,} parameters); saving / share {saving / share:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.bytes_steps % 4:
+        print("comm_options: --bytes-steps must be a multiple of 4", file=sys.stderr)
+        return 2
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    bytes_flags = ["--model", args.bytes_model, "--epochs", str(args.bytes_epochs), "--warmup-epochs", "0",
+                   "--max-steps-per-epoch", str(args.bytes_steps), "--batch-size", str(args.bytes_batch_size)]
+    acc_flags = ["--model", args.acc_model, "--epochs", str(args.acc_epochs), "--max-steps-per-epoch", "0",
+                 "--batch-size", str(args.acc_batch_size)]
+    acc_depth = len(build_model(args.acc_model, 10).feature_blocks)
+
+    def fits_acc(option: str) -> bool:
+        flags = OPTIONS[option]
+        return "--freeze" not in flags or int(flags[flags.index("--freeze") + 1]) < acc_depth
+
+    results = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                           "platform": platform.platform()},
+               "args": vars(args), "bytes": {}, "accuracy": {}}
+    try:
+        with NetCluster(n_hosts=max(args.np), rate=args.rate) as cluster:
+            for np in args.np:
+                for option in args.options:
+                    run_dir = run_job(cluster, "bytes", option, np, bytes_flags, args)
+                    results["bytes"][slug(option, np)] = {"option": option, **summarize(run_dir)}
+            for np in args.np if args.acc_epochs else []:
+                for option in filter(fits_acc, args.options):
+                    run_dir = run_job(cluster, "accuracy", option, np, acc_flags, args)
+                    results["accuracy"][slug(option, np)] = {"option": option, **summarize(run_dir)}
+    except (ClusterError, RuntimeError) as exc:
+        print(f"comm_options: error: {exc}", file=sys.stderr)
+        return 1
+    with open(os.path.join(args.out, "comm_options.json"), "w") as f:
+        json.dump(results, f, indent=2)  # data first, table second
+    table = markdown(results, args)
+    with open(os.path.join(args.out, "comm_options.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
