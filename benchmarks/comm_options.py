@@ -2,10 +2,10 @@
 1 Gbit/s link per epoch (analytic and measured at the NIC), epoch time and test accuracy, for
 fp32 / fp16 allreduce, gradient accumulation and layer freezing, at 2 and 4 ranks.
 
-    .venv/bin/python benchmarks/comm_options.py          # as root; about 20 minutes on 2 cores
+    .venv/bin/python benchmarks/comm_options.py          # as root; about 15 minutes on 2 cores
         [--np 2 4] [--options fp32 fp16 k=4 fp16+k=4 "freeze 2" "freeze 6"] [--rate 1gbit]
         [--bytes-model vgg11] [--bytes-steps 4] [--bytes-epochs 3] [--bytes-batch-size 8]
-        [--acc-model smallcnn] [--acc-epochs 6] [--acc-batch-size 32]
+        [--acc-model smallcnn] [--acc-epochs 8] [--acc-batch-size 32]
         [--out logs/bench-comm-options-YYYYmmdd-HHMMSS]
 
 One cluster of max(np) hosts (``hvd_cifar.netcluster``, one rank per host, links shaped to
@@ -64,7 +64,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--bytes-epochs", type=int, default=3)
     p.add_argument("--bytes-batch-size", type=int, default=8, help="images per rank per step")
     p.add_argument("--acc-model", default="smallcnn")
-    p.add_argument("--acc-epochs", type=int, default=6, help="whole epochs; 0 skips the accuracy pass")
+    p.add_argument("--acc-epochs", type=int, default=8, help="whole epochs; 0 skips the accuracy pass")
     p.add_argument("--acc-batch-size", type=int, default=32, help="images per rank per step")
     p.add_argument("--lr", type=float, default=0.05, help="for one rank; the trainer scales it by np x k")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-comm-options-%Y%m%d-%H%M%S")))

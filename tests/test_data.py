@@ -104,13 +104,22 @@ def test_ranks_together_see_every_image_once_per_epoch(world):
     assert other != [i for _, y in _loader(ds, 0, world).epoch(0) for i in y.tolist()]
 
 
-def test_augmentation_is_a_crop_of_the_padded_image():
-    x = torch.arange(2 * 3 * 32 * 32, dtype=torch.float32).view(2, 3, 32, 32)
-    out = data.random_crop(x, 4, torch.Generator().manual_seed(0))
-    padded = torch.nn.functional.pad(x, (4, 4, 4, 4), mode="reflect")
-    for i in range(2):
-        windows = [padded[i, :, dy:dy + 32, dx:dx + 32] for dy in range(9) for dx in range(9)]
-        assert any(torch.equal(out[i], w) for w in windows)
+@pytest.mark.parametrize("flip", [False, True])
+def test_augmentation_is_a_crop_of_the_reflect_padded_image(flip):
+    x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    out = data.crop_flip(x, 4, flip, torch.Generator().manual_seed(0))
+    assert out.dtype == torch.uint8 and out.shape == x.shape
+    padded = torch.nn.functional.pad(x.float(), (4, 4, 4, 4), mode="reflect").to(torch.uint8)
+    shifts, mirrored = set(), 0
+    for i in range(len(x)):
+        windows = {(dy, dx): padded[i, :, dy:dy + 32, dx:dx + 32] for dy in range(9) for dx in range(9)}
+        plain = [k for k, win in windows.items() if torch.equal(out[i], win)]
+        flipped = [k for k, win in windows.items() if torch.equal(out[i], win.flip(2))]
+        assert plain or (flip and flipped), i
+        shifts.update(plain or flipped)
+        mirrored += bool(flipped) and not plain
+    assert len(shifts) > 20                       # the windows vary
+    assert (mirrored > 10) == flip                # about half are mirrored when flipping
 
 
 def test_normalised_batches_have_unit_scale():
