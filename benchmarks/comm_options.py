@@ -2,7 +2,7 @@
 1 Gbit/s link per epoch (analytic and measured at the NIC), epoch time and test accuracy, for
 fp32 / fp16 allreduce, gradient accumulation and layer freezing, at 2 and 4 ranks.
 
-    .venv/bin/python benchmarks/comm_options.py          # as root; about 15 minutes on 2 cores
+    .venv/bin/python benchmarks/comm_options.py          # as root; about 13 minutes on 2 cores
         [--np 2 4] [--options fp32 fp16 k=4 fp16+k=4 "freeze 2" "freeze 6"] [--rate 1gbit]
         [--bytes-model vgg11] [--bytes-steps 4] [--bytes-epochs 3] [--bytes-batch-size 8]
         [--acc-model smallcnn] [--acc-epochs 8] [--acc-batch-size 32]

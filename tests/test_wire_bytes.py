@@ -1,14 +1,14 @@
 """Bytes on the wire: what each host's NIC carried during an epoch's training steps matches the
 analytic figure for ring allreduce, and the communication options save what they claim.
 
-    .venv/bin/python -m pytest -q tests/test_wire_bytes.py      # as root; about 4 minutes
+    .venv/bin/python -m pytest -q tests/test_wire_bytes.py      # as root; about 3 minutes
 
 Every job is the real trainer under a real launcher on the namespace cluster (one rank per
 host, 1 Gbit/s shaped links, see ``hvd_cifar.netcluster``), with vgg11 (9,231,114 parameters,
 36.9 MB of fp32 gradients per synchronisation) so that the gradients dominate everything else
 on the wire: TCP/IP/Ethernet headers and ACKs, Horovod's per-cycle coordination messages and,
 in the first epoch, the tail of the initial weight broadcast still draining from the socket
-buffers. Together they come to well under 1 % here (see docs/COMM_OPTIONS.md); a wrong
+buffers. Together they come to about 1 % or less here (see docs/COMM_OPTIONS.md); a wrong
 algorithm does not hide in 5 %: at 4 ranks recursive doubling sends 2.0x the payload where ring
 sends 1.5x, and at 2 ranks a formula of (N-1)/N instead of 2(N-1)/N is off by a factor of 2.
 
