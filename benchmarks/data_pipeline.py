@@ -1,7 +1,7 @@
 """Data pipeline throughput: hvd_cifar's in-memory tensor loader vs a torchvision DataLoader
 with per-sample PIL transforms, same images, same augmentation, same batch, one process.
 
-    .venv/bin/python benchmarks/data_pipeline.py [--images 10000] [--batch-size 128] [--workers 2]
+    .venv/bin/python benchmarks/data_pipeline.py [--images 10000] [--batch-size 128] [--workers 2] [--threads 1]
 
 Prints images/s for each and the ratio (target: tensor loader >= 20x the DataLoader).
 """
@@ -46,8 +46,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the tensor loader (a training rank on a CPU host usually has 1)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    # Batched ops on 32x32 images are too small to gain from threads; more threads than free
+    # cores make OpenMP spin and can slow them down tenfold.
+    torch.set_num_threads(args.threads)
 
     ds = data.load("synthetic", "", synthetic_size=args.images, seed=0)
     mean, std = ds.channel_stats()
@@ -63,7 +67,7 @@ def main() -> None:
     pil_rate = images_per_s(lambda: dl, args.epochs)
 
     print(f"| pipeline | images/s |\n|---|---:|")
-    print(f"| hvd_cifar tensor loader (pad-4 crop + flip + normalise, batched) | {tensor_rate:,.0f} |")
+    print(f"| hvd_cifar tensor loader (pad-4 crop + flip + normalise, batched), {args.threads} thread(s) | {tensor_rate:,.0f} |")
     print(f"| torchvision DataLoader, PIL transforms, {args.workers} workers | {pil_rate:,.0f} |")
     print(f"ratio tensor/DataLoader: {tensor_rate / pil_rate:.1f}x  "
           f"({args.images} images x {args.epochs} epochs, batch {args.batch_size})")

@@ -36,13 +36,15 @@ _NON_MPI_SIZE_VARS = ("HOROVOD_SIZE", "WORLD_SIZE")
 
 
 def start_mpi(method: str):
-    """MPI.COMM_WORLD, or a one-line ConfigError naming ``sync`` when this is no MPI job."""
+    """mpi4py's MPI module, initialised; or a one-line ConfigError naming ``sync`` when several
+    processes were started without an MPI job around them."""
     if not launched_by_mpi():
         for var in _NON_MPI_SIZE_VARS:
-            if os.environ.get(var, "1").isdigit() and int(os.environ.get(var, "1")) > 1:
+            size = os.environ.get(var, "")
+            if size.isdigit() and int(size) > 1:
                 raise ConfigError(f"sync: {method!r} needs an MPI launcher (mpirun, or horovodrun "
-                                  f"without --gloo), but this job was started without MPI ({var}="
-                                  f"{os.environ[var]}); use sync: horovod or ddp here")
+                                  f"without --gloo), but this job was started without MPI "
+                                  f"({var}={size}); use sync: horovod or ddp here")
     from mpi4py import MPI  # importing initialises MPI (a singleton world when run alone)
     return MPI
 
@@ -58,8 +60,7 @@ class MpiSync(SyncMethod):
     """What both MPI methods share: ranks, the flat buffer, the small collectives."""
 
     def __init__(self, name: str):
-        MPI = start_mpi(name)
-        self.MPI = MPI
+        self.MPI = MPI = start_mpi(name)
         self.name = name
         self.comm = MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
