@@ -169,10 +169,10 @@ class ShardedLoader:
         for step in range(steps):
             last = step == self.full_steps - 1
             idx = shard[step * b:] if last else shard[step * b:(step + 1) * b]
-            images = self.images[idx]
+            images = self.images.index_select(0, idx)  # ~10x faster than images[idx] for uint8 on CPU
             if self.augment:  # on the uint8 images: a quarter of the memory traffic of floats
                 images = crop_flip(images, 4, self.hflip, gen)
-            yield self.normalize(images), self.labels[idx]
+            yield self.normalize(images), self.labels.index_select(0, idx)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 images -> float, zero mean and unit variance per channel."""
@@ -210,4 +210,4 @@ def eval_batches(images, labels, batch_size, rank, world_size, normalize):
     idx = torch.arange(rank, len(images), world_size, device=images.device)
     for start in range(0, len(idx), batch_size):
         part = idx[start:start + batch_size]
-        yield normalize(images[part]), labels[part]
+        yield normalize(images.index_select(0, part)), labels.index_select(0, part)
