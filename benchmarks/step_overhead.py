@@ -46,7 +46,7 @@ def main() -> None:
             out = horovodrun(args.np, ["benchmarks/bare_horovod.py", *common, "--steps", str(args.steps),
                                        "--threads", str(threads)])
             line = next(l for l in out.splitlines() if "step_time_s" in l)
-            bare = json.loads(line[line.index("{"):])["step_time_s"]
+            bare = json.JSONDecoder().raw_decode(line[line.index("{"):])[0]["step_time_s"]
             run = f"r{repeat}"
             horovodrun(args.np, ["-m", "hvd_cifar.train", *common, "--dataset", "synthetic",
                                  "--synthetic-size", str(args.batch_size * args.np * args.steps),

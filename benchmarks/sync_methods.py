@@ -1,23 +1,42 @@
 """The four gradient synchronisation methods side by side: one training job per method, the same
-model, data, seed, ranks and steps, launched the same way, on this machine.
+model, data, seed, ranks and steps, launched the same way; at np=2 on this machine and, with
+--cluster, at one rank per host on the namespace cluster with shaped links.
 
     .venv/bin/python benchmarks/sync_methods.py [--np 2] [--launcher mpirun|horovodrun]
         [--model vgg11] [--dataset digits] [--epochs 2] [--steps 0] [--batch-size 32] [--lr 0.01]
         [--repeats 2] [--out logs/bench-sync-methods-YYYYmmdd-HHMMSS]
+        [--cluster 4 [--rate 1gbit] [--cluster-model vgg11] [--cluster-epochs 2]
+         [--cluster-steps 4] [--cluster-batch-size 8] [--cluster-repeats 2] [--cluster-only]]
 
-Each job is ``python -m hvd_cifar.train --sync METHOD ...`` under the launcher; its run folder
-lands in OUT/runs/METHOD-rK and its output in OUT/METHOD-rK.log. The methods run one after
-another, ``--repeats`` rounds, each round in a rotated order, and each method's row is its
-fastest round: on a shared machine, other work only ever slows a run down. The table is made
-from the runs' metrics.jsonl alone, over the epochs after the first (the first pays for
-warm-up), printed and written to OUT/sync_methods.md (all rounds: OUT/sync_methods.json):
+    .venv/bin/python benchmarks/sync_methods.py --cluster 4 --rate 1gbit   # as root: both tables
 
+Two passes, each one job per method per round, ``--repeats`` rounds each in a rotated order,
+each method's row its fastest round (on a shared machine, other work only ever slows a run down):
+
+  local pass    ``python -m hvd_cifar.train --sync METHOD ...`` under --launcher with --np ranks
+                on this machine; run folders OUT/runs/METHOD-rK, output OUT/METHOD-rK.log.
+  cluster pass  with --cluster N: one ``hvd_cifar.netcluster`` cluster of N hosts (network
+                namespaces, links shaped to --rate in both directions), one rank per host, every
+                job under mpirun across the hosts (the one launcher all four methods accept;
+                rank-to-rank bytes over TCP on eth0 only), one torch thread per rank, NIC counters
+                of each host's eth0 recorded around each epoch's training steps (--nic eth0).
+                Defaults: vgg11 (36.9 MB of fp32 gradients per step, so the links matter),
+                4 steps of 8 images per rank per epoch, 2 epochs. Run folders
+                OUT/runs/METHOD-npN-rK, output OUT/METHOD-npN-rK.log.
+
+The tables are made from the runs' metrics.jsonl alone, over the epochs after the first (the
+first pays for warm-up), written to OUT/sync_methods.json (every round) and OUT/sync_methods.md,
+then printed:
+
+  epoch time   wall-clock seconds of an epoch's training steps (no evaluation)
   step time    wall-clock seconds per training step (forward, backward, sync, optimizer, data)
   sync time    seconds per step in the loop's sync phase, synchronize(): all of the MPI methods'
                communication; what Horovod has not finished during backward; ~0 for DDP, whose
                allreduce runs inside backward (hence the backward column)
   img/s        training images per second, all ranks together
   bytes/step   bytes one rank sends per step, analytic (the busiest rank for gather-scatter)
+  NIC tx, rx   cluster pass: bytes per step each host's eth0 sent and received, measured
+               (Ethernet frames: gradients plus headers and control traffic), hosts in rank order
   accuracy     test accuracy after the last epoch
 """
 from __future__ import annotations
@@ -25,32 +44,63 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hvd_cifar.netcluster import ClusterError, NetCluster  # noqa: E402
+
 PYTHON = sys.executable
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
+# The issue's targets: Horovod step time <= 1.00x DDP's; on the shaped links, Horovod's epoch
+# time <= 0.5x gather-scatter's.
+TARGET_HOROVOD_OVER_DDP_STEP = 1.00
+TARGET_HOROVOD_OVER_GATHER_SCATTER_EPOCH = 0.50
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--np", type=int, default=2, help="ranks per job")
-    p.add_argument("--launcher", choices=("mpirun", "horovodrun"), default="mpirun")
-    p.add_argument("--model", default="vgg11")
-    p.add_argument("--dataset", default="digits")
-    p.add_argument("--epochs", type=int, default=2, help="the first is warm-up, left out of the timings")
-    p.add_argument("--steps", type=int, default=0, help="steps per epoch; 0 = whole epochs")
-    p.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
-    p.add_argument("--lr", type=float, default=0.01, help="for one rank; the trainer scales it by np")
+    p.add_argument("--np", type=int, default=2, help="ranks per job in the local pass")
+    p.add_argument("--launcher", choices=("mpirun", "horovodrun"), default="mpirun", help="local pass")
+    p.add_argument("--model", default="vgg11", help="local pass")
+    p.add_argument("--dataset", default="digits", help="both passes")
+    p.add_argument("--epochs", type=int, default=2, help="local pass; the first is warm-up, left out of the timings")
+    p.add_argument("--steps", type=int, default=0, help="local pass: steps per epoch; 0 = whole epochs")
+    p.add_argument("--batch-size", type=int, default=32, help="local pass: images per rank per step")
+    p.add_argument("--lr", type=float, default=0.01, help="both passes, for one rank; the trainer scales it by np")
+    p.add_argument("--repeats", type=int, default=2, help="local pass: rounds of all methods; the fastest counts")
+    p.add_argument("--cluster", type=int, default=0, metavar="N",
+                   help="also run every method at np=N, one rank per host of an N-host namespace cluster (root)")
+    p.add_argument("--cluster-only", action="store_true", help="skip the local pass")
+    p.add_argument("--rate", default="1gbit", help="cluster link rate, tc syntax, both directions")
+    p.add_argument("--cluster-model", default="vgg11")
+    p.add_argument("--cluster-epochs", type=int, default=2, help="the first is warm-up, left out of the timings")
+    p.add_argument("--cluster-steps", type=int, default=4, help="steps per epoch")
+    p.add_argument("--cluster-batch-size", type=int, default=8, help="images per rank per step")
+    p.add_argument("--cluster-repeats", type=int, default=2, help="rounds of all methods; the fastest counts")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-sync-methods-%Y%m%d-%H%M%S")))
-    p.add_argument("--repeats", type=int, default=2, help="rounds of all methods; the fastest counts")
     p.add_argument("--timeout", type=int, default=1200, help="seconds per job")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.cluster_only and not args.cluster:
+        p.error("--cluster-only needs --cluster N")
+    if args.cluster and not 2 <= args.cluster <= 16:
+        p.error(f"--cluster: {args.cluster} hosts is outside 2..16")
+    return args
 
 
-def launcher(args) -> list[str]:
+def train_flags(method: str, name: str, runs: str, model: str, epochs: int, steps: int, batch_size: int,
+                args) -> list[str]:
+    return ["--model", model, "--dataset", args.dataset, "--epochs", str(epochs),
+            "--max-steps-per-epoch", str(steps), "--batch-size", str(batch_size),
+            "--lr", str(args.lr), "--warmup-epochs", "0", "--seed", "0", "--checkpoint-every", "0",
+            "--no-progress", "--sync", method, "--log-dir", runs, "--run-name", name]
+
+
+def local_launcher(args) -> list[str]:
     if args.launcher == "horovodrun":
         return [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "-np", str(args.np),
                 "-H", f"localhost:{args.np}"]
@@ -58,14 +108,11 @@ def launcher(args) -> list[str]:
     return ["mpirun", *root, "--oversubscribe", "-np", str(args.np), "-bind-to", "none", "-map-by", "slot"]
 
 
-def run_job(method: str, name: str, args) -> str:
-    """One training job; its run folder. Raises RuntimeError with the log's path if it fails."""
+def run_local(method: str, name: str, args) -> str:
+    """One training job on this machine; its run folder. Raises RuntimeError naming the log if it fails."""
     runs = os.path.join(args.out, "runs")
-    flags = ["--model", args.model, "--dataset", args.dataset, "--epochs", str(args.epochs),
-             "--max-steps-per-epoch", str(args.steps), "--batch-size", str(args.batch_size),
-             "--lr", str(args.lr), "--warmup-epochs", "0", "--seed", "0", "--checkpoint-every", "0",
-             "--no-progress", "--sync", method, "--log-dir", runs, "--run-name", name]
-    cmd = [*launcher(args), PYTHON, "-m", "hvd_cifar.train", *flags]
+    flags = train_flags(method, name, runs, args.model, args.epochs, args.steps, args.batch_size, args)
+    cmd = [*local_launcher(args), PYTHON, "-m", "hvd_cifar.train", *flags]
     log_path = os.path.join(args.out, f"{name}.log")
     with open(log_path, "w") as log:
         code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
@@ -74,28 +121,71 @@ def run_job(method: str, name: str, args) -> str:
     return os.path.join(runs, name)
 
 
+def run_on_cluster(cluster: NetCluster, method: str, name: str, args) -> str:
+    """One training job across the cluster's hosts, one rank each, under mpirun; its run folder."""
+    runs = os.path.join(args.out, "runs")
+    flags = [*train_flags(method, name, runs, args.cluster_model, args.cluster_epochs, args.cluster_steps,
+                          args.cluster_batch_size, args),
+             "--threads-per-rank", "1",  # every "host" shares the same 2 cores: one thread per rank
+             "--nic", "eth0"]            # each host's link to the switch, where the bytes are counted
+    result = cluster.run_mpirun(cluster.n_hosts, flags, timeout=args.timeout)
+    log_path = os.path.join(args.out, f"{name}.log")
+    with open(log_path, "w") as log:
+        log.write(result.stdout or "")
+    if result.returncode != 0:
+        raise RuntimeError(f"{method} np={cluster.n_hosts}: exit status {result.returncode}; see {log_path}")
+    return os.path.join(runs, name)
+
+
 def summarize(run_dir: str) -> dict:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
+        records = [json.loads(line) for line in f if line.strip()]
     timed = records[1:] or records  # epochs after the first, unless there is only one
     steps = sum(r["steps"] for r in timed)
     train_s = sum(r["epoch_time_s"] for r in timed)
     images = sum(r["images_per_s"] * r["epoch_time_s"] for r in timed)
+    hosts = list(records[-1]["nic_tx_bytes"])  # rank order (one entry per host)
     return {
         "method": records[-1]["sync"],
+        "np": records[-1]["world_size"],
         "run": os.path.basename(run_dir),
+        "epoch_time_s": train_s / len(timed),
         "step_time_s": train_s / steps,
         "sync_time_s": sum(r["sync_time_s"] for r in timed) / steps,
         "backward_time_s": sum(r["backward_time_s"] for r in timed) / steps,
         "images_per_s": images / train_s,
         "comm_bytes_per_step": sum(r["comm_bytes_per_rank"] for r in timed) / steps,
+        "nic_tx_bytes_per_step": {h: sum(r["nic_tx_bytes"][h] for r in timed) / steps for h in hosts},
+        "nic_rx_bytes_per_step": {h: sum(r["nic_rx_bytes"][h] for r in timed) / steps for h in hosts},
         "test_acc": records[-1]["test_acc"],
         "timed_epochs": len(timed),
         "steps": steps,
     }
 
 
-def markdown(rows: list[dict]) -> str:
+def run_rounds(run_one, repeats: int, suffix: str) -> list[dict]:
+    """Every method ``repeats`` times, each round in a rotated order; a summary per job."""
+    rounds = []
+    for k in range(repeats):
+        for method in METHODS[k % len(METHODS):] + METHODS[:k % len(METHODS)]:
+            start = time.perf_counter()
+            run_dir = run_one(method, f"{method}{suffix}-r{k + 1}")
+            print(f"{method}{suffix} round {k + 1}: done in {time.perf_counter() - start:.0f} s, {run_dir}",
+                  file=sys.stderr, flush=True)
+            rounds.append(summarize(run_dir))
+    return rounds
+
+
+def fastest(rounds: list[dict]) -> list[dict]:
+    return [min((r for r in rounds if r["method"] == m), key=lambda r: r["step_time_s"]) for m in METHODS]
+
+
+def ratio_line(label: str, value: float, target: float) -> str:
+    verdict = "met" if value <= target else "not met"
+    return f"{label}: {value:.2f} (target <= {target:.2f}: {verdict})"
+
+
+def local_table(rows: list[dict], np: int) -> str:
     lines = ["| method | step time (s) | sync time (s/step) | backward (s/step) | img/s "
              "| bytes/step/rank (MB) | final test acc |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -104,30 +194,64 @@ def markdown(rows: list[dict]) -> str:
                      f"{r['backward_time_s']:.3f} | {r['images_per_s']:.1f} | "
                      f"{r['comm_bytes_per_step'] / 1e6:.2f} | {r['test_acc']:.4f} |")
     by_method = {r["method"]: r for r in rows}
-    if "horovod" in by_method and "ddp" in by_method:
-        ratio = by_method["horovod"]["step_time_s"] / by_method["ddp"]["step_time_s"]
-        lines += ["", f"Horovod step time / DDP step time: {ratio:.2f}"]
+    ratio = by_method["horovod"]["step_time_s"] / by_method["ddp"]["step_time_s"]
+    lines += ["", ratio_line(f"np={np}: Horovod step time / DDP step time", ratio, TARGET_HOROVOD_OVER_DDP_STEP)]
+    return "\n".join(lines)
+
+
+def cluster_table(rows: list[dict], np: int) -> str:
+    def per_host(values: dict) -> str:
+        return " / ".join(f"{v / 1e6:.1f}" for v in values.values())
+
+    lines = ["| method | epoch time (s) | step time (s) | sync time (s/step) | backward (s/step) | img/s "
+             "| bytes/step/rank, analytic (MB) | NIC tx MB/step, host 0 / 1 / ... | NIC rx MB/step, host 0 / 1 / ... "
+             "| final test acc |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['epoch_time_s']:.2f} | {r['step_time_s']:.3f} | {r['sync_time_s']:.3f} | "
+                     f"{r['backward_time_s']:.3f} | {r['images_per_s']:.1f} | {r['comm_bytes_per_step'] / 1e6:.2f} | "
+                     f"{per_host(r['nic_tx_bytes_per_step'])} | {per_host(r['nic_rx_bytes_per_step'])} | "
+                     f"{r['test_acc']:.4f} |")
+    by_method = {r["method"]: r for r in rows}
+    step_ratio = by_method["horovod"]["step_time_s"] / by_method["ddp"]["step_time_s"]
+    epoch_ratio = by_method["horovod"]["epoch_time_s"] / by_method["mpi-gather-scatter"]["epoch_time_s"]
+    lines += ["", ratio_line(f"np={np}: Horovod step time / DDP step time", step_ratio, TARGET_HOROVOD_OVER_DDP_STEP),
+              ratio_line(f"np={np}: Horovod epoch time / mpi-gather-scatter epoch time", epoch_ratio,
+                         TARGET_HOROVOD_OVER_GATHER_SCATTER_EPOCH)]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.out, exist_ok=True)
-    rounds = []
-    for k in range(args.repeats):
-        for method in METHODS[k % len(METHODS):] + METHODS[:k % len(METHODS)]:
-            start = time.perf_counter()
-            run_dir = run_job(method, f"{method}-r{k + 1}", args)
-            print(f"{method} round {k + 1}: done in {time.perf_counter() - start:.0f} s, {run_dir}",
-                  file=sys.stderr, flush=True)
-            rounds.append(summarize(run_dir))
+    results = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                           "platform": platform.platform(), "load_at_start": os.getloadavg()},
+               "args": vars(args), "local": [], "cluster": []}
+    tables = []
+    try:
+        if not args.cluster_only:
+            results["local"] = run_rounds(lambda method, name: run_local(method, name, args), args.repeats, "")
+            tables.append(f"np={args.np}, this machine, {args.launcher}: {args.model}, "
+                          f"{args.steps or 'all'} steps/epoch x {args.epochs} epochs, batch {args.batch_size}/rank\n\n"
+                          + local_table(fastest(results["local"]), args.np))
+        if args.cluster:
+            with NetCluster(n_hosts=args.cluster, rate=args.rate) as cluster:
+                results["cluster"] = run_rounds(lambda method, name: run_on_cluster(cluster, method, name, args),
+                                                args.cluster_repeats, f"-np{args.cluster}")
+            tables.append(f"np={args.cluster}, namespace cluster (one rank per host, links {args.rate}), mpirun: "
+                          f"{args.cluster_model}, {args.cluster_steps} steps/epoch x {args.cluster_epochs} epochs, "
+                          f"batch {args.cluster_batch_size}/rank\n\n"
+                          + cluster_table(fastest(results["cluster"]), args.cluster))
+    except (ClusterError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"sync_methods: error: {exc}", file=sys.stderr)
+        return 1
+    results["machine"]["load_at_end"] = os.getloadavg()
     with open(os.path.join(args.out, "sync_methods.json"), "w") as f:
-        json.dump(rounds, f, indent=2)
-    rows = [min((r for r in rounds if r["method"] == m), key=lambda r: r["step_time_s"]) for m in METHODS]
-    table = markdown(rows)
+        json.dump(results, f, indent=2)  # data first, tables second
+    text = "\n\n".join(tables)
     with open(os.path.join(args.out, "sync_methods.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+        f.write(text + "\n")
+    print(text)
     return 0
 
 
