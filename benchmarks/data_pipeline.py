@@ -66,7 +66,7 @@ def main() -> None:
                     drop_last=True, persistent_workers=args.workers > 0)
     pil_rate = images_per_s(lambda: dl, args.epochs)
 
-    print(f"| pipeline | images/s |\n|---|---:|")
+    print("| pipeline | images/s |\n|---|---:|")
     print(f"| hvd_cifar tensor loader (pad-4 crop + flip + normalise, batched), {args.threads} thread(s) | {tensor_rate:,.0f} |")
     print(f"| torchvision DataLoader, PIL transforms, {args.workers} workers | {pil_rate:,.0f} |")
     print(f"ratio tensor/DataLoader: {tensor_rate / pil_rate:.1f}x  "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,30 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def tiny_args(tmp_path):
     """Base flags for a tiny run whose folder is tmp_path/logs/run."""
     return ["--config", TINY, "--log-dir", str(tmp_path / "logs"), "--run-name", "run"]
+
+
+def md_table(markdown: str, heading: str) -> list[dict[str, str]]:
+    """The first Markdown table after the line starting with ``heading``, rows as {header: cell}."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    cells = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            cells.append([c.strip() for c in line.strip()[1:-1].split("|")])
+        elif cells:
+            break
+    header, _separator, *body = cells
+    return [dict(zip(header, row)) for row in body]
+
+
+def _netns_works() -> bool:
+    if not shutil.which("ip"):
+        return False
+    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
+
+
+# Marks for tests that build a cluster of network namespaces (hvd_cifar.netcluster).
+NEEDS_NETNS = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+    pytest.mark.skipif(os.geteuid() == 0 and not _netns_works(), reason="`ip netns` is unavailable here"),
+]

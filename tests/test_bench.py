@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import md_table
 from hvd_cifar import bench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,18 +36,6 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def md_table(markdown: str, heading: str) -> list[dict[str, str]]:
-    """The first Markdown table after the line starting with ``heading``, rows as {header: cell}."""
-    lines = markdown.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
-    cells = []
-    for line in lines[start + 1:]:
-        if line.startswith("|"):
-            cells.append([c.strip() for c in line.strip()[1:-1].split("|")])
-        elif cells:
-            break
-    header, _separator, *body = cells
-    return [dict(zip(header, row)) for row in body]
 
 
 def shown(cell: str, exact: float, decimals: int, scale: float = 1.0) -> None:

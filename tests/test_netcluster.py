@@ -7,23 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
 
+from conftest import NEEDS_NETNS
 from hvd_cifar.netcluster import NetCluster, list_namespaces
 
 
-def _netns_works() -> bool:
-    if not shutil.which("ip"):
-        return False
-    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
-
-
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
-    pytest.mark.skipif(os.geteuid() == 0 and not _netns_works(), reason="`ip netns` is unavailable here"),
+    *NEEDS_NETNS,
 ]
 
 TRAIN = ["--config", "configs/tiny.yaml", "--threads-per-rank", "1"]  # 2 cores: one thread per rank

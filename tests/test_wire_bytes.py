@@ -20,25 +20,16 @@ sizes must move the same bytes for the figure in metrics.jsonl to hold under tha
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 
 import pytest
 
+from conftest import NEEDS_NETNS
 from hvd_cifar.models import build_model, set_frozen_blocks
 from hvd_cifar.netcluster import NetCluster
 
 
-def _netns_works() -> bool:
-    if not shutil.which("ip"):
-        return False
-    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
-
-
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
-    pytest.mark.skipif(os.geteuid() == 0 and not _netns_works(), reason="`ip netns` is unavailable here"),
+    *NEEDS_NETNS,
     pytest.mark.slow,
 ]
 

@@ -5,7 +5,6 @@ import math
 import os
 from typing import Any
 
-import torch
 import horovod.torch as hvd
 
 from hvd_cifar.sync import SyncMethod
