@@ -27,11 +27,15 @@ def rank_pids(marker: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun-gloo", "mpirun"])
-def test_sigkill_of_one_rank_ends_the_job_quickly(tmp_path, launcher):
-    marker = f"killtest-{launcher}-{os.getpid()}"
+@pytest.mark.parametrize("launcher, sync", [
+    ("horovodrun", "horovod"), ("horovodrun-gloo", "horovod"), ("mpirun", "horovod"),
+    ("mpirun", "mpi-allreduce"), ("mpirun", "mpi-gather-scatter"), ("mpirun", "ddp"),
+    ("horovodrun-gloo", "ddp"),
+])
+def test_sigkill_of_one_rank_ends_the_job_quickly(tmp_path, launcher, sync):
+    marker = f"killtest-{launcher}-{sync}-{os.getpid()}"
     args = ["--config", TINY, "--epochs", "200", "--max-steps-per-epoch", "20", "--log-dir", str(tmp_path),
-            "--run-name", marker]
+            "--run-name", marker, "--sync", sync]
     job = subprocess.Popen([*launch_argv(launcher, 2), *args], cwd=ROOT, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
