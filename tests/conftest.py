@@ -1,6 +1,7 @@
 """Shared helpers: run the real trainer (one process, horovodrun or mpirun) on real files."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -8,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -78,3 +81,23 @@ NEEDS_NETNS = [
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
     pytest.mark.skipif(os.geteuid() == 0 and not _netns_works(), reason="`ip netns` is unavailable here"),
 ]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def shown(cell: str, exact: float, decimals: int, scale: float = 1.0) -> None:
+    """A table cell is ``exact / scale`` rounded to ``decimals`` places."""
+    assert abs(float(cell) - exact / scale) <= 0.5 * 10 ** -decimals + 1e-9, (cell, exact / scale)
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert len(data) > 8_000, f"{path} is suspiciously small ({len(data)} bytes)"
+    image = np.asarray(Image.open(path).convert("RGB"), dtype=float)
+    height, width, _ = image.shape
+    assert width >= 600 and height >= 350, f"{path} is {width}x{height}"
+    assert image.std() > 10, f"{path} looks blank"

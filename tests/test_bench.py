@@ -4,7 +4,6 @@ timeout. The scaling table is checked against the run folders' metrics.jsonl wit
 computed here; a failure must be a row, not the end of the sweep."""
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -15,11 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
-from conftest import md_table
+from conftest import assert_png, md_table, read_csv, shown
 from hvd_cifar import bench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,24 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_bench(*args: str, timeout: int = 500) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hvd_cifar.bench", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-
-
-def shown(cell: str, exact: float, decimals: int, scale: float = 1.0) -> None:
-    assert abs(float(cell) - exact / scale) <= 0.5 * 10 ** -decimals + 1e-9, (cell, exact / scale)
-
-
-def assert_png(path: Path) -> None:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 8_000, path
-    image = np.asarray(Image.open(path).convert("RGB"), dtype=float)
-    assert image.shape[1] >= 600 and image.shape[0] >= 350 and image.std() > 10, path
 
 
 def expected(run_dir: Path) -> dict:

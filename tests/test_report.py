@@ -4,7 +4,6 @@ checked against metrics.jsonl / eval.json with numbers computed here, independen
 report's own code, and every figure must be a readable, non-blank PNG."""
 from __future__ import annotations
 
-import csv
 import json
 import math
 import shutil
@@ -12,11 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
-from conftest import md_table
+from conftest import assert_png, md_table, read_csv, shown
 from hvd_cifar import report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,26 +23,6 @@ PHASES = ("data", "forward", "backward", "sync", "optimizer")
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def shown(cell: str, exact: float, decimals: int, scale: float = 1.0) -> None:
-    """A table cell is ``exact / scale`` rounded to ``decimals`` places."""
-    assert abs(float(cell) - exact / scale) <= 0.5 * 10 ** -decimals + 1e-9, (cell, exact / scale)
-
-
-def assert_png(path: Path) -> None:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
-    assert len(data) > 8_000, f"{path} is suspiciously small ({len(data)} bytes)"
-    image = np.asarray(Image.open(path).convert("RGB"), dtype=float)
-    height, width, _ = image.shape
-    assert width >= 600 and height >= 350, f"{path} is {width}x{height}"
-    assert image.std() > 10, f"{path} looks blank"
 
 
 def metrics(run_dir: Path) -> list[dict]:
