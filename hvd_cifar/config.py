@@ -103,7 +103,8 @@ class Config:
         for epoch, frozen in self.freeze_schedule.items():
             if not isinstance(epoch, int) or not isinstance(frozen, int) or epoch < 0 or frozen < 0:
                 raise ConfigError(f"freeze_schedule: entries must be 'epoch: blocks' with "
-                                  f"non-negative integers, got {epoch!r}: {frozen!r}")
+                                  f"non-negative integers, got {epoch!r}: {frozen!r} (write it as "
+                                  f"'{{0: 0, 10: 2}}', with a space after each colon)")
         if not self.batchnorm and self.model == "resnet18":
             raise ConfigError("batchnorm: resnet18 is only built with BatchNorm")
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
@@ -143,11 +144,15 @@ def _coerce(key: str, value: Any, from_cli: bool) -> Any:
     kind = _HINTS[key]
     if isinstance(kind, types.GenericAlias):
         kind = typing.get_origin(kind)
+    raw = value
     if from_cli and isinstance(value, str) and kind is not str:
         try:
             value = yaml.safe_load(value)
         except yaml.YAMLError:
             raise ConfigError(f"{key}: cannot parse {value!r}") from None
+    if kind is dict and value is not None and not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping such as '{{0: 0, 10: 2}}' (a space after each "
+                          f"colon), got {raw!r}")
     if kind is str and from_cli:
         return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):

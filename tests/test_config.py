@@ -55,6 +55,8 @@ def test_flag_values_are_typed():
     (["--freeze", "-1"], "freeze"),
     (["--epochs"], "epochs"),
     (["--run-name", "a/b"], "run_name"),
+    (["--freeze-schedule", "{1:1}"], "freeze_schedule"),
+    (["--freeze-schedule", "{1: -2}"], "freeze_schedule"),
 ])
 def test_bad_values_name_the_key(argv, key):
     with pytest.raises(ConfigError) as err:
