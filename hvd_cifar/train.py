@@ -14,7 +14,6 @@ Each epoch appends one line to logs/RUN_NAME/metrics.jsonl before anything is pr
 """
 from __future__ import annotations
 
-import gc
 import hashlib
 import math
 import os
@@ -64,6 +63,12 @@ def lr_at(update: int, cfg: Config, peak: float, updates_per_epoch: int) -> floa
     return peak * 0.1 ** sum(progress >= m for m in (0.5, 0.75))  # step
 
 
+def _user_error(name_and_message: tuple[str, str]) -> Exception:
+    """A user error rebuilt on this rank from (class name, message) sent by another."""
+    name, message = name_and_message
+    return {cls.__name__: cls for cls in USER_ERRORS}[name](message)
+
+
 def on_main(sync: SyncMethod, fn):
     """Run ``fn`` on rank 0 only and hand its result, or its user error, to every rank, so that
     a failure seen by rank 0 alone still stops all ranks together instead of leaving them hung."""
@@ -75,7 +80,7 @@ def on_main(sync: SyncMethod, fn):
             error = (type(exc).__name__, str(exc))
     result, error = sync.broadcast_object((result, error))
     if error:
-        raise {cls.__name__: cls for cls in USER_ERRORS}[error[0]](error[1])
+        raise _user_error(error)
     return result
 
 
@@ -89,7 +94,7 @@ def on_every_rank(sync: SyncMethod, fn):
         error = (type(exc).__name__, str(exc))
     errors = [e for e in sync.allgather_object(error) if e]
     if errors:
-        raise {cls.__name__: cls for cls in USER_ERRORS}[errors[0][0]](errors[0][1])
+        raise _user_error(errors[0])
     return result
 
 
@@ -243,9 +248,6 @@ def run(cfg: Config) -> int:
             frozen = cfg.frozen_blocks(epoch)
             set_frozen_blocks(model, frozen)
             net, optimizer, payload_bytes, trainable = build_optimizer(model, cfg, sync, old=optimizer)
-            # The old wrapped optimizer's gradient hooks live as long as it does (Horovod's hooks
-            # form a reference cycle with it): collect it now so only the new hooks fire.
-            gc.collect()
             sync.broadcast_state(model)
             log(f"epoch {epoch}: {frozen} feature block(s) frozen, {trainable:,} trainable parameters")
         net.train()
