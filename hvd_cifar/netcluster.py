@@ -480,9 +480,11 @@ class NetCluster:
             argv.append(f"--mpi-args=-mca oob_tcp_if_include {NIC}")
         return argv + self.train_argv(train_args)
 
-    def mpirun_argv(self, np: int, train_args: Sequence[str]) -> list[str]:
-        """Open MPI's mpirun across the first ``np`` hosts, one rank each, to run on host 0."""
-        return ["mpirun", "--allow-run-as-root", "-np", str(np), "--hostfile", self.hostfile(np),
+    def mpirun_argv(self, np: int, train_args: Sequence[str], export: dict | None = None) -> list[str]:
+        """Open MPI's mpirun across the first ``np`` hosts, one rank each, to run on host 0;
+        ``export``: environment variables set for every rank (``-x NAME=VALUE``)."""
+        exported = [arg for name, value in (export or {}).items() for arg in ("-x", f"{name}={value}")]
+        return ["mpirun", "--allow-run-as-root", "-np", str(np), "--hostfile", self.hostfile(np), *exported,
                 "-bind-to", "none", "-map-by", "slot",
                 "-mca", "plm_rsh_args",
                 f"-i {self.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
@@ -495,8 +497,8 @@ class NetCluster:
         return self.exec(0, self.horovodrun_argv(np, train_args, gloo), timeout=timeout, capture=capture)
 
     def run_mpirun(self, np: int, train_args: Sequence[str], timeout: float = 600,
-                   capture: bool = True) -> subprocess.CompletedProcess:
-        return self.exec(0, self.mpirun_argv(np, train_args), timeout=timeout, capture=capture)
+                   capture: bool = True, export: dict | None = None) -> subprocess.CompletedProcess:
+        return self.exec(0, self.mpirun_argv(np, train_args, export), timeout=timeout, capture=capture)
 
     # --- measuring the links ----------------------------------------------------------------
     def throughput(self, senders: Sequence[int], receiver: int, bytes_per_sender: int = 50_000_000,

@@ -15,7 +15,11 @@ sends 1.5x, and at 2 ranks a formula of (N-1)/N instead of 2(N-1)/N is off by a 
 Launchers: ``horovodrun --gloo`` is the reference (Gloo's allreduce is a ring: reduce-scatter,
 then allgather), and plain ``mpirun`` with Horovod's MPI ops is checked too: Open MPI's tuned
 allreduce picks its own algorithm by message and communicator size, and what it picks for these
-sizes must move the same bytes for the figure in metrics.jsonl to hold under that launcher.
+sizes must move the same bytes for the figure in metrics.jsonl to hold under that launcher
+(hvd_cifar asks Open MPI for its ring from 1 MiB up; see ``hvd_cifar.sync.make``).
+
+The parameter-server baseline, mpi-gather-scatter, is checked host by host: rank 0 takes in
+N-1 buffers and sends N-1 back per synchronisation, every other host one each way.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ JOBS = {
     "gloo-np4": (4, "gloo", []),
     "mpirun-np2": (2, "mpirun", []),
     "mpirun-np4": (4, "mpirun", []),
+    "gather-scatter-np4": (4, "mpirun", ["--sync", "mpi-gather-scatter"]),
     "fp16": (2, "gloo", ["--fp16-allreduce", "true"]),
     "accum4": (2, "gloo", ["--accumulation-steps", "4"]),
     "freeze": (2, "gloo", ["--freeze", str(FREEZE)]),
@@ -171,3 +176,18 @@ def test_freezing_saves_the_frozen_share(job, cluster):
         saving = 1 - measured(frozen, direction) / measured(base, direction)
         assert abs(saving - share) <= TOLERANCE * share, (
             f"freeze {FREEZE}: measured {direction} saving {saving:.4f} vs frozen parameter share {share:.4f}")
+
+
+def test_gather_scatter_root_moves_n_minus_1_buffers_each_way(job, cluster):
+    np = JOBS["gather-scatter-np4"][0]
+    records = job("gather-scatter-np4")
+    root, *others = cluster.hostnames[:np]
+    for r in records:
+        buffer = r["trainable_params"] * 4
+        assert r["comm_bytes_per_sync"] == (np - 1) * buffer  # the root's figure
+        expected = {root: (np - 1) * buffer * r["syncs"], **{h: buffer * r["syncs"] for h in others}}
+        for host, want in expected.items():
+            for direction in ("tx", "rx"):
+                got = r[f"nic_{direction}_bytes"][host]
+                assert abs(got / want - 1) <= TOLERANCE, (
+                    f"epoch {r['epoch']} {host}: eth0 {direction} {got:,} B = {got / want:.4f} x {want:,} B")

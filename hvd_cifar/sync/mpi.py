@@ -3,7 +3,8 @@
 Two methods share everything but the averaging itself:
 
     mpi-allreduce       Allreduce(SUM) of the buffer, then divide by the number of ranks
-    mpi-gather-scatter  Gather every rank's buffer on rank 0, average there, Bcast the average back
+    mpi-gather-scatter  Gather every rank's buffer on rank 0, average there, send the average
+                        from rank 0 to each other rank (the parameter-server pattern)
 
 Both use mpi4py's buffer-based (uppercase) calls: the gradients cross as raw memory, never
 pickled, in one message per synchronisation rather than one per parameter. Nothing is
@@ -29,6 +30,8 @@ import torch
 
 from hvd_cifar.config import ConfigError
 from hvd_cifar.sync import SyncMethod, launched_by_mpi
+
+_MEAN_TAG = 17  # point-to-point messages carrying the averaged gradients from rank 0
 
 # Launchers that start several processes without an MPI job around them (horovodrun --gloo,
 # torchrun); mpi4py would then initialise each process as a singleton world of size 1.
@@ -183,10 +186,20 @@ class MpiGatherScatterSync(MpiSync):
             self.flat.div_(self.size)
             if self.fp16:
                 self.wire.copy_(self.flat)
-        self.comm.Bcast([self.wire.numpy(), self.wire_type], root=0)
+        self.scatter_mean()
         if self.fp16:
             # Every rank, rank 0 included, takes the fp16-rounded mean, so weights stay identical.
             self.flat.copy_(self.wire)
+
+    def scatter_mean(self) -> None:
+        """Rank 0 sends the mean in ``self.wire`` to every other rank itself, one message each,
+        as a parameter server does. (A Bcast would not: for buffers this size Open MPI relays
+        it along a chain or tree of ranks, so the root sent one copy, measured at the NICs.)"""
+        buf = [self.wire.numpy(), self.wire_type]
+        if self.rank == 0:
+            self.MPI.Request.Waitall([self.comm.Isend(buf, dest=r, tag=_MEAN_TAG) for r in range(1, self.size)])
+        else:
+            self.comm.Recv(buf, source=0, tag=_MEAN_TAG)
 
     def wire_bytes_per_sync(self, payload_bytes):
         """Rank 0, the busiest rank, sends the mean to each of the N-1 others (and receives
