@@ -61,6 +61,8 @@ class Config:
     accumulation_steps: int = 1        # local forward/backward passes per synchronisation
     freeze: int = 0                    # leading feature blocks that do not train
     freeze_schedule: dict = field(default_factory=dict)  # {epoch: frozen blocks from that epoch on}
+    elastic: bool = False              # Horovod elastic training (horovodrun --min-np/--max-np/--host-discovery-script)
+    commit_every: int = 10             # elastic: optimizer updates between commits of the state (work lost at most)
     nic: str = "auto"                  # interface whose byte counters are recorded per host; auto = busiest non-loopback
     # --- run control ---
     seed: int = 0
@@ -81,7 +83,8 @@ class Config:
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
-        positive = ("epochs", "batch_size", "accumulation_steps", "eval_batch_size", "synthetic_size")
+        positive = ("epochs", "batch_size", "accumulation_steps", "eval_batch_size", "synthetic_size",
+                    "commit_every")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
@@ -105,6 +108,11 @@ class Config:
                 raise ConfigError(f"freeze_schedule: entries must be 'epoch: blocks' with "
                                   f"non-negative integers, got {epoch!r}: {frozen!r} (write it as "
                                   f"'{{0: 0, 10: 2}}', with a space after each colon)")
+        if self.elastic and self.sync != "horovod":
+            raise ConfigError(f"elastic: needs sync: horovod (Horovod's elastic driver), got sync: {self.sync}")
+        if self.elastic and self.freeze_schedule:
+            # A worker that joins mid-run builds its optimizer before it learns the epoch.
+            raise ConfigError("freeze_schedule: not with elastic: true (a constant freeze works)")
         if not self.batchnorm and self.model == "resnet18":
             raise ConfigError("batchnorm: resnet18 is only built with BatchNorm")
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):

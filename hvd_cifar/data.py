@@ -6,6 +6,7 @@ normalised with a handful of tensor operations on the training device.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 from dataclasses import dataclass
 
@@ -46,10 +47,14 @@ class DataSet:
 
 # ----------------------------------------------------------------------------- loading
 def download(name: str, data_dir: str) -> None:
-    """Fetch a torchvision data set into ``data_dir`` (run on one rank before the others load)."""
+    """Fetch a torchvision data set into ``data_dir``. Ranks that call it together take turns
+    (a lock file in ``data_dir``): the first downloads, the others find the files in place."""
     if name in TORCHVISION_FOLDERS:
         try:
-            _torchvision_sets(name, data_dir, download=True)
+            os.makedirs(data_dir, exist_ok=True)
+            with open(os.path.join(data_dir, ".download.lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                _torchvision_sets(name, data_dir, download=True)
         except (OSError, RuntimeError) as exc:  # no network, disk full, bad archive
             raise DataError(f"download: fetching {name} into {data_dir} failed ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else ''}); check the network or copy "
@@ -135,39 +140,60 @@ class ShardedLoader:
     """Each epoch: one permutation of all N images, seeded by (seed, epoch) and identical on
     every rank; rank r takes ``perm[r::world]``. All ranks run the same number of steps (a
     collective per step needs that), and the last batch takes the remainder, so together the
-    ranks see every image exactly once per epoch (unless ``max_steps`` cuts the epoch short)."""
+    ranks see every image exactly once per epoch (unless ``max_steps`` cuts the epoch short).
+
+    Step s of the epoch covers positions [s*b*world, (s+1)*b*world) of the permutation, so an
+    epoch can also be continued from a position, with another world size (elastic training:
+    ``reshard`` after the ranks change, then ``epoch(e, start=position, steps_done=s)``): the
+    images not yet consumed are split over the new ranks, and the epoch still sees each once."""
 
     def __init__(self, images, labels, batch_size, rank, world_size, seed, mean, std,
                  augment=False, hflip=False, max_steps=0, channels_last=False):
         self.images, self.labels = images, labels
-        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.seed, self.augment, self.hflip, self.max_steps = seed, augment, hflip, max_steps
-        self.channels_last = channels_last
+        self.batch_size, self.seed, self.max_steps = batch_size, seed, max_steps
+        self.augment, self.hflip, self.channels_last = augment, hflip, channels_last
         # x/255 then (x - mean)/std folded into one multiply-add
         self.scale = (1.0 / (255.0 * std)).view(1, 3, 1, 1).to(images.device)
         self.shift = (-mean / std).view(1, 3, 1, 1).to(images.device)
-        shard = len(images) // world_size
-        if shard < batch_size:
-            raise DataError(f"batch_size: {batch_size} x {world_size} ranks is larger than the "
-                            f"{len(images)} training images")
+        self.reshard(rank, world_size)
+
+    def reshard(self, rank: int, world_size: int) -> None:
+        shard = len(self.images) // world_size
+        if shard < self.batch_size:
+            raise DataError(f"batch_size: {self.batch_size} x {world_size} ranks is larger than the "
+                            f"{len(self.images)} training images")
+        self.rank, self.world_size = rank, world_size
         # Whole batches only; the last one also takes the shard's remainder (< batch_size
         # images), so no image is skipped and no batch is too small for BatchNorm.
-        self.full_steps = shard // batch_size
-        self.steps_per_epoch = min(self.full_steps, max_steps) if max_steps else self.full_steps
+        self.full_steps = shard // self.batch_size
+        self.steps_per_epoch = min(self.full_steps, self.max_steps) if self.max_steps else self.full_steps
 
     def __len__(self) -> int:
         return self.steps_per_epoch
 
-    def epoch(self, epoch: int):
-        """Yield (images, labels) for this rank's shard of ``epoch``."""
+    def steps_left(self, start: int = 0, steps_done: int = 0) -> int:
+        """Steps this epoch still has when ``start`` images were consumed in ``steps_done`` steps."""
+        full = (len(self.images) - start) // self.world_size // self.batch_size
+        return max(min(full, self.max_steps - steps_done), 0) if self.max_steps else full
+
+    def step_images(self, step_in_pass: int, start: int = 0) -> int:
+        """Images all ranks together consume at a step: b x world, the last one the whole rest."""
+        full = (len(self.images) - start) // self.world_size // self.batch_size
+        if step_in_pass == full - 1:
+            return len(self.images) - start - step_in_pass * self.batch_size * self.world_size
+        return self.batch_size * self.world_size
+
+    def epoch(self, epoch: int, start: int = 0, steps_done: int = 0):
+        """Yield (images, labels) for this rank's shard of ``epoch``, from position ``start``."""
         perm = torch.randperm(len(self.images), generator=torch.Generator().manual_seed(
             self.seed * 1_000_003 + epoch)).to(self.images.device)
-        shard = perm[self.rank::self.world_size]
+        shard = perm[start:][self.rank::self.world_size]
         gen = torch.Generator(device=self.images.device)
-        gen.manual_seed((self.seed * 1_000_003 + epoch) * 1009 + self.rank)
-        steps, b = self.steps_per_epoch, self.batch_size
-        for step in range(steps):
-            last = step == self.full_steps - 1
+        gen.manual_seed((self.seed * 1_000_003 + epoch) * 1009 + self.rank + 7919 * start)
+        full = (len(self.images) - start) // self.world_size // self.batch_size
+        b = self.batch_size
+        for step in range(self.steps_left(start, steps_done)):
+            last = step == full - 1
             idx = shard[step * b:] if last else shard[step * b:(step + 1) * b]
             images = self.images.index_select(0, idx)  # ~10x faster than images[idx] for uint8 on CPU
             if self.augment:  # on the uint8 images: a quarter of the memory traffic of floats

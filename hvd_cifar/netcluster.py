@@ -480,6 +480,15 @@ class NetCluster:
             argv.append(f"--mpi-args=-mca oob_tcp_if_include {NIC}")
         return argv + self.train_argv(train_args)
 
+    def elastic_argv(self, np: int, min_np: int, max_np: int, discovery_script: str,
+                     train_args: Sequence[str]) -> list[str]:
+        """horovodrun's elastic mode (Gloo), to run on host 0: starts ``np`` workers on the hosts
+        ``discovery_script`` prints (``ADDR:SLOTS`` lines) and follows its output as it changes."""
+        return [self.tool("horovodrun"), "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
+                "--host-discovery-script", discovery_script,
+                "--network-interfaces", NIC, "-p", str(SSH_PORT), "--ssh-identity-file", self.key,
+                "--disable-cache", "--start-timeout", "60", *self.train_argv(train_args)]
+
     def mpirun_argv(self, np: int, train_args: Sequence[str], export: dict | None = None) -> list[str]:
         """Open MPI's mpirun across the first ``np`` hosts, one rank each, to run on host 0;
         ``export``: environment variables set for every rank (``-x NAME=VALUE``)."""

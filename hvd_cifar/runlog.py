@@ -16,6 +16,7 @@ import torch
 
 CHECKPOINT = "checkpoint_last.pt"
 METRICS = "metrics.jsonl"
+EVENTS = "events.jsonl"  # elastic training: one line per (re)start of the workers
 
 
 class RunError(RuntimeError):
@@ -98,9 +99,9 @@ class RankLog:
         self.file.close()
 
 
-def append_metrics(run_dir: str, record: dict) -> None:
+def append_metrics(run_dir: str, record: dict, name: str = METRICS) -> None:
     """One JSON object per line; each line is written with one write() and fsynced."""
-    with open(os.path.join(run_dir, METRICS), "a") as f:
+    with open(os.path.join(run_dir, name), "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())

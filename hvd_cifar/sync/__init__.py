@@ -108,6 +108,18 @@ class SyncMethod:
     def barrier(self) -> None:
         self.allreduce_sum(torch.zeros(1))
 
+    # --- training state, and elastic membership ---------------------------------------
+    elastic = False
+
+    def training_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **values) -> "TrainingState":
+        """What the loop keeps across an elastic reset: the model, the optimizer and ``values``
+        (attributes of the result). Without elasticity nothing is ever reset or committed."""
+        return TrainingState(model=model, optimizer=optimizer, **values)
+
+    def run_elastic(self, train):
+        """``train(state)`` made restartable after workers come or go; here, as it is."""
+        return train
+
     # --- accounting ----------------------------------------------------------------
     def wire_bytes_per_sync(self, payload_bytes: int) -> int:
         """Bytes one rank sends per synchronisation of ``payload_bytes`` of gradients (the busiest
@@ -120,7 +132,18 @@ class SyncMethod:
         pass
 
 
-def make(name: str) -> SyncMethod:
+class TrainingState:
+    """The loop's state as plain attributes; ``commit()`` is where an elastic method saves it
+    (and learns of workers coming or going). Here there is nothing to save."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    def commit(self) -> None:
+        pass
+
+
+def make(name: str, elastic: bool = False) -> SyncMethod:
     if name not in METHODS:
         raise ValueError(f"unknown sync method {name!r}")
     # Open MPI busy-polls while a rank waits in a call unless it knows the node is
@@ -137,4 +160,4 @@ def make(name: str) -> SyncMethod:
     os.environ.setdefault("OMPI_MCA_coll_tuned_use_dynamic_rules", "1")
     os.environ.setdefault("OMPI_MCA_coll_tuned_dynamic_rules_filename", ALLREDUCE_RULES)
     module = importlib.import_module(METHODS[name])
-    return module.create(name)
+    return module.create(name, elastic) if elastic else module.create(name)

@@ -6,23 +6,58 @@ import os
 from typing import Any
 
 import horovod.torch as hvd
+import torch
+from horovod.common.elastic import ObjectState
 
+from hvd_cifar.config import ConfigError
 from hvd_cifar.sync import SyncMethod
 
 
 class HorovodSync(SyncMethod):
     name = "horovod"
 
-    def __init__(self):
+    def __init__(self, elastic: bool = False):
         # A rank that stops submitting collectives (a bug, a dead peer) would otherwise leave the
         # rest waiting forever with only a warning: after this long Horovod shuts down with an
         # error instead, which the entry point turns into an aborted job.
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
+        started_elastic = os.environ.get("HOROVOD_ELASTIC") == "1"  # set by horovodrun's elastic driver
+        if elastic and not started_elastic:
+            raise ConfigError("elastic: needs Horovod's elastic launcher: horovodrun -np N --min-np MIN "
+                              "--max-np MAX --host-discovery-script SCRIPT python -m hvd_cifar.train ...")
+        if started_elastic and not elastic:
+            raise ConfigError("elastic: this job was started by horovodrun's elastic driver "
+                              "(--min-np/--max-np/--host-discovery-script); set elastic: true")
+        self.elastic = elastic
         hvd.init()
-        self.rank, self.size = hvd.rank(), hvd.size()
-        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self.optimizer = None
+
+    # Ranks and sizes can change under elastic training (hvd.init() again after a reset).
+    rank = property(lambda self: hvd.rank())
+    size = property(lambda self: hvd.size())
+    local_rank = property(lambda self: hvd.local_rank())
+    local_size = property(lambda self: hvd.local_size())
+
+    def training_state(self, model, optimizer, **values):
+        if not self.elastic:
+            return super().training_state(model, optimizer, **values)
+        # Zero momentum buffers where SGD has none yet: its first step then computes what it
+        # would have without them (buffer = gradient, dampening 0), and Horovod's state sync
+        # finds an optimizer state to broadcast instead of making one by a step of its own.
+        for group in optimizer.param_groups:
+            if group["momentum"] and not group.get("dampening"):
+                for p in group["params"]:
+                    if "momentum_buffer" not in optimizer.state[p]:
+                        optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return ElasticState(model=model, optimizer=optimizer, **values)
+
+    def run_elastic(self, train):
+        # On a worker's failure (HorovodInternalError) every survivor restores the last commit;
+        # when workers are added or removed (HostsUpdatedInterrupt, raised inside commit()) they
+        # keep the state just committed. Either way Horovod then re-forms the ring (shutdown +
+        # init) and calls train(state) again after broadcasting rank 0's state to all.
+        return hvd.elastic.run(train) if self.elastic else train
 
     def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
         # Named parameters give every allreduce a stable name across ranks. Only trainable
@@ -79,5 +114,20 @@ class HorovodSync(SyncMethod):
         hvd.shutdown()
 
 
-def create(name: str) -> SyncMethod:
-    return HorovodSync()
+class ElasticState(hvd.elastic.TorchState):
+    """Horovod's elastic state for a model, an optimizer and plain values, committed to host
+    memory by ``commit()`` and broadcast from rank 0 to every worker after a reset.
+
+    One change to Horovod's order: the optimizer is synchronised before the model. Given an
+    optimizer without state (SGD without momentum), Horovod makes some by taking one step with
+    zero gradients, which weight decay turns into a change of the weights; with the model
+    broadcast after that step, every rank still ends on rank 0's weights."""
+
+    def sync(self):
+        for name in sorted(self._handlers, key=lambda n: n != "optimizer"):
+            self._handlers[name].sync()
+        ObjectState.sync(self)
+
+
+def create(name: str, elastic: bool = False) -> SyncMethod:
+    return HorovodSync(elastic)

@@ -1,0 +1,131 @@
+"""Elastic training: workers killed, added and retired while a run goes on.
+
+    .venv/bin/python -m pytest -q tests/test_elastic.py       # as root; about 2 minutes
+
+One real job under horovodrun's elastic driver (Gloo) on the namespace cluster
+(``hvd_cifar.netcluster``: one slot per host, each host its own address and hostname):
+``--min-np 2 --max-np 3``, hosts from ``launch/discover-hosts.sh`` reading a hostfile that the
+test edits while the job runs. The job starts on hosts 0, 1, 2; then
+
+  1. the training process on host 2 is SIGKILLed: the others restore the last commit and go on
+     as 2 ranks (Horovod blacklists host 2);
+  2. host 3 is added to the hostfile: a worker starts there, gets rank 0's state, 3 ranks;
+  3. host 1 is taken out of the hostfile: its worker retires at the next commit, 2 ranks.
+
+The run must then finish on its own (exit 0) with every epoch in metrics.jsonl once, the ranks
+ending on identical weights, and events.jsonl telling the story with no more steps redone after
+the kill than the commit interval.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import NEEDS_NETNS, ROOT
+from hvd_cifar import netcluster
+from hvd_cifar.netcluster import NetCluster
+
+pytestmark = [*NEEDS_NETNS, pytest.mark.slow]
+
+COMMIT_EVERY = 3
+EPOCHS = 14
+TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", str(EPOCHS), "--batch-size", "16",
+         "--max-steps-per-epoch", "8", "--lr", "0.01", "--warmup-epochs", "0", "--checkpoint-every", "0",
+         "--threads-per-rank", "1", "--progress", "false", "--nic", "eth0",
+         "--elastic", "true", "--commit-every", str(COMMIT_EVERY)]
+DISCOVER = str(ROOT / "launch" / "discover-hosts.sh")
+
+
+def write_hosts(path: Path, hosts: list[str]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{h} slots=1\n" for h in hosts))
+    os.replace(tmp, path)  # the driver reads the file every second: never half of it
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for(what: str, predicate, job: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if job.poll() is not None:
+            raise AssertionError(f"the job ended (exit {job.returncode}) while waiting for {what}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def trainer_pids(cluster: NetCluster, host: int) -> list[int]:
+    """The python training processes on one host (not ssh, not shells)."""
+    pids = []
+    for pid in netcluster._netns_pids(cluster.namespaces[host]):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:3] == [b"-m", b"hvd_cifar.train"]:
+            pids.append(pid)
+    return pids
+
+
+def test_kill_add_and_retire_workers_mid_run(tmp_path):
+    hostfile = tmp_path / "hosts"
+    run_dir = tmp_path / "logs" / "elastic"
+    events, metrics = run_dir / "events.jsonl", run_dir / "metrics.jsonl"
+    resets = lambda: [e for e in read_jsonl(events) if e["event"] == "reset"]  # noqa: E731
+    with NetCluster(n_hosts=4, rate=None) as cluster:
+        h = cluster.hosts
+        write_hosts(hostfile, h[:3])
+        argv = cluster.elastic_argv(3, 2, 3, DISCOVER, [*TRAIN, "--log-dir", str(tmp_path / "logs"),
+                                                         "--run-name", "elastic"])
+        output = open(tmp_path / "job.log", "w")
+        job = cluster.popen(0, argv, env={"HVD_CIFAR_HOSTFILE": str(hostfile), "PYTHONUNBUFFERED": "1"},
+                            stdout=output, stderr=subprocess.STDOUT)
+        try:
+            wait_for("the first epoch", lambda: len(read_jsonl(metrics)) >= 1, job, 240)
+            victims = trainer_pids(cluster, 2)
+            assert len(victims) == 1, f"host 2 runs {victims}"
+            os.kill(victims[0], signal.SIGKILL)
+            wait_for("a reset to 2 ranks", lambda: any(e["world_size"] == 2 for e in resets()), job, 120)
+
+            write_hosts(hostfile, [h[0], h[1], h[3]])  # host 2 stays out; host 3 joins
+            wait_for("host 3 to join", lambda: resets()[-1]["world_size"] == 3, job, 180)
+
+            write_hosts(hostfile, [h[0], h[3]])  # host 1 retires
+            wait_for("host 1 to retire", lambda: resets()[-1]["world_size"] == 2 and len(resets()) >= 3, job, 180)
+            code = job.wait(timeout=600)
+        finally:
+            if job.poll() is None:
+                cluster.kill_jobs(extra=[job.pid])
+            output.close()
+        log = (tmp_path / "job.log").read_text()
+        assert code == 0, f"elastic job exited {code}:\n{log[-5000:]}"
+
+    names = cluster.hostnames
+    start, *later = read_jsonl(events)
+    assert start["event"] == "start" and start["world_size"] == 3
+    assert start["hosts"] == sorted(names[:3])
+    killed, joined, retired = later[:3]
+    assert (killed["world_size"], killed["hosts"]) == (2, sorted([names[0], names[1]]))
+    assert killed["steps_lost"] <= COMMIT_EVERY, killed
+    assert (joined["world_size"], joined["hosts"]) == (3, sorted([names[0], names[1], names[3]]))
+    assert (retired["world_size"], retired["hosts"]) == (2, sorted([names[0], names[3]]))
+    assert retired["steps_lost"] == 0, retired  # a retirement waits for a commit: nothing redone
+
+    records = read_jsonl(metrics)
+    assert [r["epoch"] for r in records] == list(range(EPOCHS))
+    sizes = [r["world_size"] for r in records]
+    assert sizes[0] == 3 and sizes[-1] == 2 and 3 in sizes[1:], sizes
+    eval_json = json.loads((run_dir / "eval.json").read_text())
+    assert eval_json["parameters_identical_across_ranks"] is True
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
