@@ -89,10 +89,14 @@ def test_kill_add_and_retire_workers_mid_run(tmp_path):
         argv = cluster.elastic_argv(3, 2, 3, DISCOVER, [*TRAIN, "--log-dir", str(tmp_path / "logs"),
                                                          "--run-name", "elastic"])
         output = open(tmp_path / "job.log", "w")
-        job = cluster.popen(0, argv, env={"HVD_CIFAR_HOSTFILE": str(hostfile), "PYTHONUNBUFFERED": "1"},
+        argv.insert(1, "--verbose")
+        job = cluster.popen(0, argv, env={"HVD_CIFAR_HOSTFILE": str(hostfile), "PYTHONUNBUFFERED": "1",
+                                          # how long a survivor may wait on a dead peer
+                                          "HOROVOD_GLOO_TIMEOUT_SECONDS": "20"},
                             stdout=output, stderr=subprocess.STDOUT)
         try:
             wait_for("the first epoch", lambda: len(read_jsonl(metrics)) >= 1, job, 240)
+            time.sleep(2.5)  # into the second epoch (about 0.5 s a step here), between commits
             victims = trainer_pids(cluster, 2)
             assert len(victims) == 1, f"host 2 runs {victims}"
             os.kill(victims[0], signal.SIGKILL)
@@ -118,6 +122,8 @@ def test_kill_add_and_retire_workers_mid_run(tmp_path):
     killed, joined, retired = later[:3]
     assert (killed["world_size"], killed["hosts"]) == (2, sorted([names[0], names[1]]))
     assert killed["steps_lost"] <= COMMIT_EVERY, killed
+    assert killed["step"] % COMMIT_EVERY == 0, killed  # restored to a commit
+    assert killed["position"] == killed["step"] * 16 * 3, killed  # images the 3 ranks consumed by then
     assert (joined["world_size"], joined["hosts"]) == (3, sorted([names[0], names[1], names[3]]))
     assert (retired["world_size"], retired["hosts"]) == (2, sorted([names[0], names[3]]))
     assert retired["steps_lost"] == 0, retired  # a retirement waits for a commit: nothing redone
