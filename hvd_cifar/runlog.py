@@ -132,6 +132,18 @@ def git_commit() -> str | None:
         return None
 
 
+def launcher_name() -> str:
+    """What started the ranks, as far as the environment tells: horovodrun's MPI mode runs
+    mpirun, and its ranks see the same variables as plain mpirun's."""
+    if os.environ.get("HOROVOD_ELASTIC") == "1":
+        return "horovodrun-elastic"
+    if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
+        return "mpi (mpirun, or horovodrun over MPI)"
+    if "HOROVOD_RANK" in os.environ:
+        return "horovodrun-gloo"
+    return "single-process"
+
+
 def run_metadata(world_size: int, hostnames: list[str], sync_name: str, device: str) -> dict:
     from importlib import metadata
 
@@ -151,8 +163,7 @@ def run_metadata(world_size: int, hostnames: list[str], sync_name: str, device: 
         "hostnames": hostnames,
         "sync": sync_name,
         "device": device,
-        "launcher": "mpirun" if "OMPI_COMM_WORLD_SIZE" in os.environ else
-                    "horovodrun-gloo" if "HOROVOD_RANK" in os.environ else "single-process",
+        "launcher": launcher_name(),
         "unix_time": time.time(),
     }
 

@@ -105,9 +105,6 @@ class SyncMethod:
     def allgather_object(self, obj: Any) -> list:
         raise NotImplementedError
 
-    def barrier(self) -> None:
-        self.allreduce_sum(torch.zeros(1))
-
     # --- training state, and elastic membership ---------------------------------------
     elastic = False
 

@@ -125,9 +125,6 @@ class DdpSync(SyncMethod):
         dist.all_gather_object(out, obj)
         return out
 
-    def barrier(self):
-        dist.barrier()
-
     def close(self):
         self.ddp = None
         if dist.is_initialized():

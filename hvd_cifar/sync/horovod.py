@@ -107,9 +107,6 @@ class HorovodSync(SyncMethod):
     def allgather_object(self, obj: Any) -> list:
         return hvd.allgather_object(obj, name="hvd_cifar.allgather_object")
 
-    def barrier(self):
-        hvd.barrier()
-
     def close(self):
         hvd.shutdown()
 

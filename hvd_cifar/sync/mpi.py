@@ -136,9 +136,6 @@ class MpiSync(SyncMethod):
     def allgather_object(self, obj: Any) -> list:
         return self.comm.allgather(obj)
 
-    def barrier(self):
-        self.comm.Barrier()
-
 
 class MpiAllreduceSync(MpiSync):
     """MPI's own Allreduce (for large messages Open MPI picks a ring or similar), so the bytes
