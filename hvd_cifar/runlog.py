@@ -174,6 +174,18 @@ def checkpoint_identity(cfg, num_classes: int) -> dict:
     return {"model": cfg.model, "dataset": cfg.dataset, "num_classes": num_classes}
 
 
+def state_dict_mismatch(expected: dict, got: dict) -> str:
+    """How a checkpoint's tensors differ from a model's, in a few words ('' when they fit)."""
+    missing = [k for k in expected if k not in got]
+    unexpected = [k for k in got if k not in expected]
+    reshaped = [k for k in expected if k in got and hasattr(got[k], "shape")
+                and tuple(got[k].shape) != tuple(expected[k].shape)]
+    parts = [f"{len(keys)} {what}, e.g. {keys[0]}" for keys, what in
+             ((missing, "tensors missing"), (unexpected, "tensors this model lacks"),
+              (reshaped, "tensors of another shape")) if keys]
+    return "; ".join(parts)
+
+
 def save_checkpoint(run_dir: str, state: dict) -> None:
     atomic_write(os.path.join(run_dir, CHECKPOINT), lambda f: torch.save(state, f))
 

@@ -216,6 +216,10 @@ def run(cfg: Config) -> int:
     set_frozen_blocks(model, frozen)
     net, optimizer, payload_bytes, trainable = build_optimizer(model, cfg, sync)
     if ckpt:
+        mismatch = runlog.state_dict_mismatch(model.state_dict(), ckpt["model"])
+        if mismatch:
+            raise RunError(f"resume: the checkpoint's weights do not fit this {cfg.model} ({mismatch}); "
+                           f"was it saved with other model settings (e.g. batchnorm)?")
         try:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
@@ -451,8 +455,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(load_config(argv))
     except USER_ERRORS as exc:
         # Bad input is seen by every rank alike (or handed to all by on_main): one line, from rank 0.
-        if rank == 0:
-            print(f"hvd_cifar: error: {exc}", file=sys.stderr, flush=True)
+        if rank == 0:  # one write: launchers that tag output lines would tag a lone newline too
+            sys.stderr.write(f"hvd_cifar: error: {exc}\n")
+            sys.stderr.flush()
         return 2
     except KeyboardInterrupt:
         abort_job(130)

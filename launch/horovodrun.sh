@@ -39,7 +39,7 @@ if [ "$np" -eq 0 ]; then
   IFS=',' read -ra entries <<< "$hosts"
   for entry in "${entries[@]}"; do np=$((np + ${entry##*:})); done
 fi
-HOROVODRUN="$(dirname "$PY")/horovodrun"
-[ -x "$HOROVODRUN" ] || HOROVODRUN=horovodrun
-# Arguments go through as an array: nothing from the command line is ever re-parsed by a shell.
-exec "$HOROVODRUN" -np "$np" -H "$hosts" ${hvd_args[@]+"${hvd_args[@]}"} "$PY" -m hvd_cifar.train "$@"
+# horovodrun itself, through hvd_cifar.horovodrun: when a rank fails, the launcher's ending is one
+# line instead of a traceback of horovodrun's driver. Arguments go through as an array: nothing
+# from the command line is ever re-parsed by a shell.
+exec "$PY" -m hvd_cifar.horovodrun -np "$np" -H "$hosts" ${hvd_args[@]+"${hvd_args[@]}"} "$PY" -m hvd_cifar.train "$@"

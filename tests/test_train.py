@@ -104,3 +104,12 @@ def test_missing_dataset_is_one_line(tmp_path, tiny_args):
 def test_bf16_autocast_and_channels_last_train(tmp_path, tiny_args):
     run_train([*tiny_args, "--amp", "bf16", "--channels-last", "--epochs", "1"])
     assert read_metrics(tmp_path / "logs" / "run")[0]["train_loss"] > 0
+
+
+def test_state_dict_mismatch_names_what_differs():
+    from hvd_cifar.runlog import state_dict_mismatch
+    model = {"a": torch.zeros(2), "b": torch.zeros(3)}
+    assert state_dict_mismatch(model, {"a": torch.ones(2), "b": torch.ones(3)}) == ""
+    assert state_dict_mismatch(model, {"a": torch.ones(2), "c": torch.ones(1), "b": torch.ones(4)}) == (
+        "1 tensors this model lacks, e.g. c; 1 tensors of another shape, e.g. b")
+    assert state_dict_mismatch(model, {"b": torch.ones(3)}) == "1 tensors missing, e.g. a"
