@@ -32,7 +32,7 @@ from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.data import DataError
 from hvd_cifar.models import build_model, set_frozen_blocks
 from hvd_cifar.runlog import RunError
-from hvd_cifar.sync import SyncMethod, abort_job, launch_rank, make as make_sync
+from hvd_cifar.sync import SyncMethod, abort_job, launch_rank, lost_peer, make as make_sync
 
 USER_ERRORS = (ConfigError, DataError, RunError)
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
@@ -461,8 +461,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         abort_job(130)
-    except Exception:  # a fault on this rank alone: say so once, then take the whole job down
-        print(f"hvd_cifar: rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+    except Exception as exc:
+        if lost_peer(exc):  # another rank failed first and says why; this one only stops
+            first = (str(exc).strip().splitlines() or [""])[0].split(". ")[0]
+            sys.stderr.write(f"hvd_cifar: rank {rank} stopped: another rank failed or left "
+                             f"({type(exc).__name__}: {first[:160]})\n")
+        else:  # a fault on this rank alone: say so once, then take the whole job down
+            sys.stderr.write(f"hvd_cifar: rank {rank} failed:\n{traceback.format_exc()}")
         abort_job(1)
     return 1
 

@@ -73,3 +73,16 @@ def test_corrupt_checkpoint_is_one_line(tmp_path, tiny_args):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith(f"hvd_cifar: error: resume: {run}/checkpoint_last.pt is not a readable checkpoint (")
+
+
+def test_lost_peer_tells_a_dead_peer_from_a_fault_of_this_rank():
+    from hvd_cifar.sync import lost_peer
+
+    class HorovodInternalError(RuntimeError):  # Horovod's name; matched by name, as Horovod may be absent
+        pass
+
+    assert lost_peer(HorovodInternalError("Horovod has been shut down"))
+    assert lost_peer(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:27858"))
+    assert not lost_peer(OSError("disk on fire"))
+    assert not lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not lost_peer(ValueError("Connection closed by peer"))  # only what collectives raise

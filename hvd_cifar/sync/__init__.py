@@ -39,6 +39,20 @@ def launched_by_mpi() -> bool:
     return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ or "PMIX_RANK" in os.environ
 
 
+# What a collective raises on a rank whose peer died or stopped: the fault is elsewhere, and that
+# rank's own message says what it was.
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Horovod has been shut down",
+              "Broken pipe")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` only says that another rank went away (so this rank need not report it)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & {"HorovodInternalError", "DistNetworkError"}:
+        return True
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _PEER_LOST)
+
+
 def abort_job(code: int = 1) -> None:
     """End every rank of the job now. Under MPI, MPI_Abort takes the others down with this one;
     under horovodrun's Gloo launcher, the driver stops the job when one rank exits non-zero."""
