@@ -220,8 +220,10 @@ def run_bad_input(case: BadInput, work: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- kills
-KILL_JOBS = [("horovodrun", "horovod"), ("horovodrun-gloo", "horovod"), ("mpirun", "horovod"),
-             ("mpirun", "mpi-allreduce"), ("mpirun", "mpi-gather-scatter"), ("mpirun", "ddp"),
+# Every method under horovodrun (MPI) and mpirun; the two that also run under horovodrun --gloo.
+KILL_JOBS = [("horovodrun", "horovod"), ("horovodrun", "mpi-allreduce"), ("horovodrun", "mpi-gather-scatter"),
+             ("horovodrun", "ddp"), ("mpirun", "horovod"), ("mpirun", "mpi-allreduce"),
+             ("mpirun", "mpi-gather-scatter"), ("mpirun", "ddp"), ("horovodrun-gloo", "horovod"),
              ("horovodrun-gloo", "ddp")]
 
 

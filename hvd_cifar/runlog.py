@@ -112,11 +112,22 @@ def read_metrics(run_dir: str) -> list[dict]:
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = f.read().split("\n")
+    # Each record is one line written whole, but a job killed in the middle of that write could
+    # leave a last line without its newline: it is not a record (its epoch reruns on resume).
+    return [json.loads(line) for line in lines[:-1] if line.strip()]
+
+
+def remove_stale_temp_files(run_dir: str) -> None:
+    """On resume: temp files that a killed job's atomic_write left behind (never read)."""
+    for name in os.listdir(run_dir):
+        if name.startswith(".") and name.endswith(".tmp"):
+            os.unlink(os.path.join(run_dir, name))
 
 
 def truncate_metrics(run_dir: str, epochs_done: int) -> None:
-    """On resume, drop lines for epochs the checkpoint does not cover (they will be rerun)."""
+    """On resume, drop lines for epochs the checkpoint does not cover (they will be rerun),
+    and any torn last line."""
     kept = [r for r in read_metrics(run_dir) if r["epoch"] < epochs_done]
     atomic_write(os.path.join(run_dir, METRICS),
                  lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))

@@ -120,6 +120,22 @@ def build_optimizer(model, cfg: Config, sync: SyncMethod, old=None):
     return model, opt, payload, sum(p.numel() for _, p in named)
 
 
+def average_buffers(model: torch.nn.Module, sync: SyncMethod) -> None:
+    """Average the floating-point buffers (BatchNorm's running statistics) over the ranks.
+    Each rank's statistics come from its own shard only; after this every rank evaluates, and
+    rank 0 checkpoints, one and the same model, so a resumed run continues exactly."""
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if sync.size == 1 or not buffers:
+        return
+    flat = torch.cat([b.detach().reshape(-1).double().cpu() for b in buffers])
+    flat = sync.allreduce_sum(flat) / sync.size
+    offset = 0
+    with torch.no_grad():
+        for b in buffers:
+            b.copy_(flat[offset:offset + b.numel()].view_as(b))
+            offset += b.numel()
+
+
 def evaluate(model, ds: data.DataSet, loader: data.ShardedLoader, cfg: Config, sync: SyncMethod,
              amp_ctx) -> tuple[float, float, torch.Tensor]:
     """Loss, accuracy and confusion matrix over the whole test set, sharded across ranks."""
@@ -255,6 +271,7 @@ def run(cfg: Config) -> int:
                                   runlog.run_metadata(sync.size, hostnames, sync.name, str(device)))
             if is_main and resuming:
                 runlog.truncate_metrics(run_dir, start_epoch)
+                runlog.remove_stale_temp_files(run_dir)
             log(f"run folder {run_dir}: {cfg.model} on {cfg.dataset}, {sync.size} rank(s) "
                 f"({', '.join(sorted(set(hostnames)))}), sync={cfg.sync}, device={device}, threads/rank={threads}")
             if resuming:
@@ -367,6 +384,7 @@ def run(cfg: Config) -> int:
             # Each rank timed its own phases; report the mean over ranks, which adds up to the step time.
             phase_times = sync.allreduce_sum(torch.tensor([timers[p] for p in PHASES], dtype=torch.float64)) / sync.size
             eval_start = time.perf_counter()
+            average_buffers(model, sync)
             test_loss, test_acc, confusion = evaluate(net, ds, loader, cfg, sync, amp_ctx)
             eval_time = time.perf_counter() - eval_start
             images = stats[2].item()
