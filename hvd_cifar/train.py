@@ -455,6 +455,10 @@ def run(cfg: Config) -> int:
         log.close()
 
     train(state)
+    # The wrappers the sync method made hold its communication resources (DDP's reducer holds
+    # the process group and its threads): let them go while the interpreter is whole, before
+    # the method closes, not in a garbage collection during interpreter shutdown.
+    del net, optimizer, state
     sync.close()
     return 0
 

@@ -9,7 +9,8 @@ test edits while the job runs. The job starts on hosts 0, 1, 2; then
 
   1. the training process on host 2 is SIGKILLed: the others restore the last commit and go on
      as 2 ranks (Horovod blacklists host 2);
-  2. host 3 is added to the hostfile: a worker starts there, gets rank 0's state, 3 ranks;
+  2. host 3 is added to the hostfile: a worker starts there, gets rank 0's state, and the
+     3 ranks finish an epoch together;
   3. host 1 is taken out of the hostfile: its worker retires at the next commit, 2 ranks.
 
 The run must then finish on its own (exit 0) with every epoch in metrics.jsonl once, the ranks
@@ -104,6 +105,8 @@ def test_kill_add_and_retire_workers_mid_run(tmp_path):
 
             write_hosts(hostfile, [h[0], h[1], h[3]])  # host 2 stays out; host 3 joins
             wait_for("host 3 to join", lambda: resets()[-1]["world_size"] == 3, job, 180)
+            done = len(read_jsonl(metrics))  # let the 3 ranks finish an epoch together
+            wait_for("an epoch on 3 ranks", lambda: len(read_jsonl(metrics)) > done, job, 120)
 
             write_hosts(hostfile, [h[0], h[3]])  # host 1 retires
             wait_for("host 1 to retire", lambda: resets()[-1]["world_size"] == 2 and len(resets()) >= 3, job, 180)

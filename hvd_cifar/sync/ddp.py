@@ -16,6 +16,7 @@ advertises (e.g. to pick a network on a multi-homed host).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import socket
 from typing import Any
@@ -126,7 +127,12 @@ class DdpSync(SyncMethod):
         return out
 
     def close(self):
+        # A DistributedDataParallel wrapper sits in a reference cycle, so only the garbage
+        # collector frees it and its reducer. Left to the collection at interpreter shutdown,
+        # the Gloo threads it stops drop the fp16 hook's tensors when no thread may take the
+        # GIL any more, and the process aborts (SIGABRT) after a run that succeeded.
         self.ddp = None
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -35,6 +35,14 @@ class HorovodSync(SyncMethod):
         if started_elastic and not elastic:
             raise ConfigError("elastic: this job was started by horovodrun's elastic driver "
                               "(--min-np/--max-np/--host-discovery-script); set elastic: true")
+        if elastic:
+            # No response cache under elastic training. Horovod keeps the cache across the reset
+            # that re-forms the ring (shutdown + init keep the global process set), so the
+            # workers that were there before hold their entries while one that joins starts with
+            # none; the ranks then mean different tensors by the same cache bit, fuse different
+            # tensors into one collective, and the job dies in Gloo ("op.preamble.length <=
+            # op.nbytes"). Without the cache every tensor is negotiated by name each cycle.
+            os.environ["HOROVOD_CACHE_CAPACITY"] = "0"
         self.elastic = elastic
         hvd.init()
         self.optimizer = None
@@ -103,7 +111,11 @@ class HorovodSync(SyncMethod):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     def allreduce_sum(self, tensor):
-        return hvd.allreduce(tensor, op=hvd.Sum)
+        # Named by what it carries, never left unnamed: Horovod names an unnamed collective
+        # after a per-process counter, which a worker that joined an elastic run mid-way has at
+        # another value than the others, so its collective would never match theirs.
+        name = f"hvd_cifar.allreduce_sum.{str(tensor.dtype).split('.')[-1]}.{tensor.numel()}"
+        return hvd.allreduce(tensor, op=hvd.Sum, name=name)
 
     def broadcast_object(self, obj: Any) -> Any:
         # A fixed name: Horovod's default derives it from type(obj), which differs when rank 0
