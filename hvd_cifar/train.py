@@ -32,7 +32,7 @@ from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.data import DataError
 from hvd_cifar.models import build_model, set_frozen_blocks
 from hvd_cifar.runlog import RunError
-from hvd_cifar.sync import SyncMethod, abort_job, launch_rank, lost_peer, make as make_sync
+from hvd_cifar.sync import SyncMethod, abort_job, exit_process, launch_rank, lost_peer, make as make_sync
 
 USER_ERRORS = (ConfigError, DataError, RunError)
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
@@ -456,8 +456,7 @@ def run(cfg: Config) -> int:
 
     train(state)
     # The wrappers the sync method made hold its communication resources (DDP's reducer holds
-    # the process group and its threads): let them go while the interpreter is whole, before
-    # the method closes, not in a garbage collection during interpreter shutdown.
+    # the process group): let them go before the method closes.
     del net, optimizer, state
     sync.close()
     return 0
@@ -495,4 +494,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -123,3 +123,29 @@ def test_lost_peer_tells_a_dead_peer_from_a_fault_of_this_rank():
     assert not lost_peer(OSError("disk on fire"))
     assert not lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not lost_peer(ValueError("Connection closed by peer"))  # only what collectives raise
+
+
+EXIT_WITH_A_THREAD_LEFT = """
+import threading, time
+import hvd_cifar.sync as sync
+threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: shutdown would wait
+print("written", flush=False)
+sync.threads_left_running = {left}
+sync.exit_process(3)
+"""
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_exit_process_skips_interpreter_shutdown_only_when_threads_were_left(left):
+    """With threads left running (DDP's Gloo workers), exit_process ends the process at once,
+    with the code given and stdout flushed, rather than going through interpreter shutdown;
+    without, it is sys.exit, and shutdown waits for the thread (here: until the timeout)."""
+    code = EXIT_WITH_A_THREAD_LEFT.format(left=left)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60 if left else 8)
+    except subprocess.TimeoutExpired:
+        assert not left, "exit_process waited for a thread although told threads were left"
+        return
+    assert left, "sys.exit returned without waiting for a non-daemon thread?"
+    assert proc.returncode == 3 and proc.stdout == "written\n", (proc.returncode, proc.stdout, proc.stderr)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+import hvd_cifar.sync as sync_package
 from hvd_cifar.sync import SyncMethod, launched_by_mpi
 
 
@@ -127,14 +128,15 @@ class DdpSync(SyncMethod):
         return out
 
     def close(self):
-        # A DistributedDataParallel wrapper sits in a reference cycle, so only the garbage
-        # collector frees it and its reducer. Left to the collection at interpreter shutdown,
-        # the Gloo threads it stops drop the fp16 hook's tensors when no thread may take the
-        # GIL any more, and the process aborts (SIGABRT) after a run that succeeded.
+        # A DistributedDataParallel wrapper sits in a reference cycle: collect it now rather
+        # than during interpreter shutdown.
         self.ddp = None
         gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
+        # Even so torch keeps the Gloo group's worker threads alive: the process must end
+        # without the interpreter's shutdown (sync.exit_process says why).
+        sync_package.threads_left_running = True
 
 
 def create(name: str) -> SyncMethod:
