@@ -469,6 +469,9 @@ def format_matrix(m: torch.Tensor) -> str:
     return "\n".join([head, *rows])
 
 
+SILENT_RANK_EXIT_DELAY_S = 5.0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     rank = launch_rank()
@@ -479,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:  # one write: launchers that tag output lines would tag a lone newline too
             sys.stderr.write(f"hvd_cifar: error: {exc}\n")
             sys.stderr.flush()
+        else:
+            # Launchers stop the whole job when the first rank exits non-zero. A silent rank
+            # that got there first would have rank 0 killed before it said why; so the others
+            # give rank 0 time to speak. Normally rank 0 exits first and the launcher ends
+            # the job then, so this wait costs nothing.
+            time.sleep(SILENT_RANK_EXIT_DELAY_S)
         return 2
     except KeyboardInterrupt:
         abort_job(130)
