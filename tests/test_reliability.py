@@ -149,3 +149,17 @@ def test_exit_process_skips_interpreter_shutdown_only_when_threads_were_left(lef
         return
     assert left, "sys.exit returned without waiting for a non-daemon thread?"
     assert proc.returncode == 3 and proc.stdout == "written\n", (proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_a_silent_rank_waits_for_rank_0_to_speak_before_exiting():
+    """On a bad input only rank 0 prints; any other rank stays silent and exits 2 only after
+    train.SILENT_RANK_EXIT_DELAY_S, so that a launcher which stops the job at the first non-zero
+    exit cannot stop rank 0 before its one line is out."""
+    from hvd_cifar.train import SILENT_RANK_EXIT_DELAY_S
+    env = dict(os.environ, HOROVOD_RANK="1")  # what horovodrun --gloo sets for rank 1
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hvd_cifar.train", "--model", "resnet999"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - start
+    assert proc.returncode == 2 and proc.stderr == "" and proc.stdout == "", proc
+    assert took >= SILENT_RANK_EXIT_DELAY_S, took
