@@ -466,8 +466,10 @@ class NetCluster:
     def train_argv(self, train_args: Sequence[str]) -> list[str]:
         return [self.python, "-m", "hvd_cifar.train", *train_args]
 
-    def horovodrun_argv(self, np: int, train_args: Sequence[str], gloo: bool = False) -> list[str]:
-        """horovodrun across the first ``np`` hosts, one rank each, to run on host 0."""
+    def horovodrun_argv(self, np: int, train_args: Sequence[str], gloo: bool = False,
+                        program: Sequence[str] | None = None) -> list[str]:
+        """horovodrun across the first ``np`` hosts, one rank each, to run on host 0; every rank
+        runs ``program`` if given, else ``python -m hvd_cifar.train train_args``."""
         self._check_np(np)
         argv = [self.tool("horovodrun"), "-np", str(np),
                 "-H", hostfile.horovod_hosts([(addr, 1) for addr in self.hosts[:np]]),
@@ -478,7 +480,7 @@ class NetCluster:
                 "--start-timeout", "60"]
         if not gloo:  # its mpirun already gets btl_tcp_if_include; keep the out-of-band channel on eth0 too
             argv.append(f"--mpi-args=-mca oob_tcp_if_include {NIC}")
-        return argv + self.train_argv(train_args)
+        return argv + (list(program) if program else self.train_argv(train_args))
 
     def elastic_argv(self, np: int, min_np: int, max_np: int, discovery_script: str,
                      train_args: Sequence[str]) -> list[str]:
@@ -489,9 +491,11 @@ class NetCluster:
                 "--network-interfaces", NIC, "-p", str(SSH_PORT), "--ssh-identity-file", self.key,
                 "--disable-cache", "--start-timeout", "60", *self.train_argv(train_args)]
 
-    def mpirun_argv(self, np: int, train_args: Sequence[str], export: dict | None = None) -> list[str]:
+    def mpirun_argv(self, np: int, train_args: Sequence[str], export: dict | None = None,
+                    program: Sequence[str] | None = None) -> list[str]:
         """Open MPI's mpirun across the first ``np`` hosts, one rank each, to run on host 0;
-        ``export``: environment variables set for every rank (``-x NAME=VALUE``)."""
+        ``export``: environment variables set for every rank (``-x NAME=VALUE``); every rank
+        runs ``program`` if given, else ``python -m hvd_cifar.train train_args``."""
         exported = [arg for name, value in (export or {}).items() for arg in ("-x", f"{name}={value}")]
         return ["mpirun", "--allow-run-as-root", "-np", str(np), "--hostfile", self.hostfile(np), *exported,
                 "-bind-to", "none", "-map-by", "slot",
@@ -499,7 +503,7 @@ class NetCluster:
                 f"-i {self.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
                 "-mca", "btl", "tcp,self",  # rank-to-rank bytes over TCP only, never shared memory
                 "-mca", "btl_tcp_if_include", NIC, "-mca", "oob_tcp_if_include", NIC,
-                "-x", "PATH", *self.train_argv(train_args)]
+                "-x", "PATH", *(program or self.train_argv(train_args))]
 
     def run_horovodrun(self, np: int, train_args: Sequence[str], gloo: bool = False,
                        timeout: float = 600, capture: bool = True) -> subprocess.CompletedProcess:

@@ -1,0 +1,170 @@
+"""One allreduce, four transports: how fast each sync method's collective moves a gradient-sized
+buffer across the namespace cluster, with nothing else running. Separates the transport from
+everything a training step adds (backward, overlap, skew between ranks, negotiation).
+
+    .venv/bin/python benchmarks/allreduce_transports.py [--hosts 4] [--rate 1gbit]
+        [--elements 9231114] [--iters 8] [--rounds 2] [--out logs/bench-allreduce-YYYYmmdd-HHMMSS]
+
+As root (network namespaces). One ``hvd_cifar.netcluster`` cluster of --hosts hosts, links shaped
+to --rate both ways, one rank per host, one torch thread per rank. Each transport is one job
+whose ranks each allreduce (sum, in place) a float32 tensor of --elements elements --iters
+times, a barrier before each, set up by the sync method's own code (``hvd_cifar.sync.make``),
+so with the settings training runs use (Open MPI's yield and ring rules, Horovod's 5 ms cycle):
+
+  mpi-allreduce     mpi4py ``Allreduce(IN_PLACE)``: Open MPI's ring over its TCP transport (mpirun)
+  horovod           ``hvd.allreduce_`` under mpirun: Horovod's negotiation, then Open MPI's allreduce
+  horovod-gloo      ``hvd.allreduce_`` under ``horovodrun --gloo``: Horovod's own Gloo allreduce
+  ddp               ``torch.distributed.all_reduce`` over Gloo, DDP's collective (mpirun)
+
+Per transport: the fastest and the median of the timed iterations (the first is warm-up, left
+out) over --rounds rounds (rotated order), and the payload rate, 2(N-1)/N x bytes x 8 / time,
+which a ring at line rate brings to the link rate. Written to OUT/allreduce_transports.json
+and .md, then printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+TRANSPORTS = ("mpi-allreduce", "horovod", "horovod-gloo", "ddp")
+VGG11_PARAMETERS = 9_231_114  # what one training step allreduces for vgg11 (36.9 MB of fp32)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hosts", type=int, default=4, help="hosts, one rank each (2..16)")
+    p.add_argument("--rate", default="1gbit", help="link rate, tc syntax, both directions")
+    p.add_argument("--elements", type=int, default=VGG11_PARAMETERS, help="float32 elements per allreduce")
+    p.add_argument("--iters", type=int, default=8, help="allreduces per job; the first is warm-up")
+    p.add_argument("--rounds", type=int, default=2, help="jobs per transport; every timed iteration counts")
+    p.add_argument("--only", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS))
+    p.add_argument("--timeout", type=int, default=300, help="seconds per job")
+    p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-allreduce-%Y%m%d-%H%M%S")))
+    args = p.parse_args(argv)
+    if not 2 <= args.hosts <= 16:
+        p.error(f"--hosts: {args.hosts} is outside 2..16")
+    if args.elements < 1 or args.iters < 2 or args.rounds < 1:
+        p.error("--elements must be >= 1, --iters >= 2, --rounds >= 1")
+    return args
+
+
+# --- one rank ---------------------------------------------------------------------------------
+def worker(method: str, elements: int, iters: int) -> None:
+    """Run on every rank: time ``iters`` allreduces; rank 0 prints one JSON line."""
+    import torch
+
+    import hvd_cifar.sync as sync
+
+    torch.set_num_threads(1)
+    impl = sync.make("horovod" if method.startswith("horovod") else method)
+    tensor = torch.ones(elements)
+    if method.startswith("horovod"):
+        import horovod.torch as hvd
+
+        def allreduce():
+            hvd.allreduce_(tensor, op=hvd.Sum, name="bench.allreduce")
+    elif method == "ddp":
+        import torch.distributed as dist
+
+        def allreduce():
+            dist.all_reduce(tensor)
+    else:
+        buffer = tensor.numpy()
+
+        def allreduce():
+            impl.comm.Allreduce(impl.MPI.IN_PLACE, buffer, op=impl.MPI.SUM)
+    seconds = []
+    for _ in range(iters):
+        impl.allreduce_sum(torch.zeros(1))  # a barrier: every rank starts the allreduce together
+        start = time.perf_counter()
+        allreduce()
+        seconds.append(time.perf_counter() - start)
+    # Every element went through `iters` sums of `size` ones each: a check that it really reduced.
+    expected = float(impl.size ** iters)
+    if not torch.all(tensor == expected):
+        raise SystemExit(f"allreduce gave {tensor[0].item()} instead of {expected}")
+    if impl.rank == 0:
+        print("RESULT " + json.dumps({"method": method, "size": impl.size, "seconds": seconds[1:]}), flush=True)
+    impl.close()
+    sync.exit_process(0)  # as train.py ends: DDP's Gloo threads outlive its process group
+
+
+# --- the driver -------------------------------------------------------------------------------
+def run_one(cluster, method: str, args) -> dict:
+    program = [cluster.python, os.path.abspath(__file__), "_worker", method, str(args.elements), str(args.iters)]
+    if method == "horovod-gloo":
+        argv = cluster.horovodrun_argv(args.hosts, [], gloo=True, program=program)
+    else:
+        argv = cluster.mpirun_argv(args.hosts, [], program=program)
+    result = cluster.exec(0, argv, timeout=args.timeout)
+    lines = [line for line in (result.stdout or "").splitlines() if "RESULT " in line]
+    if result.returncode != 0 or not lines:
+        tail = "\n".join((result.stdout or "").splitlines()[-20:])
+        raise RuntimeError(f"{method}: exit status {result.returncode}\n{tail}")
+    return json.loads(lines[0].split("RESULT ", 1)[1])
+
+
+def table(rows: list[dict], args, link_bits: float) -> str:
+    mb = args.elements * 4 / 1e6
+    out = [f"allreduce of {args.elements:,} float32 ({mb:.1f} MB), {args.hosts} hosts, one rank each, "
+           f"links {args.rate}; payload rate = 2(N-1)/N x bytes x 8 / time",
+           "",
+           "| transport | fastest (s) | median (s) | payload Gbit/s (fastest) | of link rate | median / ddp median |",
+           "|---|---:|---:|---:|---:|---:|"]
+    ddp = next((r for r in rows if r["method"] == "ddp"), None)
+    for r in rows:
+        ratio = f"{r['median_s'] / ddp['median_s']:.2f}" if ddp else "-"
+        out.append(f"| {r['method']} | {r['fastest_s']:.3f} | {r['median_s']:.3f} | {r['gbit_s']:.3f} | "
+                   f"{r['gbit_s'] * 1e9 / link_bits:.2f} | {ratio} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_worker"]:
+        worker(argv[1], int(argv[2]), int(argv[3]))
+        return 0
+    args = parse_args(argv)
+    from hvd_cifar.netcluster import ClusterError, NetCluster, parse_rate
+
+    os.makedirs(args.out, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_start = os.getloadavg()[0]
+    samples: dict[str, list[float]] = {m: [] for m in args.only}
+    try:
+        with NetCluster(args.hosts, rate=args.rate) as cluster:
+            for k in range(args.rounds):
+                for method in args.only[k % len(args.only):] + args.only[:k % len(args.only)]:
+                    got = run_one(cluster, method, args)
+                    samples[method] += got["seconds"]
+                    print(f"{method} round {k + 1}: fastest {min(got['seconds']):.3f} s", file=sys.stderr, flush=True)
+    except (ClusterError, RuntimeError) as exc:
+        print(f"hvd_cifar: error: {exc}", file=sys.stderr)
+        return 1
+    payload_bits = 2 * (args.hosts - 1) / args.hosts * args.elements * 4 * 8
+    rows = [{"method": m, "fastest_s": min(s), "median_s": statistics.median(s), "samples_s": s,
+             "gbit_s": payload_bits / min(s) / 1e9} for m, s in samples.items()]
+    text = table(rows, args, parse_rate(args.rate))
+    meta = {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "load_average_start": load_start, "load_average_end": os.getloadavg()[0],
+            "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}",
+            "args": vars(args)}
+    with open(os.path.join(args.out, "allreduce_transports.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "allreduce_transports.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    print(f"\n{started} to {meta['finished']}; load average {load_start:.2f} -> {meta['load_average_end']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
