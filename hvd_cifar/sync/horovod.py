@@ -35,6 +35,14 @@ class HorovodSync(SyncMethod):
         if started_elastic and not elastic:
             raise ConfigError("elastic: this job was started by horovodrun's elastic driver "
                               "(--min-np/--max-np/--host-discovery-script); set elastic: true")
+        cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower()
+        if cpu_ops == "gloo" and os.environ.get("HOROVOD_CONTROLLER", "").lower() != "gloo":
+            # Horovod 0.28.1 sets up the Gloo context of its global process set only under its
+            # Gloo controller; under the MPI controller (mpirun, horovodrun's MPI mode, one
+            # process) Gloo operations find it empty and every rank dies of a segmentation
+            # fault at the first broadcast.
+            raise ConfigError("HOROVOD_CPU_OPERATIONS=gloo: Horovod's Gloo operations need its Gloo "
+                              "controller: launch with horovodrun --gloo, or unset it to use MPI's")
         if elastic:
             # No response cache under elastic training. Horovod keeps the cache across the reset
             # that re-forms the ring (shutdown + init keep the global process set), so the
