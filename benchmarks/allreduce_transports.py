@@ -62,6 +62,7 @@ def worker(method: str, elements: int, iters: int) -> None:
     import torch
 
     import hvd_cifar.sync as sync
+    from hvd_cifar import lifecycle
 
     torch.set_num_threads(1)
     impl = sync.make("horovod" if method.startswith("horovod") else method)
@@ -94,7 +95,7 @@ def worker(method: str, elements: int, iters: int) -> None:
     if impl.rank == 0:
         print("RESULT " + json.dumps({"method": method, "size": impl.size, "seconds": seconds[1:]}), flush=True)
     impl.close()
-    sync.exit_process(0)  # as train.py ends: DDP's Gloo threads outlive its process group
+    lifecycle.exit_process(0, impl.leaves_threads_running)  # as train.py ends: DDP's Gloo threads outlive its process group
 
 
 # --- the driver -------------------------------------------------------------------------------

@@ -21,10 +21,13 @@ from typing import Any
 
 import yaml
 
+from hvd_cifar.sync import METHODS
+
 DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
 MODELS = ("vgg11", "vgg13", "vgg16", "vgg19", "resnet18", "smallcnn")
-SYNC_METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
+SYNC_METHODS = tuple(METHODS)  # the registry in hvd_cifar/sync/__init__.py
 SCHEDULES = ("onecycle", "cosine", "step")
+LR_SCALINGS = ("linear", "sqrt", "none")
 AMP_MODES = ("none", "fp16", "bf16")
 
 
@@ -49,12 +52,14 @@ class Config:
     epochs: int = 10
     batch_size: int = 64               # images per rank per forward/backward pass
     lr: float = 0.05                   # for one rank at batch_size; scaled by world size x accumulation
+    lr_scaling: str = "linear"         # how lr grows with images per update: linear | sqrt | none
     warmup_epochs: float = 1.0         # linear warm-up to the scaled lr, in epochs
     schedule: str = "onecycle"         # after warm-up: onecycle (linear to 0) | cosine | step (x0.1 at 50%, 75%)
     momentum: float = 0.9
     nesterov: bool = True
     weight_decay: float = 5e-4
     label_smoothing: float = 0.0
+    grad_clip: float = 0.0             # max global norm of the averaged gradients; 0 = no clipping
     # --- distribution ---
     sync: str = "horovod"              # gradient synchronisation method, one of SYNC_METHODS
     fp16_allreduce: bool = False       # gradients cross the wire as fp16
@@ -79,7 +84,8 @@ class Config:
     # ------------------------------------------------------------------
     def validate(self) -> "Config":
         choices = {"dataset": DATASETS, "model": MODELS, "sync": SYNC_METHODS,
-                   "schedule": SCHEDULES, "amp": AMP_MODES}
+                   "schedule": SCHEDULES, "amp": AMP_MODES,
+                   "lr_scaling": LR_SCALINGS}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
@@ -88,7 +94,7 @@ class Config:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
-        non_negative = ("warmup_epochs", "momentum", "weight_decay", "freeze", "seed",
+        non_negative = ("warmup_epochs", "momentum", "weight_decay", "grad_clip", "freeze", "seed",
                         "threads_per_rank", "max_steps_per_epoch", "checkpoint_every", "stop_after")
         for key in non_negative:
             if getattr(self, key) < 0:

@@ -46,7 +46,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-PHASES = ("data", "forward", "backward", "sync", "optimizer")
+from hvd_cifar.engine import PHASES
+
 # What makes two runs "the same configuration" for speedup; world size is what differs.
 CONFIG_KEYS = ("model", "dataset", "batch_size", "sync", "fp16_allreduce", "accumulation_steps", "freeze")
 MB = 1e6  # bytes
@@ -133,6 +134,18 @@ def _ratio(num: Iterable[float], den: Iterable[float]) -> float:
     return n / d if d and not math.isnan(d) else math.nan
 
 
+def steady_mean(records: list[dict], key: str) -> float:
+    """Mean of a metric over the steady-state epochs (per epoch)."""
+    steady = steady_epochs(records)
+    return sum(value(r, key) for r in steady) / len(steady)
+
+
+def steady_per_step(records: list[dict], key: str) -> float:
+    """A metric summed over the steady-state epochs, per training step of those epochs."""
+    steady = steady_epochs(records)
+    return _ratio((value(r, key) for r in steady), (value(r, "steps") for r in steady))
+
+
 def setting(run: Run, key: str) -> Any:
     """A run's setting: config.yaml first, then what the last epoch record says."""
     last = run.metrics[-1]
@@ -147,23 +160,22 @@ def setting(run: Run, key: str) -> Any:
 
 def summarize(run: Run) -> dict:
     """One row of numbers for a run; averages are over steady-state epochs (see module doc)."""
-    steady = steady_epochs(run.metrics)
-    times = [value(r, "epoch_time_s") for r in steady]
-    steps = [value(r, "steps") for r in steady]
+    m = run.metrics
+    steady = steady_epochs(m)
     images = [value(r, "images_per_s") * value(r, "epoch_time_s") for r in steady]
     row = {"run": run.name, **{k: setting(run, k) for k in CONFIG_KEYS}}
     row.update({
         "world_size": setting(run, "world_size"),
-        "epochs": len(run.metrics),
-        "mean_epoch_time_s": sum(times) / len(times),
-        "total_epoch_time_s": sum(value(r, "epoch_time_s") for r in run.metrics),
-        "images_per_s": _ratio(images, times),
-        "step_time_s": _ratio(times, steps),
-        "sync_time_per_step_s": _ratio((value(r, "sync_time_s") for r in steady), steps),
-        "bytes_per_epoch_per_rank": sum(value(r, "comm_bytes_per_rank") for r in steady) / len(steady),
-        "bytes_per_step_per_rank": _ratio((value(r, "comm_bytes_per_rank") for r in steady), steps),
-        "final_test_acc": value(run.metrics[-1], "test_acc"),
-        "final_train_acc": value(run.metrics[-1], "train_acc"),
+        "epochs": len(m),
+        "mean_epoch_time_s": steady_mean(m, "epoch_time_s"),
+        "total_epoch_time_s": sum(value(r, "epoch_time_s") for r in m),
+        "images_per_s": _ratio(images, (value(r, "epoch_time_s") for r in steady)),
+        "step_time_s": steady_per_step(m, "epoch_time_s"),
+        "sync_time_per_step_s": steady_per_step(m, "sync_time_s"),
+        "bytes_per_epoch_per_rank": steady_mean(m, "comm_bytes_per_rank"),
+        "bytes_per_step_per_rank": steady_per_step(m, "comm_bytes_per_rank"),
+        "final_test_acc": value(m[-1], "test_acc"),
+        "final_train_acc": value(m[-1], "train_acc"),
         "path": run.path,
     })
     return row

@@ -226,3 +226,12 @@ def load_checkpoint(run_dir: str, identity: dict) -> dict:
         raise RunError(f"resume: checkpoint {path} is for {state.get('identity')}, "
                        f"but this run is {identity}")
     return state
+
+
+def record_epoch(run_dir: str, record: dict) -> None:
+    """Append an epoch's metrics line. A line for this epoch or a later one can only be there
+    when an elastic reset reran the epoch's end after recording it: it is dropped first."""
+    records = read_metrics(run_dir)
+    if records and records[-1]["epoch"] >= record["epoch"]:
+        truncate_metrics(run_dir, record["epoch"])
+    append_metrics(run_dir, record)

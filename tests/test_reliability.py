@@ -113,7 +113,7 @@ def test_corrupt_checkpoint_is_one_line(tmp_path, tiny_args):
 
 
 def test_lost_peer_tells_a_dead_peer_from_a_fault_of_this_rank():
-    from hvd_cifar.sync import lost_peer
+    from hvd_cifar.lifecycle import lost_peer
 
     class HorovodInternalError(RuntimeError):  # Horovod's name; matched by name, as Horovod may be absent
         pass
@@ -127,11 +127,10 @@ def test_lost_peer_tells_a_dead_peer_from_a_fault_of_this_rank():
 
 EXIT_WITH_A_THREAD_LEFT = """
 import threading, time
-import hvd_cifar.sync as sync
+from hvd_cifar import lifecycle
 threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: shutdown would wait
 print("written", flush=False)
-sync.threads_left_running = {left}
-sync.exit_process(3)
+lifecycle.exit_process(3, threads_left_running={left})
 """
 
 

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_png, md_table, read_csv, shown
+from conftest import assert_png, launch_argv, md_table, read_csv, shown
 from hvd_cifar import report
+from hvd_cifar.engine import PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
-HOROVODRUN = ROOT / ".venv" / "bin" / "horovodrun"
 RUN_FIGURES = ("acc_train_test.png", "loss.png", "training_time.png", "step_breakdown.png", "comm_bytes.png")
-PHASES = ("data", "forward", "backward", "sync", "optimizer")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -57,10 +56,9 @@ def run_main(argv: list[str], capsys) -> tuple[int, str]:
 def runs(tmp_path_factory) -> dict[str, Path]:
     """Two real training runs: one plain process and a 2-rank horovodrun job."""
     logs = tmp_path_factory.mktemp("report-runs")
-    train = [sys.executable, "-m", "hvd_cifar.train", "--config", "configs/tiny.yaml", "--epochs", "3",
-             "--max-steps-per-epoch", "3", "--log-dir", str(logs)]
-    jobs = {"np1": [*train, "--run-name", "np1"],
-            "np2": [str(HOROVODRUN), "-np", "2", "-H", "localhost:2", *train, "--run-name", "np2"]}
+    train = ["--config", "configs/tiny.yaml", "--epochs", "3", "--max-steps-per-epoch", "3", "--log-dir", str(logs)]
+    jobs = {"np1": [*launch_argv("single", 1), *train, "--run-name", "np1"],
+            "np2": [*launch_argv("horovodrun", 2), *train, "--run-name", "np2"]}
     # Both at once: their start-up overlaps; these tests read the numbers, not judge the speed.
     procs = {}
     for name, cmd in jobs.items():

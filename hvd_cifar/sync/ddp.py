@@ -26,14 +26,15 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-import hvd_cifar.sync as sync_package
-from hvd_cifar.sync import SyncMethod, launched_by_mpi
+from hvd_cifar.lifecycle import launched_by_mpi
+from hvd_cifar.sync import SyncMethod, openmpi
 
 
 def _launcher() -> tuple[int, int, int, int, Any]:
     """Rank, size, local rank and local size as the launcher set them, a function that hands
     rank 0's object to every rank, and one to call once the rendezvous no longer needs it."""
     if launched_by_mpi():
+        openmpi.apply_defaults()
         from mpi4py import MPI  # also what abort_job uses to take all ranks down on a failure
         comm = MPI.COMM_WORLD
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -56,6 +57,9 @@ def _launcher() -> tuple[int, int, int, int, Any]:
 
 class DdpSync(SyncMethod):
     name = "ddp"
+    # Even after close(), torch keeps the Gloo group's worker threads alive once DDP was built:
+    # the process must end without the interpreter's shutdown (lifecycle.exit_process says why).
+    leaves_threads_running = True
 
     def __init__(self):
         self.rank, self.size, self.local_rank, self.local_size, broadcast, done = _launcher()
@@ -134,9 +138,6 @@ class DdpSync(SyncMethod):
         gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
-        # Even so torch keeps the Gloo group's worker threads alive: the process must end
-        # without the interpreter's shutdown (sync.exit_process says why).
-        sync_package.threads_left_running = True
 
 
 def create(name: str) -> SyncMethod:

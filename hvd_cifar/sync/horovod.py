@@ -7,10 +7,9 @@ from typing import Any
 
 import horovod.torch as hvd
 import torch
-from horovod.common.elastic import ObjectState
 
 from hvd_cifar.config import ConfigError
-from hvd_cifar.sync import SyncMethod
+from hvd_cifar.sync import SyncMethod, openmpi
 
 
 class HorovodSync(SyncMethod):
@@ -52,6 +51,7 @@ class HorovodSync(SyncMethod):
             # op.nbytes"). Without the cache every tensor is negotiated by name each cycle.
             os.environ["HOROVOD_CACHE_CAPACITY"] = "0"
         self.elastic = elastic
+        openmpi.apply_defaults()  # Horovod runs its collectives on MPI unless launched with --gloo
         hvd.init()
         self.optimizer = None
 
@@ -72,7 +72,8 @@ class HorovodSync(SyncMethod):
                 for p in group["params"]:
                     if "momentum_buffer" not in optimizer.state[p]:
                         optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        return ElasticState(model=model, optimizer=optimizer, **values)
+        from hvd_cifar.elastic import ElasticState
+        return ElasticState(self, model=model, optimizer=optimizer, **values)
 
     def run_elastic(self, train):
         # On a worker's failure (HorovodInternalError) every survivor restores the last commit;
@@ -135,21 +136,6 @@ class HorovodSync(SyncMethod):
 
     def close(self):
         hvd.shutdown()
-
-
-class ElasticState(hvd.elastic.TorchState):
-    """Horovod's elastic state for a model, an optimizer and plain values, committed to host
-    memory by ``commit()`` and broadcast from rank 0 to every worker after a reset.
-
-    One change to Horovod's order: the optimizer is synchronised before the model. Given an
-    optimizer without state (SGD without momentum), Horovod makes some by taking one step with
-    zero gradients, which weight decay turns into a change of the weights; with the model
-    broadcast after that step, every rank still ends on rank 0's weights."""
-
-    def sync(self):
-        for name in sorted(self._handlers, key=lambda n: n != "optimizer"):
-            self._handlers[name].sync()
-        ObjectState.sync(self)
 
 
 def create(name: str, elastic: bool = False) -> SyncMethod:

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from hvd_cifar.config import ConfigError
-from hvd_cifar.sync import SyncMethod, launched_by_mpi
+from hvd_cifar.lifecycle import launched_by_mpi
+from hvd_cifar.sync import SyncMethod, openmpi
 
 _MEAN_TAG = 17  # point-to-point messages carrying the averaged gradients from rank 0
 
@@ -48,6 +49,7 @@ def start_mpi(method: str):
                 raise ConfigError(f"sync: {method!r} needs an MPI launcher (mpirun, or horovodrun "
                                   f"without --gloo), but this job was started without MPI "
                                   f"({var}={size}); use sync: horovod or ddp here")
+    openmpi.apply_defaults()
     from mpi4py import MPI  # importing initialises MPI (a singleton world when run alone)
     return MPI
 

@@ -1,0 +1,264 @@
+"""One epoch of data-parallel training, and evaluation: what the entry point (train.py) repeats.
+
+``train_one_epoch`` reads like the step loop of a small training script: batch, forward,
+backward, synchronise, step. Everything that is not the algorithm sits around it: the phase
+timer, the accumulation arithmetic (``UpdateGroups``), the learning-rate schedule
+(``LrSchedule``), the divergence guard and the training state's hooks (which an elastic run
+uses to commit; see hvd_cifar/elastic.py).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from hvd_cifar import data
+
+# The phases of a step, in order; each is timed separately and reported as ``<phase>_time_s``.
+PHASES = ("data", "forward", "backward", "sync", "optimizer")
+
+
+# ----------------------------------------------------------------------------- learning rate
+class LrSchedule:
+    """The learning rate of each optimizer update: ``lr`` (tuned for one rank at ``batch_size``)
+    times world size x accumulation steps, reached by a linear warm-up over ``warmup_epochs``,
+    then taken down by ``schedule``."""
+
+    def __init__(self, cfg, world_size: int, updates_per_epoch: int):
+        self.peak = cfg.lr * world_size * cfg.accumulation_steps
+        self.total = cfg.epochs * updates_per_epoch
+        self.warmup = round(cfg.warmup_epochs * updates_per_epoch)
+        self.schedule = cfg.schedule
+
+    def __call__(self, update: int) -> float:
+        """The rate for optimizer update ``update`` (0-based, counted from the run's start)."""
+        if update < self.warmup:
+            return self.peak * (update + 1) / self.warmup
+        progress = (update - self.warmup) / max(self.total - self.warmup, 1)
+        if self.schedule == "onecycle":
+            return self.peak * max(1.0 - progress, 0.0)
+        if self.schedule == "cosine":
+            return self.peak * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+        return self.peak * 0.1 ** sum(progress >= m for m in (0.5, 0.75))  # step
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+# ----------------------------------------------------------------------------- bookkeeping
+class PhaseTimer:
+    """Adds the time since the last lap to a phase. On a GPU it first waits for the queued
+    kernels, so that a phase's time is its own and not the next one's."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.totals[phase] += now - self.last
+        self.last = now
+
+    def restart(self) -> None:
+        """Start timing afresh (what passes between steps belongs to no phase)."""
+        self.last = time.perf_counter()
+
+
+class UpdateGroups:
+    """Which micro-batches make up one optimizer update. k accumulation steps: steps
+    [0, k), [k, 2k), ... each end with a synchronisation; an epoch's tail may hold fewer than k
+    steps, and still ends with one (so no gradient is left unapplied at the epoch's end)."""
+
+    def __init__(self, k: int, steps: int):
+        self.k, self.steps = k, steps
+
+    def size(self, step: int) -> int:
+        """Micro-batches in the update that ``step`` belongs to."""
+        return min(self.k, self.steps - (step - step % self.k))
+
+    def ends_update(self, step: int) -> bool:
+        return step % self.k == self.size(step) - 1
+
+
+class Diverged(RuntimeError):
+    """Training produced non-finite numbers; raised on every rank at the same update."""
+
+    def __init__(self, what: str, epoch: int, step: int, lr: float):
+        super().__init__(f"{what} at epoch {epoch + 1}, step {step + 1} (lr {lr:.4g})")
+        self.what, self.epoch, self.step, self.lr = what, epoch, step, lr
+
+
+def guard_gradients(optimizer: torch.optim.Optimizer, clip: float, scaler, epoch: int, step: int) -> None:
+    """After synchronisation every rank holds the same averaged gradients, so each decides
+    alone, with no collective, that training diverged: a non-finite loss on any rank makes the
+    average non-finite everywhere. Then clips them to a global norm of ``clip`` (0 = off).
+    Under an fp16 grad scaler an overflow is the scaler's to handle (it skips that step)."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not grads or (scaler is not None and not clip):
+        return
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    norm = torch.nn.utils.get_total_norm(grads)
+    if not torch.isfinite(norm):
+        if scaler is not None:
+            return
+        raise Diverged("non-finite gradients", epoch, step, optimizer.param_groups[0]["lr"])
+    if clip:
+        torch.nn.utils.clip_grads_with_norm_(grads, clip, norm)
+
+
+class TrainingState:
+    """Where training stands, as plain attributes (``model``, ``optimizer``, ``run_dir``,
+    ``epoch``, and within the epoch ``step``, ``position`` (images consumed by all ranks) and
+    ``totals`` (loss/correct/images summed before a reset)), and the hooks the loop calls.
+
+    In a plain run the hooks only keep count. Elastic training (hvd_cifar/elastic.py) overrides
+    them to commit the state, fold running sums and write its events; the loop does not know."""
+
+    def __init__(self, sync, **values):
+        self.__dict__.update(values)
+        self.sync_method = sync
+        self.restarts = 0
+
+    def begin(self, run) -> None:
+        """Called at the start of training (elastic: and after every reset), on every rank."""
+        self.sync_method.broadcast_state(run.model)  # every rank starts from rank 0's weights
+        self.restarts += 1
+
+    def after_step(self, step: int, images: int) -> None:
+        """``step`` is done; all ranks together consumed ``images`` in it."""
+        self.step, self.position = step + 1, self.position + images
+
+    def after_update(self, sums: torch.Tensor, updates_done: int, more_steps: bool) -> None:
+        """An optimizer update is done (``updates_done`` this epoch); ``sums`` are this rank's
+        running loss/correct/images since the pass began."""
+
+    def epoch_sums(self, reduced: torch.Tensor) -> torch.Tensor:
+        """The epoch's loss/correct/images over all ranks, from this pass's reduced sums."""
+        return reduced
+
+    def end_epoch(self, last: bool) -> None:
+        self.epoch, self.step, self.position, self.totals = self.epoch + 1, 0, 0, [0.0, 0.0, 0.0]
+
+    def commit(self) -> None:
+        """Nothing to save between updates without elasticity."""
+
+
+@dataclass
+class EpochResult:
+    """One rank's view of one pass over an epoch (elastic: the pass since the last reset)."""
+    sums: torch.Tensor                 # float64 [loss x images, correct, images], this rank, this pass
+    phase_times: dict[str, float]      # seconds per phase, this rank
+    steps: int                         # the epoch's steps in all
+    first_step: int                    # where this pass began (0 unless continued)
+    syncs: int                         # optimizer updates (synchronisations) in this pass
+    time_s: float                      # wall time of the pass
+    lr: float                          # the rate of the last update
+    extra: dict = field(default_factory=dict)
+
+
+def progress_bar(total: int, initial: int, desc: str, enabled: bool):
+    """tqdm's bar on a terminal; into a file or a launcher's pipe, a plain line every ~30 s
+    instead of carriage-return frames."""
+    if enabled and not sys.stderr.isatty():
+        return tqdm(total=total, initial=initial, desc=desc, leave=False, ascii=True,
+                    mininterval=30, maxinterval=60, bar_format="{desc}: step {n}/{total} {rate_fmt}\n")
+    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+# ----------------------------------------------------------------------------- one epoch
+def train_one_epoch(run, state, epoch: int) -> EpochResult:
+    """Train ``run.model`` for (the rest of) ``epoch``; ``run`` is train.Training (what the
+    entry point built), ``state`` the training state whose hooks see each step."""
+    net, optimizer, sync, cfg = run.net, run.optimizer, run.sync, run.cfg
+    first, start = state.step, state.position     # 0, 0 unless an interrupted epoch continues
+    steps = first + run.loader.steps_left(start, first)
+    groups = UpdateGroups(cfg.accumulation_steps, steps)
+    sums = torch.zeros(3, dtype=torch.float64, device=run.device)
+    timer, syncs = PhaseTimer(run.device), 0
+    bar = progress_bar(steps, first, f"epoch {epoch + 1}/{cfg.epochs}", run.is_main and cfg.progress)
+    batches = run.loader.epoch(epoch, start, first)
+    began = time.perf_counter()
+    timer.restart()
+    for step in range(first, steps):
+        x, y = next(batches)
+        timer.lap("data")
+        ends_update = groups.ends_update(step)
+        with sync.accumulate(net, sync_now=ends_update):
+            with run.autocast():
+                out = net(x)
+                loss = F.cross_entropy(out, y, label_smoothing=cfg.label_smoothing)
+            timer.lap("forward")
+            # Mean over the update's micro-batches: k accumulated steps equal one k-times batch.
+            run.backward(loss / groups.size(step))
+            timer.lap("backward")
+        if ends_update:
+            update = epoch * run.updates_per_epoch + step // cfg.accumulation_steps
+            set_lr(optimizer, run.schedule(update))
+            sync.synchronize(optimizer)
+            timer.lap("sync")
+            guard_gradients(optimizer, cfg.grad_clip, run.scaler, epoch, step)
+            sync.step(optimizer, run.scaler)
+            optimizer.zero_grad()
+            syncs += 1
+            timer.lap("optimizer")
+        with torch.no_grad():
+            sums[0] += loss.detach().double() * len(y)
+            sums[1] += (out.argmax(1) == y).sum()
+            sums[2] += len(y)
+        state.after_step(step, run.loader.step_images(step - first, start))
+        if ends_update:
+            state.after_update(sums, step // cfg.accumulation_steps + 1, more_steps=step + 1 < steps)
+        bar.update(1)
+        timer.restart()
+    bar.close()
+    return EpochResult(sums, timer.totals, steps, first, syncs, time.perf_counter() - began,
+                       optimizer.param_groups[0]["lr"])
+
+
+# ----------------------------------------------------------------------------- evaluation
+def average_buffers(model: torch.nn.Module, sync) -> None:
+    """Average the floating-point buffers (BatchNorm's running statistics) over the ranks.
+    Each rank's statistics come from its own shard only; after this every rank evaluates, and
+    rank 0 checkpoints, one and the same model, so a resumed run continues exactly."""
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if sync.size == 1 or not buffers:
+        return
+    flat = torch.cat([b.detach().reshape(-1).double().cpu() for b in buffers])
+    flat = sync.allreduce_sum(flat) / sync.size
+    offset = 0
+    with torch.no_grad():
+        for b in buffers:
+            b.copy_(flat[offset:offset + b.numel()].view_as(b))
+            offset += b.numel()
+
+
+def evaluate(run) -> tuple[float, float, torch.Tensor]:
+    """Loss, accuracy and confusion matrix over the whole test set, sharded across ranks."""
+    ds, sync = run.dataset, run.sync
+    run.net.eval()
+    k = ds.num_classes
+    confusion = torch.zeros(k, k, dtype=torch.float64)
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    with torch.no_grad():
+        for x, y in data.eval_batches(ds.test_images, ds.test_labels, run.cfg.eval_batch_size,
+                                      sync.rank, sync.size, run.loader.normalize):
+            with run.autocast():
+                out = run.net(x)
+            loss_sum += F.cross_entropy(out.float(), y, reduction="sum").double().cpu()
+            pairs = (y * k + out.argmax(1)).cpu()
+            confusion += torch.bincount(pairs, minlength=k * k).view(k, k).double()
+    totals = sync.allreduce_sum(torch.cat([confusion.flatten(), loss_sum.view(1)]))
+    confusion = totals[:-1].view(k, k)
+    n = confusion.sum().item()
+    return totals[-1].item() / n, confusion.diag().sum().item() / n, confusion.long()
