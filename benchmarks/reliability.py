@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from hvd_cifar import launchers
+
 ROOT = Path(__file__).resolve().parents[1]
-PYTHON = sys.executable
-HOROVODRUN = str(Path(PYTHON).parent / "horovodrun")
 TINY = str(ROOT / "configs" / "tiny.yaml")
 BAD_INPUT_BOUND_S = 30.0   # "within seconds": the slowest case pays for mpirun, torch and MPI start-up
 KILL_BOUND_S = 60.0
@@ -47,17 +47,7 @@ KILL_BOUND_S = 60.0
 # ----------------------------------------------------------------------------- launchers
 def launcher_argv(launcher: str, np: int) -> list[str]:
     """The command prefix that starts ``np`` ranks of ``python -m hvd_cifar.train`` here."""
-    train = [PYTHON, "-m", "hvd_cifar.train"]
-    if launcher == "single":
-        return train
-    if launcher == "horovodrun":
-        return [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", *train]
-    if launcher == "horovodrun-gloo":
-        return [HOROVODRUN, "--gloo", "-np", str(np), "-H", f"localhost:{np}", *train]
-    if launcher == "mpirun":
-        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-        return ["mpirun", *root, "--oversubscribe", "-np", str(np), "-bind-to", "none", "-map-by", "slot", *train]
-    raise ValueError(f"unknown launcher {launcher!r}")
+    return launchers.argv(launcher, np)
 
 
 def job_env() -> dict:

@@ -55,9 +55,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from hvd_cifar import launchers, report  # noqa: E402
 from hvd_cifar.netcluster import ClusterError, NetCluster  # noqa: E402
 
-PYTHON = sys.executable
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
 # The cluster pass adds Horovod with a longer negotiation cycle (HOROVOD_CYCLE_TIME, horovodrun's
 # --cycle-time-ms): its background thread coordinates with every other rank once per cycle,
@@ -110,19 +110,11 @@ def train_flags(method: str, name: str, runs: str, model: str, epochs: int, step
             "--no-progress", "--sync", method, "--log-dir", runs, "--run-name", name]
 
 
-def local_launcher(args) -> list[str]:
-    if args.launcher == "horovodrun":
-        return [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "-np", str(args.np),
-                "-H", f"localhost:{args.np}"]
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return ["mpirun", *root, "--oversubscribe", "-np", str(args.np), "-bind-to", "none", "-map-by", "slot"]
-
-
 def run_local(method: str, name: str, args) -> str:
     """One training job on this machine; its run folder. Raises RuntimeError naming the log if it fails."""
     runs = os.path.join(args.out, "runs")
     flags = train_flags(method, name, runs, args.model, args.epochs, args.steps, args.batch_size, args)
-    cmd = [*local_launcher(args), PYTHON, "-m", "hvd_cifar.train", *flags]
+    cmd = [*launchers.argv(args.launcher, args.np), *flags]
     log_path = os.path.join(args.out, f"{name}.log")
     with open(log_path, "w") as log:
         code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
@@ -158,24 +150,23 @@ def run_on_cluster(cluster: NetCluster, label: str, name: str, args) -> str:
 
 
 def summarize(run_dir: str, label: str) -> dict:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    timed = records[1:] or records  # epochs after the first, unless there is only one
+    """The row of one job; steady-state numbers (epochs after the first) from hvd_cifar.report."""
+    run = report.load_run(run_dir)
+    records, summary = run.metrics, report.summarize(run)
+    timed = report.steady_epochs(records)
     steps = sum(r["steps"] for r in timed)
-    train_s = sum(r["epoch_time_s"] for r in timed)
-    images = sum(r["images_per_s"] * r["epoch_time_s"] for r in timed)
     hosts = list(records[-1]["nic_tx_bytes"])  # rank order (one entry per host)
     return {
         "method": label,
         "sync": records[-1]["sync"],
         "np": records[-1]["world_size"],
         "run": os.path.basename(run_dir),
-        "epoch_time_s": train_s / len(timed),
-        "step_time_s": train_s / steps,
-        "sync_time_s": sum(r["sync_time_s"] for r in timed) / steps,
-        "backward_time_s": sum(r["backward_time_s"] for r in timed) / steps,
-        "images_per_s": images / train_s,
-        "comm_bytes_per_step": sum(r["comm_bytes_per_rank"] for r in timed) / steps,
+        "epoch_time_s": summary["mean_epoch_time_s"],
+        "step_time_s": summary["step_time_s"],
+        "sync_time_s": summary["sync_time_per_step_s"],
+        "backward_time_s": report.steady_per_step(records, "backward_time_s"),
+        "images_per_s": summary["images_per_s"],
+        "comm_bytes_per_step": summary["bytes_per_step_per_rank"],
         "nic_tx_bytes_per_step": {h: sum(r["nic_tx_bytes"][h] for r in timed) / steps for h in hosts},
         "nic_rx_bytes_per_step": {h: sum(r["nic_rx_bytes"][h] for r in timed) / steps for h in hosts},
         "test_acc": records[-1]["test_acc"],

@@ -40,6 +40,7 @@ import sys
 import time
 
 from hvd_cifar import config as config_mod
+from hvd_cifar import launchers
 from hvd_cifar.config import ConfigError
 from hvd_cifar.report import (MB, Column, OneLineParser, ReportError, add_speedup, load_run,
                               markdown_table, num, plot_scaling, summarize, write_csv)
@@ -161,25 +162,14 @@ def train_flags(cfg: dict, args, runs_dir: str, name: str, extra: list[str]) -> 
             "--progress", "false", *extra]
 
 
-def horovodrun_path() -> str:
-    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")  # the venv's own
-    return beside if os.access(beside, os.X_OK) else "horovodrun"
-
-
 def command(n: int, args, flags: list[str]) -> list[str]:
-    """The job's argument list (never a shell string)."""
-    train = [sys.executable, "-m", "hvd_cifar.train", *flags]
-    if args.launcher == "horovodrun":
-        if args.hostfile:
-            return [os.path.join(ROOT, "launch", "horovodrun.sh"), "-np", str(n), "-hostfile", args.hostfile, *flags]
-        return [horovodrun_path(), "-np", str(n), "-H", f"localhost:{n}", *train]
-    if args.hostfile:
-        return [os.path.join(ROOT, "launch", "mpirun.sh"), "-np", str(n), "-hostfile", args.hostfile,
-                "--oversubscribe", *flags]
-    as_root = ["--allow-run-as-root"] if os.geteuid() == 0 else []  # Open MPI refuses root otherwise
-    # Oversubscribe: a sweep may ask for more ranks than cores; bind-to none lets each rank
-    # use its threads instead of being pinned to one core.
-    return ["mpirun", *as_root, "--oversubscribe", "-np", str(n), "-bind-to", "none", "-map-by", "slot", *train]
+    """The job's argument list (never a shell string), from hvd_cifar.launchers."""
+    if args.hostfile:  # the launch script checks the hostfile and adds the launcher's flags
+        options = ["--oversubscribe"] if args.launcher == "mpirun" else []
+        return [*launchers.script(args.launcher, n, args.hostfile, options), *flags]
+    # mpirun oversubscribes (a sweep may ask for more ranks than cores) and binds ranks to no
+    # core, so that each uses its threads instead of being pinned to one.
+    return [*launchers.argv(args.launcher, n), *flags]
 
 
 def launch(cmd: list[str], stdout_path: str, stderr_path: str, timeout: int) -> tuple[int | None, float]:

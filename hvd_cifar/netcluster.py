@@ -68,7 +68,7 @@ import threading
 import time
 from typing import Sequence
 
-from hvd_cifar import hostfile
+from hvd_cifar import hostfile, launchers
 
 PREFIX = "hvdc"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
@@ -464,46 +464,44 @@ class NetCluster:
             raise ClusterError(f"np: {np} ranks need 1..{self.n_hosts} (one rank per host)")
 
     def train_argv(self, train_args: Sequence[str]) -> list[str]:
-        return [self.python, "-m", "hvd_cifar.train", *train_args]
+        return [*launchers.train_program(self.python), *train_args]
+
+    def _horovodrun_options(self) -> list[str]:
+        return ["--network-interfaces", NIC,    # else it probes every interface over ssh first
+                "-p", str(SSH_PORT), "--ssh-identity-file", self.key,
+                "--disable-cache",              # else it writes ~/.horovod/cache.bin
+                "--start-timeout", "60"]
 
     def horovodrun_argv(self, np: int, train_args: Sequence[str], gloo: bool = False,
                         program: Sequence[str] | None = None) -> list[str]:
         """horovodrun across the first ``np`` hosts, one rank each, to run on host 0; every rank
         runs ``program`` if given, else ``python -m hvd_cifar.train train_args``."""
         self._check_np(np)
-        argv = [self.tool("horovodrun"), "-np", str(np),
-                "-H", hostfile.horovod_hosts([(addr, 1) for addr in self.hosts[:np]]),
-                "--gloo" if gloo else "--mpi",
-                "--network-interfaces", NIC,    # else it probes every interface over ssh first
-                "-p", str(SSH_PORT), "--ssh-identity-file", self.key,
-                "--disable-cache",              # else it writes ~/.horovod/cache.bin
-                "--start-timeout", "60"]
+        options = self._horovodrun_options()
         if not gloo:  # its mpirun already gets btl_tcp_if_include; keep the out-of-band channel on eth0 too
-            argv.append(f"--mpi-args=-mca oob_tcp_if_include {NIC}")
-        return argv + (list(program) if program else self.train_argv(train_args))
+            options.append(f"--mpi-args=-mca oob_tcp_if_include {NIC}")
+        return launchers.horovodrun(np, program or self.train_argv(train_args),
+                                    hosts=hostfile.horovod_hosts([(addr, 1) for addr in self.hosts[:np]]),
+                                    gloo=gloo, options=options, executable=self.tool("horovodrun"))
 
     def elastic_argv(self, np: int, min_np: int, max_np: int, discovery_script: str,
                      train_args: Sequence[str]) -> list[str]:
         """horovodrun's elastic mode (Gloo), to run on host 0: starts ``np`` workers on the hosts
         ``discovery_script`` prints (``ADDR:SLOTS`` lines) and follows its output as it changes."""
-        return [self.tool("horovodrun"), "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
-                "--host-discovery-script", discovery_script,
-                "--network-interfaces", NIC, "-p", str(SSH_PORT), "--ssh-identity-file", self.key,
-                "--disable-cache", "--start-timeout", "60", *self.train_argv(train_args)]
+        return launchers.horovodrun(np, self.train_argv(train_args), elastic=(min_np, max_np, discovery_script),
+                                    options=self._horovodrun_options(), executable=self.tool("horovodrun"))
 
     def mpirun_argv(self, np: int, train_args: Sequence[str], export: dict | None = None,
                     program: Sequence[str] | None = None) -> list[str]:
         """Open MPI's mpirun across the first ``np`` hosts, one rank each, to run on host 0;
         ``export``: environment variables set for every rank (``-x NAME=VALUE``); every rank
         runs ``program`` if given, else ``python -m hvd_cifar.train train_args``."""
-        exported = [arg for name, value in (export or {}).items() for arg in ("-x", f"{name}={value}")]
-        return ["mpirun", "--allow-run-as-root", "-np", str(np), "--hostfile", self.hostfile(np), *exported,
-                "-bind-to", "none", "-map-by", "slot",
-                "-mca", "plm_rsh_args",
-                f"-i {self.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
-                "-mca", "btl", "tcp,self",  # rank-to-rank bytes over TCP only, never shared memory
-                "-mca", "btl_tcp_if_include", NIC, "-mca", "oob_tcp_if_include", NIC,
-                "-x", "PATH", *(program or self.train_argv(train_args))]
+        exported = [f"{name}={value}" for name, value in (export or {}).items()]
+        mca = {"plm_rsh_args": f"-i {self.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+               "btl": "tcp,self",  # rank-to-rank bytes over TCP only, never shared memory
+               "btl_tcp_if_include": NIC, "oob_tcp_if_include": NIC}
+        return launchers.mpirun(np, program or self.train_argv(train_args), hostfile=self.hostfile(np),
+                                oversubscribe=False, export=[*exported, "PATH"], mca=mca)
 
     def run_horovodrun(self, np: int, train_args: Sequence[str], gloo: bool = False,
                        timeout: float = 600, capture: bool = True) -> subprocess.CompletedProcess:
@@ -640,14 +638,7 @@ def _nic_table(cluster: NetCluster, before: list[tuple[int, int]]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "_recv":
-        _recv(argv[1], int(argv[2]))
-        return 0
-    if argv and argv[0] == "_send":
-        _send(argv[1], int(argv[2]))
-        return 0
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hvd_cifar.netcluster",
                                      description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -670,37 +661,60 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("--megabytes", type=int, default=50)
     down_p = sub.add_parser("down", help="remove leftovers of harnesses that are no longer running")
     down_p.add_argument("--all", action="store_true", help="also those of running harnesses")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _throughput(cluster: NetCluster, megabytes: int) -> int:
+    if cluster.n_hosts < 2:
+        raise ClusterError("throughput needs at least 2 hosts")
+    bits = cluster.throughput([1], 0, megabytes * 1_000_000)
+    print(f"host 1 -> host 0: {megabytes} MB at {bits / 1e9:.3f} Gbit/s")
+    return 0
+
+
+def _train(cluster: NetCluster, args: argparse.Namespace) -> int:
+    """One training job across the cluster, its output passed through; the NIC bytes after it."""
+    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    np = args.np or cluster.n_hosts
+    if args.launcher == "mpirun":
+        command = cluster.mpirun_argv(np, train_args)
+    else:
+        command = cluster.horovodrun_argv(np, train_args, gloo=args.gloo)
+    print(f"on host 0: {shlex.join(command)}", flush=True)
+    before = [cluster.nic_counters(i) for i in range(cluster.n_hosts)]
+    result = cluster.exec(0, command, timeout=args.timeout, capture=False)
+    print(f"exit status {result.returncode}; NIC bytes during the job:\n{_nic_table(cluster, before)}")
+    return result.returncode
+
+
+def _with_cluster(args: argparse.Namespace) -> int:
+    rate = None if args.rate.lower() == "none" else args.rate
+    with NetCluster(args.hosts, rate=rate, mtu=args.mtu) as cluster:
+        _print_cluster(cluster)
+        if args.command == "up":
+            print("up; Ctrl-C tears it down", flush=True)
+            while True:
+                time.sleep(3600)
+        if args.command == "throughput":
+            return _throughput(cluster, args.megabytes)
+        return _train(cluster, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_recv":
+        _recv(argv[1], int(argv[2]))
+        return 0
+    if argv and argv[0] == "_send":
+        _send(argv[1], int(argv[2]))
+        return 0
+    args = _parser().parse_args(argv)
     if args.command == "down":
         removed = cleanup_leftovers(everything=args.all)
         print("\n".join(removed) if removed else "nothing to remove")
         return 0
-    rate = None if args.rate.lower() == "none" else args.rate
     try:
-        with NetCluster(args.hosts, rate=rate, mtu=args.mtu) as cluster:
-            _print_cluster(cluster)
-            if args.command == "up":
-                print("up; Ctrl-C tears it down", flush=True)
-                while True:
-                    time.sleep(3600)
-            if args.command == "throughput":
-                if cluster.n_hosts < 2:
-                    raise ClusterError("throughput needs at least 2 hosts")
-                bits = cluster.throughput([1], 0, args.megabytes * 1_000_000)
-                print(f"host 1 -> host 0: {args.megabytes} MB at {bits / 1e9:.3f} Gbit/s")
-                return 0
-            train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-            np = args.np or cluster.n_hosts
-            if args.launcher == "mpirun":
-                command = cluster.mpirun_argv(np, train_args)
-            else:
-                command = cluster.horovodrun_argv(np, train_args, gloo=args.gloo)
-            print(f"on host 0: {shlex.join(command)}", flush=True)
-            before = [cluster.nic_counters(i) for i in range(cluster.n_hosts)]
-            result = cluster.exec(0, command, timeout=args.timeout, capture=False)
-            print(f"exit status {result.returncode}; NIC bytes during the job:\n{_nic_table(cluster, before)}")
-            return result.returncode
+        return _with_cluster(args)
     except ClusterError as exc:
         print(f"hvd_cifar: error: {exc}", file=sys.stderr)
         return 2

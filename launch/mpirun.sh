@@ -5,10 +5,9 @@
 #   launch/mpirun.sh -np 2 --oversubscribe --config configs/tiny.yaml      # hostfiles/localhost
 #
 # The hostfile is validated first (comments, blank lines, "HOST slots=N" or "HOST:N") and
-# handed to mpirun as a clean copy. The flags are the ones Horovod's docs give for Open MPI:
-#   -bind-to none -map-by slot   let each rank use its threads instead of pinning it to one core
-#   -x VAR                       export the environment Horovod and NCCL read to remote ranks
-#   -mca pml ob1 -mca btl ^openib  plain TCP/shared-memory transports, no InfiniBand verbs
+# handed to mpirun as a clean copy. The flags are the ones Horovod's docs give for Open MPI
+# (-bind-to none -map-by slot, -x for the environment remote ranks need, -mca pml ob1 -mca btl
+# ^openib), listed once, with why, in hvd_cifar/launchers.py, which prints them here.
 # Options before the training flags (or before --): -np N, -hostfile FILE | -H FILE,
 # --oversubscribe (more ranks than cores), -p PORT (ssh port of the remote hosts).
 set -euo pipefail
@@ -37,12 +36,11 @@ if [ "$np" -eq 0 ]; then
   np="$(awk -F'slots=' '{s += $2} END {print s}' "$clean")"
 fi
 [ "$(id -u)" -ne 0 ] || mpi_args+=(--allow-run-as-root)
+flags="$("$PY" -m hvd_cifar.launchers mpirun-flags)"   # one per line
+mapfile -t horovod_flags <<< "$flags"
 
 set +e
-mpirun -np "$np" --hostfile "$clean" \
-  -bind-to none -map-by slot \
-  -x PATH -x LD_LIBRARY_PATH -x PYTHONPATH -x NCCL_DEBUG -x HOROVOD_TIMELINE \
-  -mca pml ob1 -mca btl ^openib \
+mpirun -np "$np" --hostfile "$clean" "${horovod_flags[@]}" \
   ${mpi_args[@]+"${mpi_args[@]}"} \
   "$PY" -m hvd_cifar.train "$@"
 status=$?

@@ -13,26 +13,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hvd_cifar import launchers
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent
-HOROVODRUN = str(BIN / "horovodrun")
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
 
 def launch_argv(launcher: str, np: int) -> list[str]:
-    """The command prefix that starts ``np`` ranks of ``python -m hvd_cifar.train``."""
-    if launcher == "single":
-        return [PYTHON, "-m", "hvd_cifar.train"]
-    if launcher == "horovodrun":
-        return [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", PYTHON, "-m", "hvd_cifar.train"]
-    if launcher == "horovodrun-gloo":
-        return [HOROVODRUN, "--gloo", "-np", str(np), "-H", f"localhost:{np}", PYTHON, "-m", "hvd_cifar.train"]
-    if launcher == "mpirun":
-        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-        return ["mpirun", *root, "--oversubscribe", "-np", str(np), "-bind-to", "none", "-map-by", "slot",
-                PYTHON, "-m", "hvd_cifar.train"]
-    raise ValueError(launcher)
+    """The command prefix that starts ``np`` ranks of ``python -m hvd_cifar.train``
+    (single, horovodrun, horovodrun-gloo or mpirun: hvd_cifar.launchers)."""
+    return launchers.argv(launcher, np)
 
 
 def run_train(args: list[str], launcher: str = "single", np: int = 1, timeout: int = 300,

@@ -1,0 +1,125 @@
+"""The launcher command lines, in one place: every horovodrun or mpirun argv that the tests, the
+benchmarks, ``hvd_cifar.bench`` and ``hvd_cifar.netcluster`` start is built here.
+
+    argv("mpirun", 2)       # mpirun [--allow-run-as-root] --oversubscribe -np 2 -bind-to none
+                            #        -map-by slot PYTHON -m hvd_cifar.train
+    argv("horovodrun-gloo", 2, program=[PYTHON, "worker.py"])
+    horovodrun(4, program, hosts="10.0.0.1:1,10.0.0.2:1", gloo=False, options=["-p", "22"])
+    mpirun(4, program, hostfile="hosts", oversubscribe=False, mca={"btl": "tcp,self"})
+
+    python -m hvd_cifar.launchers mpirun-flags   # Horovod's Open MPI flags, one per line
+                                                 # (what launch/mpirun.sh hands to mpirun)
+
+Launchers by name: ``single`` (no launcher, one process), ``horovodrun`` (on this machine,
+``-H localhost:N``), ``horovodrun-gloo`` (the same with Horovod's Gloo controller) and ``mpirun``
+(Open MPI on this machine). Arguments are lists, never shell strings.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
+LAUNCHERS = ("single", "horovodrun", "horovodrun-gloo", "mpirun")
+
+# The flags Horovod's documentation gives for Open MPI (docs/mpi.rst, "Running Horovod with Open MPI"):
+MAP_FLAGS = ("-bind-to", "none", "-map-by", "slot")  # each rank uses its threads, not one pinned core
+EXPORTED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "NCCL_DEBUG", "HOROVOD_TIMELINE")  # -x: to remote ranks
+TRANSPORT_FLAGS = ("-mca", "pml", "ob1", "-mca", "btl", "^openib")  # TCP and shared memory, no InfiniBand verbs
+
+
+def train_program(python: str = sys.executable) -> list[str]:
+    """What every rank runs by default: the trainer."""
+    return [python, "-m", "hvd_cifar.train"]
+
+
+def horovodrun_path(python: str = sys.executable) -> str:
+    """The horovodrun beside ``python`` (the venv's own), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(python), "horovodrun")
+    return beside if os.access(beside, os.X_OK) else "horovodrun"
+
+
+def as_root() -> list[str]:
+    """Open MPI refuses to start as root without this flag."""
+    return ["--allow-run-as-root"] if os.geteuid() == 0 else []
+
+
+def recommended_mpirun_flags() -> list[str]:
+    """Horovod's Open MPI flags, as launch/mpirun.sh gives them to every job."""
+    exported = [arg for name in EXPORTED for arg in ("-x", name)]
+    return [*MAP_FLAGS, *exported, *TRANSPORT_FLAGS]
+
+
+def horovodrun(np: int, program: Sequence[str], *, hosts: str | None = None, gloo: bool | None = None,
+               elastic: tuple[int, int, str] | None = None, options: Sequence[str] = (),
+               executable: str | None = None) -> list[str]:
+    """horovodrun starting ``np`` ranks of ``program``.
+
+    hosts: ``-H``'s ``HOST:SLOTS,...`` (default ``localhost:np``). gloo: True for ``--gloo``,
+    False for ``--mpi``, None for horovodrun's own choice. elastic: ``(min_np, max_np,
+    discovery_script)``, Horovod's elastic mode, whose hosts come from the script instead of -H.
+    options: more horovodrun flags. executable: the horovodrun (default: the venv's).
+    """
+    cmd = [executable or horovodrun_path(), "-np", str(np)]
+    if elastic:
+        min_np, max_np, discovery_script = elastic
+        cmd += ["--min-np", str(min_np), "--max-np", str(max_np), "--host-discovery-script", discovery_script]
+    else:
+        cmd += ["-H", hosts or f"localhost:{np}"]
+    if gloo is not None:
+        cmd.append("--gloo" if gloo else "--mpi")
+    return [*cmd, *options, *program]
+
+
+def mpirun(np: int, program: Sequence[str], *, hostfile: str | None = None, oversubscribe: bool = True,
+           export: Sequence[str] = (), mca: Mapping[str, str] | None = None,
+           options: Sequence[str] = ()) -> list[str]:
+    """Open MPI's mpirun starting ``np`` ranks of ``program``, bound to no core.
+
+    hostfile: an Open MPI hostfile (default: this machine). oversubscribe: allow more ranks than
+    cores (on by default: one machine is often asked for more). export: ``-x`` arguments (``NAME``
+    or ``NAME=VALUE``). mca: ``-mca KEY VALUE`` parameters. options: more mpirun flags.
+    """
+    cmd = ["mpirun", *as_root(), *(["--oversubscribe"] if oversubscribe else []), "-np", str(np)]
+    if hostfile:
+        cmd += ["--hostfile", hostfile]
+    cmd += MAP_FLAGS
+    cmd += [arg for name in export for arg in ("-x", name)]
+    cmd += [arg for key, value in (mca or {}).items() for arg in ("-mca", key, value)]
+    return [*cmd, *options, *program]
+
+
+def argv(launcher: str, np: int, program: Sequence[str] | None = None, **options) -> list[str]:
+    """The whole command that starts ``np`` ranks of ``program`` (default: the trainer, whose
+    flags then follow) with the launcher named ``launcher`` on this machine. ``options`` go to
+    horovodrun() or mpirun()."""
+    program = train_program() if program is None else list(program)
+    if launcher == "single":
+        return program
+    if launcher == "horovodrun":
+        return horovodrun(np, program, **options)
+    if launcher == "horovodrun-gloo":
+        return horovodrun(np, program, gloo=True, **options)
+    if launcher == "mpirun":
+        return mpirun(np, program, **options)
+    raise ValueError(f"unknown launcher {launcher!r} (one of {', '.join(LAUNCHERS)})")
+
+
+def script(launcher: str, np: int, hostfile: str, options: Sequence[str] = ()) -> list[str]:
+    """``launch/horovodrun.sh`` or ``launch/mpirun.sh`` (``launcher``) with a hostfile, which the
+    script checks first; the trainer's flags follow."""
+    return [os.path.join(ROOT, "launch", f"{launcher}.sh"), "-np", str(np), "-hostfile", hostfile, *options]
+
+
+def main(argv_: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv_ is None else argv_
+    if args != ["mpirun-flags"]:
+        print("usage: python -m hvd_cifar.launchers mpirun-flags", file=sys.stderr)
+        return 2
+    sys.stdout.write("".join(flag + "\n" for flag in recommended_mpirun_flags()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
