@@ -38,6 +38,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from hvd_cifar import report  # noqa: E402
 from hvd_cifar.models import build_model  # noqa: E402
 from hvd_cifar.netcluster import ClusterError, NetCluster  # noqa: E402
 
@@ -93,9 +94,9 @@ def run_job(cluster: NetCluster, pass_name: str, option: str, np: int, flags: li
 
 
 def summarize(run_dir: str) -> dict:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    timed = records[1:] or records  # epochs after the first, unless there is only one
+    """The row of one job; steady-state means (epochs after the first) from hvd_cifar.report."""
+    records = report.load_run(run_dir).metrics
+    timed = report.steady_epochs(records)
 
     def mean(values):
         values = list(values)
@@ -113,14 +114,14 @@ def summarize(run_dir: str) -> dict:
         "trainable_params": records[-1]["trainable_params"],
         "frozen_blocks": records[-1]["frozen_blocks"],
         "steps": records[-1]["steps"],
-        "syncs": mean(r["syncs"] for r in timed),
-        "analytic_bytes": mean(r["comm_bytes_per_rank"] for r in timed),
+        "syncs": report.steady_mean(records, "syncs"),
+        "analytic_bytes": report.steady_mean(records, "comm_bytes_per_rank"),
         "tx_bytes": nic("tx"),
         "rx_bytes": nic("rx"),
         "worst_tx_ratio": worst("tx"),
         "worst_rx_ratio": worst("rx"),
-        "epoch_time_s": mean(r["epoch_time_s"] for r in timed),
-        "sync_time_s": mean(r["sync_time_s"] for r in timed),
+        "epoch_time_s": report.steady_mean(records, "epoch_time_s"),
+        "sync_time_s": report.steady_mean(records, "sync_time_s"),
         "test_acc": records[-1]["test_acc"],
         "epochs": len(records),
         "timed_epochs": len(timed),

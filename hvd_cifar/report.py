@@ -37,6 +37,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -51,6 +52,7 @@ from hvd_cifar.engine import PHASES
 # What makes two runs "the same configuration" for speedup; world size is what differs.
 CONFIG_KEYS = ("model", "dataset", "batch_size", "sync", "fp16_allreduce", "accumulation_steps", "freeze")
 MB = 1e6  # bytes
+TITLE_ROOM = 0.95  # share of a figure's width that its title may take
 
 
 class ReportError(RuntimeError):
@@ -313,11 +315,23 @@ def confusion_table(matrix: list[list[int]]) -> str:
 
 
 # ----------------------------------------------------------------------------- figures
-def _figure(title: str, xlabel: str, ylabel: str, size=(7.0, 4.2)):
+def _fit_title(fig, title: str, run_name: str = "") -> None:
+    """The figure's title: ``title - run_name`` on one line when it fits in the figure's width,
+    else the run name on lines of its own, broken at hyphens (or anywhere) into lines that fit.
+    matplotlib does not wrap a title; it cuts one off at the figure's edges."""
+    text = fig.suptitle(f"{title} - {run_name}" if run_name else title)
+    renderer, room = fig.canvas.get_renderer(), TITLE_ROOM * fig.bbox.width  # pixels
+    chars = len(run_name)
+    while text.get_window_extent(renderer).width > room and chars > 1:
+        text.set_text("\n".join([title, *textwrap.wrap(run_name, chars)]))
+        chars -= 1
+
+
+def _figure(title: str, xlabel: str, ylabel: str, size=(7.0, 4.2), run_name: str = ""):
     fig = Figure(figsize=size, dpi=110, layout="constrained")
     FigureCanvasAgg(fig)  # headless: render with Agg, never touch a display
     ax = fig.add_subplot()
-    ax.set_title(title)
+    _fit_title(fig, title, run_name)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -333,36 +347,39 @@ def _epoch_axis(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs, not 0.5 steps
 
 
-def plot_run(run: Run, out: str) -> list[str]:
-    """The five figures of one run; returns their paths."""
+def _plot_accuracy(run: Run, epochs: list[int]):
     m = run.metrics
-    epochs = [r["epoch"] for r in m]
-    paths = []
-
-    fig, ax = _figure(f"Accuracy by epoch - {run.name}", "epoch (from 0)", "accuracy (%)")
+    fig, ax = _figure("Accuracy by epoch", "epoch (from 0)", "accuracy (%)", run_name=run.name)
     ax.plot(epochs, [100 * value(r, "train_acc") for r in m], "o-", label="train (running, augmented)")
     ax.plot(epochs, [100 * value(r, "test_acc") for r in m], "s-", label="test (after the epoch)")
-    _epoch_axis(ax)
     ax.legend()
-    paths.append(_save(fig, os.path.join(out, "acc_train_test.png")))
+    return fig, ax
 
-    fig, ax = _figure(f"Loss by epoch - {run.name}", "epoch (from 0)", "cross-entropy loss")
+
+def _plot_loss(run: Run, epochs: list[int]):
+    m = run.metrics
+    fig, ax = _figure("Loss by epoch", "epoch (from 0)", "cross-entropy loss", run_name=run.name)
     ax.plot(epochs, [value(r, "train_loss") for r in m], "o-", label="train")
     ax.plot(epochs, [value(r, "test_loss") for r in m], "s-", label="test")
-    _epoch_axis(ax)
     ax.legend()
-    paths.append(_save(fig, os.path.join(out, "loss.png")))
+    return fig, ax
 
-    fig, ax = _figure(f"Time per epoch - {run.name}", "epoch (from 0)", "time (s)")
+
+def _plot_epoch_time(run: Run, epochs: list[int]):
+    m = run.metrics
+    fig, ax = _figure("Time per epoch", "epoch (from 0)", "time (s)", run_name=run.name)
     train_t = [value(r, "epoch_time_s") for r in m]
     eval_t = [value(r, "eval_time_s") for r in m]
     ax.bar(epochs, train_t, label="training")
     ax.bar(epochs, [0 if math.isnan(e) else e for e in eval_t], bottom=train_t, label="evaluation")
-    _epoch_axis(ax)
     ax.legend()
-    paths.append(_save(fig, os.path.join(out, "training_time.png")))
+    return fig, ax
 
-    fig, ax = _figure(f"Time per training step by phase - {run.name}", "epoch (from 0)", "time per step (ms)")
+
+def _plot_step_breakdown(run: Run, epochs: list[int]):
+    m = run.metrics
+    fig, ax = _figure("Time per training step by phase", "epoch (from 0)", "time per step (ms)",
+                      run_name=run.name)
     bottom = [0.0] * len(m)
     for p in PHASES:
         per_step = [value(r, f"{p}_time_s") / value(r, "steps") * 1000 for r in m]
@@ -376,12 +393,15 @@ def plot_run(run: Run, out: str) -> list[str]:
     heights = [h for h in bottom + [value(r, "step_time_s") * 1000 for r in m] if not math.isnan(h)]
     if heights and max(heights) > 0:  # room above the bars for the note
         ax.set_ylim(0, max(heights) * 1.15)
-    _epoch_axis(ax)
     handles, labels = ax.get_legend_handles_labels()  # stack order: top phase first
     ax.legend(handles[::-1], labels[::-1], loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
-    paths.append(_save(fig, os.path.join(out, "step_breakdown.png")))
+    return fig, ax
 
-    fig, ax = _figure(f"Gradient traffic per epoch, per rank - {run.name}", "epoch (from 0)", "MB (10^6 bytes)")
+
+def _plot_comm_bytes(run: Run, epochs: list[int]):
+    m = run.metrics
+    fig, ax = _figure("Gradient traffic per epoch, per rank", "epoch (from 0)", "MB (10^6 bytes)",
+                      run_name=run.name)
     series = [("sent by the sync method (counted)", "comm_bytes_per_rank")]
     series += [(f"NIC measured ({k})", k) for k in ("nic_tx_bytes", "nic_rx_bytes") if any(k in r for r in m)]
     width = 0.8 / len(series)
@@ -392,9 +412,23 @@ def plot_run(run: Run, out: str) -> list[str]:
         ax.text(0.5, 0.5, "one rank: no gradient traffic", transform=ax.transAxes, ha="center")
     top = max((value(r, k) / MB for r in m for _, k in series if not math.isnan(value(r, k))), default=0)
     ax.set_ylim(0, top * 1.25 if top > 0 else 1)  # room for the legend above the bars
-    _epoch_axis(ax)
     ax.legend(loc="upper left")
-    paths.append(_save(fig, os.path.join(out, "comm_bytes.png")))
+    return fig, ax
+
+
+RUN_PLOTS = (("acc_train_test.png", _plot_accuracy), ("loss.png", _plot_loss),
+             ("training_time.png", _plot_epoch_time), ("step_breakdown.png", _plot_step_breakdown),
+             ("comm_bytes.png", _plot_comm_bytes))
+
+
+def plot_run(run: Run, out: str) -> list[str]:
+    """The five figures of one run; returns their paths."""
+    epochs = [r["epoch"] for r in run.metrics]
+    paths = []
+    for file_name, plot in RUN_PLOTS:
+        fig, ax = plot(run, epochs)
+        _epoch_axis(ax)
+        paths.append(_save(fig, os.path.join(out, file_name)))
     return paths
 
 

@@ -152,6 +152,28 @@ def test_run_figures_are_readable_pngs(name, reports):
 
 
 @pytest.mark.slow  # uses the module's 2-rank run
+@pytest.mark.parametrize("run_name", ["20250101-120000-vgg11-cifar10-horovod-np2-fp16-accumulation4-freeze2-sweep",
+                                      "ARunNameWithoutHyphensThatIsLongerThanAnyFigureIsWideAndThenSomeMoreToBeSure"])
+def test_a_long_run_name_fits_in_every_figure(runs, run_name):
+    """matplotlib cuts a title off at the figure's edges: each figure's title, the run's name
+    included, lies inside the figure."""
+    run = report.load_run(str(runs["np2"]))
+    run.name = run_name
+    epochs = [r["epoch"] for r in run.metrics]
+    for file_name, plot in report.RUN_PLOTS:
+        fig, _ = plot(run, epochs)
+        fig.canvas.draw()
+        renderer, box = fig.canvas.get_renderer(), fig.bbox
+        titles = [*fig.texts, *(ax.title for ax in fig.axes)]  # fig.texts: suptitle and notes
+        texts = [t for t in titles if t.get_visible() and t.get_text().strip()]
+        assert any(run_name[:8] in t.get_text() for t in texts), file_name  # the name is shown
+        for t in texts:
+            extent = t.get_window_extent(renderer)
+            assert box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1, (file_name, t.get_text(), extent, box)
+            assert box.y0 - 1 <= extent.y0 and extent.y1 <= box.y1 + 1, (file_name, t.get_text(), extent, box)
+
+
+@pytest.mark.slow  # uses the module's 2-rank run
 def test_cli_default_out_and_exit_status(runs, tmp_path):
     run = tmp_path / "copy"
     shutil.copytree(runs["np1"], run, ignore=shutil.ignore_patterns("report", "*.pt"))
