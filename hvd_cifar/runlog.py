@@ -93,7 +93,11 @@ class RankLog:
         stamp = dt.datetime.now().strftime("%H:%M:%S")
         self.file.write(f"{stamp} [rank {self.rank}] {message}\n")
         if self.echo:
-            print(message, flush=True)
+            # One write per message, newline included: print() writes the newline separately, and
+            # under horovodrun/mpirun, which tag each piece of a rank's output they read, a lone
+            # newline arrives as a line of its own ("...threads/rank=1[1,0]<stdout>:").
+            sys.stdout.write(message + "\n")
+            sys.stdout.flush()
 
     def close(self) -> None:
         self.file.close()

@@ -1,0 +1,25 @@
+"""What a person reads under a launcher: horovodrun tags every line a rank prints
+(``[1,0]<stdout>:`` under MPI), so each line from rank 0 must reach the launcher in one write
+with its newline. A newline written on its own arrives as a tag of its own at the end of the
+line before (``...threads/rank=1[1,0]<stdout>:``)."""
+from __future__ import annotations
+
+import re
+
+from conftest import run_train
+
+TAG = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")  # [JOB,RANK] under MPI, [RANK] under Gloo
+LOG_PREFIX = re.compile(r"^\d\d:\d\d:\d\d \[rank 0\] ")   # runlog.RankLog's, on a message's first line
+
+
+def test_each_line_from_rank_0_arrives_whole_under_horovodrun(tiny_args, tmp_path):
+    proc = run_train(tiny_args, launcher="horovodrun", np=2)
+    lines = proc.stdout.splitlines()
+    assert len(lines) > 5, proc.stdout
+    for line in lines:
+        tags = TAG.findall(line)
+        assert len(tags) == 1 and line.startswith(tags[0]), f"a line not whole: {line!r}"
+    # What came out is what rank 0 logged, line for line (blank lines of a message included).
+    printed = [TAG.sub("", line, count=1) for line in lines]
+    logged = [LOG_PREFIX.sub("", line) for line in (tmp_path / "logs" / "run" / "rank0.log").read_text().splitlines()]
+    assert printed == logged
