@@ -1,15 +1,28 @@
-"""``horovodrun`` with a one-line ending: ``python -m hvd_cifar.horovodrun ARGS`` is horovodrun ARGS.
+"""``horovodrun`` that ends in one line and never leaves its job behind:
+``python -m hvd_cifar.horovodrun ARGS`` is horovodrun ARGS, with three differences.
 
-When a rank exits non-zero, horovodrun stops the other ranks (good) and then raises from its
-own driver, printing a Python traceback of the launcher after the rank's own message. The rank
-already said what went wrong, once, so this entry point turns that ending into one line (``horovodrun: job stopped: ...``) naming
-the first failed process and exits with its status. Anything else horovodrun raises (a launcher
-fault, not a rank's) goes through untouched. ``launch/horovodrun.sh`` runs horovodrun this way.
+* When a rank exits non-zero, horovodrun stops the other ranks (good) and then raises from its
+  own driver, printing a Python traceback of the launcher after the rank's own message. The rank
+  already said what went wrong, once, so this entry point turns that ending into one line
+  (``horovodrun: job stopped: ...``) naming the first failed process and exits with its status.
+  Anything else horovodrun raises (a launcher fault, not a rank's) goes through untouched.
+* MPI mode: horovodrun ends by replacing itself with ``/bin/sh -c "mpirun ..."``, a shell that
+  starts mpirun as its child and waits. A SIGTERM or SIGINT sent to the launcher's pid (by a
+  person, ``timeout``, a supervisor) then ends only that shell, and mpirun with every rank runs
+  on, orphaned (dash, Debian's sh, does not exec a ``-c`` command itself). Here the shell is told
+  to ``exec mpirun``, so mpirun holds the launcher's pid and its signals, and stops the ranks.
+* The launcher gets SIGTERM when its parent dies (``launchers.die_with_parent``), in both modes.
+
+``launch/horovodrun.sh`` runs horovodrun this way.
 """
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
+
+from hvd_cifar import launchers
 
 # The messages horovodrun's drivers raise after a worker failed (gloo_run.launch_gloo and
 # gloo_run's elastic path; mpi_run when mpirun itself exits non-zero).
@@ -18,7 +31,31 @@ _GLOO_FAILED = re.compile(r"one or more processes exited with non-zero status.*?
 _MPIRUN_FAILED = re.compile(r"mpirun failed with exit code (?P<code>-?\d+)")
 
 
+def exec_mpirun_in_place() -> None:
+    """Make horovodrun's final ``os.execve('/bin/sh', ['/bin/sh', '-c', 'mpirun ...'], env)``
+    run ``exec mpirun ...``: the shell becomes mpirun instead of waiting for it as a child."""
+    real_execve = os.execve
+
+    def execve(path, args, env):
+        args = list(args)
+        if args[:2] == ["/bin/sh", "-c"] and len(args) == 3 and args[2].startswith("mpirun "):
+            args[2] = "exec " + args[2]
+        return real_execve(path, args, env)
+
+    os.execve = execve
+
+
+def status_text(code: int) -> str:
+    """'143 (SIGTERM)' for a status that says a signal ended the process."""
+    try:
+        return f"{code} ({signal.Signals(code - 128).name})" if code > 128 else str(code)
+    except ValueError:
+        return str(code)
+
+
 def main(argv: list[str] | None = None) -> int:
+    launchers.die_with_parent(launchers.parent_from_env())
+    exec_mpirun_in_place()
     from horovod.runner.launch import run_commandline
 
     if argv is not None:
@@ -30,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         text = str(exc)
         if m := _GLOO_FAILED.search(text):
             code = int(m["code"])
-            print(f"horovodrun: job stopped: process {m['name']} exited with status {code}",
+            print(f"horovodrun: job stopped: process {m['name']} exited with status {status_text(code)}",
                   file=sys.stderr)
         elif m := _MPIRUN_FAILED.search(text):
             code = int(m["code"])
-            print(f"horovodrun: job stopped: mpirun exited with status {code}", file=sys.stderr)
+            print(f"horovodrun: job stopped: mpirun exited with status {status_text(code)}", file=sys.stderr)
         else:
             raise
         # A signal death reads as a negative status; the shell convention is 128 + signal.

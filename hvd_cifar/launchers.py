@@ -9,6 +9,7 @@ benchmarks, ``hvd_cifar.bench`` and ``hvd_cifar.netcluster`` start is built here
 
     python -m hvd_cifar.launchers mpirun-flags   # Horovod's Open MPI flags, one per line
                                                  # (what launch/mpirun.sh hands to mpirun)
+    python -m hvd_cifar.launchers exec mpirun ...  # mpirun ..., stopped when its parent dies
 
 Launchers by name: ``single`` (no launcher, one process), ``horovodrun`` (on this machine,
 ``-H localhost:N``), ``horovodrun-gloo`` (the same with Horovod's Gloo controller) and ``mpirun``
@@ -16,7 +17,9 @@ Launchers by name: ``single`` (no launcher, one process), ``horovodrun`` (on thi
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 from typing import Mapping, Sequence
 
@@ -27,6 +30,9 @@ LAUNCHERS = ("single", "horovodrun", "horovodrun-gloo", "mpirun")
 MAP_FLAGS = ("-bind-to", "none", "-map-by", "slot")  # each rank uses its threads, not one pinned core
 EXPORTED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "NCCL_DEBUG", "HOROVOD_TIMELINE")  # -x: to remote ranks
 TRANSPORT_FLAGS = ("-mca", "pml", "ob1", "-mca", "btl", "^openib")  # TCP and shared memory, no InfiniBand verbs
+
+PR_SET_PDEATHSIG = 1               # <linux/prctl.h>
+PARENT_VAR = "HVD_CIFAR_LAUNCH_PARENT"  # the launch scripts' $PPID: who started the launcher
 
 
 def train_program(python: str = sys.executable) -> list[str]:
@@ -112,10 +118,51 @@ def script(launcher: str, np: int, hostfile: str, options: Sequence[str] = ()) -
     return [os.path.join(ROOT, "launch", f"{launcher}.sh"), "-np", str(np), "-hostfile", hostfile, *options]
 
 
+def die_with_parent(parent: int | None = None) -> None:
+    """Have the kernel send this process SIGTERM when its parent dies, also after it execs
+    another program (the flag survives execve). A launcher whose starter is gone (a killed
+    supervisor, a closed session, a scheduler's step) then stops its job instead of running on
+    with nobody to stop it: mpirun and horovodrun's driver both stop their ranks on SIGTERM.
+
+    ``parent``: the pid that started this process, when a script knows it (``$PPID``); if that
+    parent died before this call, the kernel never sends the signal, so this process sends it
+    to itself. Linux only (elsewhere nothing happens). The kernel watches the parent *thread*:
+    a program that starts a launcher from a thread that then ends stops the launcher too."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        return  # best effort: without it the job is only as safe as before
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def parent_from_env() -> int | None:
+    """The launch script's parent (``PARENT_VAR``), taken out of the environment so that the
+    ranks, which inherit it, never read a pid that means nothing to them."""
+    value = os.environ.pop(PARENT_VAR, "")
+    return int(value) if value.isdigit() else None
+
+
+def exec_guarded(command: Sequence[str]) -> None:
+    """Become ``command`` (exec: signals sent to this pid reach it), stopped when the parent dies."""
+    die_with_parent(parent_from_env())
+    os.execvp(command[0], list(command))
+
+
+USAGE = "usage: python -m hvd_cifar.launchers mpirun-flags | exec PROGRAM [ARGS...]"
+
+
 def main(argv_: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv_ is None else argv_
+    if args[:1] == ["exec"] and len(args) > 1:
+        try:
+            exec_guarded(args[1:])
+        except OSError as exc:  # e.g. no mpirun on PATH
+            print(f"hvd_cifar: error: cannot run {args[1]} ({exc.strerror})", file=sys.stderr)
+            return 127
     if args != ["mpirun-flags"]:
-        print("usage: python -m hvd_cifar.launchers mpirun-flags", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     sys.stdout.write("".join(flag + "\n" for flag in recommended_mpirun_flags()))
     return 0

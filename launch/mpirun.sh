@@ -5,7 +5,7 @@
 #   launch/mpirun.sh -np 2 --oversubscribe --config configs/tiny.yaml      # hostfiles/localhost
 #
 # The hostfile is validated first (comments, blank lines, "HOST slots=N" or "HOST:N") and
-# handed to mpirun as a clean copy. The flags are the ones Horovod's docs give for Open MPI
+# handed to mpirun as -H HOST:SLOTS,... The flags are the ones Horovod's docs give for Open MPI
 # (-bind-to none -map-by slot, -x for the environment remote ranks need, -mca pml ob1 -mca btl
 # ^openib), listed once, with why, in hvd_cifar/launchers.py, which prints them here.
 # Options before the training flags (or before --): -np N, -hostfile FILE | -H FILE,
@@ -29,19 +29,22 @@ while (($#)); do
   esac
 done
 
-clean="$(mktemp "${TMPDIR:-/tmp}/hvd_cifar_hosts.XXXXXX")"
-trap 'rm -f "$clean"' EXIT
-"$PY" -m hvd_cifar.hostfile "$hostfile" --np "$np" --format mpi > "$clean"
+# -H HOST:SLOTS,... says what the hostfile says (slots per host), without a temp file that
+# would outlive an exec'd mpirun.
+hosts="$("$PY" -m hvd_cifar.hostfile "$hostfile" --np "$np" --format horovod)"
 if [ "$np" -eq 0 ]; then
-  np="$(awk -F'slots=' '{s += $2} END {print s}' "$clean")"
+  IFS=',' read -ra entries <<< "$hosts"
+  for entry in "${entries[@]}"; do np=$((np + ${entry##*:})); done
 fi
 [ "$(id -u)" -ne 0 ] || mpi_args+=(--allow-run-as-root)
 flags="$("$PY" -m hvd_cifar.launchers mpirun-flags)"   # one per line
 mapfile -t horovod_flags <<< "$flags"
 
-set +e
-mpirun -np "$np" --hostfile "$clean" "${horovod_flags[@]}" \
+# exec: mpirun takes this script's pid, so a SIGTERM or SIGINT sent to it (a person, timeout,
+# a supervisor) reaches mpirun, which stops every rank; a shell waiting for mpirun would die
+# alone and leave mpirun and the ranks running. hvd_cifar.launchers exec also has mpirun
+# stopped when this script's parent dies.
+HVD_CIFAR_LAUNCH_PARENT="$PPID" exec "$PY" -m hvd_cifar.launchers exec \
+  mpirun -np "$np" -H "$hosts" "${horovod_flags[@]}" \
   ${mpi_args[@]+"${mpi_args[@]}"} \
   "$PY" -m hvd_cifar.train "$@"
-status=$?
-exit "$status"
