@@ -11,8 +11,10 @@ line that names the key; the entry point turns it into one message and a non-zer
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -60,6 +62,7 @@ class Config:
     weight_decay: float = 5e-4
     label_smoothing: float = 0.0
     grad_clip: float = 0.0             # max global norm of the averaged gradients; 0 = no clipping
+    target_acc: float = 0.0            # test accuracy whose first epoch and time go into eval.json; 0 = none
     # --- distribution ---
     sync: str = "horovod"              # gradient synchronisation method, one of SYNC_METHODS
     fp16_allreduce: bool = False       # gradients cross the wire as fp16
@@ -101,6 +104,8 @@ class Config:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
         if not self.lr > 0:
             raise ConfigError(f"lr: must be > 0, got {self.lr}")
+        if not 0 <= self.target_acc <= 1:
+            raise ConfigError(f"target_acc: must be in [0, 1] (a fraction, e.g. 0.95), got {self.target_acc}")
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError(f"label_smoothing: must be in [0, 1), got {self.label_smoothing}")
         if self.momentum >= 1:
@@ -171,6 +176,12 @@ def _coerce(key: str, value: Any, from_cli: bool) -> Any:
         return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if kind is float and isinstance(value, str):
+        # YAML 1.1 reads 1e30 (no dot, no sign in the exponent) as a string; it is a number.
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {raw!r}")
     if kind is dict and value is None:
         value = {}
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

@@ -25,14 +25,27 @@ PHASES = ("data", "forward", "backward", "sync", "optimizer")
 
 # ----------------------------------------------------------------------------- learning rate
 class LrSchedule:
-    """The learning rate of each optimizer update: ``lr`` (tuned for one rank at ``batch_size``)
-    times world size x accumulation steps, reached by a linear warm-up over ``warmup_epochs``,
-    then taken down by ``schedule``."""
+    """The learning rate of each optimizer update.
+
+    ``lr`` is tuned for one rank at ``batch_size`` images per update. An update of this run
+    averages ``multiplier = world size x accumulation steps`` such batches, and its peak rate is
+    ``lr x multiplier`` (``lr_scaling: linear``, Goyal et al.'s rule), ``lr x sqrt(multiplier)``
+    (``sqrt``) or ``lr`` (``none``). Gradual warm-up (Goyal et al.) starts at the one-batch
+    ``lr`` and rises linearly to the peak; the rise takes ``warmup_epochs`` epochs' worth of
+    updates *times the factor the rate is multiplied by*, so the rate climbs by the same step
+    per update whatever the number of ranks (2 ranks take twice as many of their updates as
+    1 rank to reach twice its rate, not half as many). The warm-up is capped at half the run's
+    updates; then ``schedule`` takes the rate down to the end of the run.
+    """
 
     def __init__(self, cfg, world_size: int, updates_per_epoch: int):
-        self.peak = cfg.lr * world_size * cfg.accumulation_steps
+        multiplier = world_size * cfg.accumulation_steps
+        self.factor = {"linear": multiplier, "sqrt": math.sqrt(multiplier), "none": 1.0}[cfg.lr_scaling]
+        self.base, self.peak = cfg.lr, cfg.lr * self.factor
         self.total = cfg.epochs * updates_per_epoch
-        self.warmup = round(cfg.warmup_epochs * updates_per_epoch)
+        # One rank takes warmup_epochs x (updates_per_epoch x multiplier) updates to reach lr.
+        self.warmup = min(round(cfg.warmup_epochs * updates_per_epoch * multiplier * self.factor),
+                          self.total // 2)
         self.schedule = cfg.schedule
 
     def __call__(self, update: int) -> float:
@@ -90,12 +103,34 @@ class UpdateGroups:
         return step % self.k == self.size(step) - 1
 
 
+DIVERGED_LOSS_X = 100.0  # an epoch's mean training loss this many times ln(classes) is divergence
+
+
 class Diverged(RuntimeError):
-    """Training produced non-finite numbers; raised on every rank at the same update."""
+    """Training produced non-finite numbers; raised on every rank at the same update (or, for
+    the epoch's reduced loss, at the same epoch end), so that all stop together."""
 
     def __init__(self, what: str, epoch: int, step: int, lr: float):
         super().__init__(f"{what} at epoch {epoch + 1}, step {step + 1} (lr {lr:.4g})")
         self.what, self.epoch, self.step, self.lr = what, epoch, step, lr
+
+    @classmethod
+    def check_epoch(cls, train_loss: float, test_loss: float, classes: int, epoch: int, steps: int,
+                    lr: float) -> None:
+        """At an epoch's end, from losses every rank holds alike (already reduced): a non-finite
+        loss (an fp16 grad scaler skips non-finite gradients instead of stopping), or a training
+        loss of more than DIVERGED_LOSS_X times chance level, ln(classes), with gradients that
+        stayed finite (BatchNorm keeps them so while the weights run away)."""
+        for name, value in (("training loss", train_loss), ("test loss", test_loss)):
+            if not math.isfinite(value):
+                raise cls(f"non-finite {name}", epoch, steps - 1, lr)
+        if train_loss > DIVERGED_LOSS_X * math.log(classes):
+            raise cls(f"training loss {train_loss:.3g} (over {DIVERGED_LOSS_X:g}x chance level)",
+                      epoch, steps - 1, lr)
+
+    def event(self) -> dict:
+        return {"event": "diverged", "time": time.time(), "what": self.what, "epoch": self.epoch,
+                "step": self.step, "lr": self.lr}
 
 
 def guard_gradients(optimizer: torch.optim.Optimizer, clip: float, scaler, epoch: int, step: int) -> None:
@@ -103,18 +138,18 @@ def guard_gradients(optimizer: torch.optim.Optimizer, clip: float, scaler, epoch
     alone, with no collective, that training diverged: a non-finite loss on any rank makes the
     average non-finite everywhere. Then clips them to a global norm of ``clip`` (0 = off).
     Under an fp16 grad scaler an overflow is the scaler's to handle (it skips that step)."""
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if not grads or (scaler is not None and not clip):
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not params or (scaler is not None and not clip):
         return
     if scaler is not None:
         scaler.unscale_(optimizer)
-    norm = torch.nn.utils.get_total_norm(grads)
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if not torch.isfinite(norm):
         if scaler is not None:
             return
         raise Diverged("non-finite gradients", epoch, step, optimizer.param_groups[0]["lr"])
     if clip:
-        torch.nn.utils.clip_grads_with_norm_(grads, clip, norm)
+        torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
 
 
 class TrainingState:

@@ -39,6 +39,7 @@ from hvd_cifar.sync import make as make_sync
 
 USER_ERRORS = (ConfigError, DataError, RunError)
 SILENT_RANK_EXIT_DELAY_S = 5.0
+EXIT_DIVERGED = 3
 
 
 def load_config(argv: list[str]) -> Config:
@@ -115,6 +116,12 @@ class Training:
     hostnames: tuple = ()
     schedule: engine.LrSchedule | None = None
     updates_per_epoch: int = 1
+    started: float = 0.0                # time.perf_counter() when this process began the run
+    elapsed_before: float = 0.0         # wall time of the run before a resume
+
+    def elapsed_s(self) -> float:
+        """Wall time since the run started (training, evaluation and set-up; across resumes)."""
+        return self.elapsed_before + time.perf_counter() - self.started
 
     @property
     def is_main(self) -> bool:
@@ -242,6 +249,8 @@ def first_start(run: Training) -> None:
         if cfg.resume:
             runlog.truncate_metrics(run_dir, run.start_epoch)
             runlog.remove_stale_temp_files(run_dir)
+            kept = runlog.read_metrics(run_dir)
+            run.elapsed_before = kept[-1].get("elapsed_s", 0.0) if kept else 0.0
         else:
             runlog.write_json(os.path.join(run_dir, "meta.json"),
                               runlog.run_metadata(sync.size, list(run.hostnames), sync.name, str(run.device)))
@@ -303,12 +312,15 @@ def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochRe
     engine.average_buffers(run.model, sync)
     test_loss, test_acc, confusion = engine.evaluate(run)
     images = sums[2].item()
+    engine.Diverged.check_epoch(sums[0].item() / images, test_loss, run.dataset.num_classes, epoch,
+                                result.steps, result.lr)
     wire = sync.wire_bytes_per_sync(run.payload_bytes)
     record = {
         "epoch": epoch, "lr": result.lr,
         "train_loss": sums[0].item() / images, "train_acc": sums[1].item() / images,
         "test_loss": test_loss, "test_acc": test_acc,
         "epoch_time_s": result.time_s, "eval_time_s": time.perf_counter() - eval_start,
+        "elapsed_s": run.elapsed_s(),
         "images_per_s": pass_images / result.time_s, "steps": result.steps, "syncs": result.syncs,
         "step_time_s": result.time_s / (result.steps - result.first_step),
         **{f"{phase}_time_s": phase_times[j].item() for j, phase in enumerate(engine.PHASES)},
@@ -351,11 +363,20 @@ def finish(run: Training, confusion, record: dict | None) -> None:
     test_acc = confusion.diag().sum().item() / confusion.sum().item()
     runlog.write_json(os.path.join(run.run_dir, "eval.json"), {
         "test_acc": test_acc, "test_loss": record["test_loss"], "classes": run.dataset.num_classes,
+        **time_to_target(runlog.read_metrics(run.run_dir), run.cfg.target_acc),
         "confusion_matrix": confusion.tolist(), "classification_report": report,
         "parameters_identical_across_ranks": ranks_agree})
     run.log("classification report (test set):\n" + report_text)
     run.log("confusion matrix (rows: true class, columns: predicted):\n" + format_matrix(confusion))
     run.log(f"final test accuracy {test_acc:.4f}; run folder {run.run_dir}")
+
+
+def time_to_target(records: list[dict], target: float) -> dict:
+    """The first epoch whose test accuracy reached ``target``: its count and elapsed time."""
+    reached = next((r for r in records if target and r["test_acc"] >= target), None)
+    return {"target_acc": target or None,
+            "epochs_to_target": reached["epoch"] + 1 if reached else None,
+            "time_to_target_s": reached.get("elapsed_s") if reached else None}
 
 
 def classification_summary(confusion: torch.Tensor) -> tuple[str, dict]:
@@ -382,19 +403,40 @@ def format_matrix(m: torch.Tensor) -> str:
 # ----------------------------------------------------------------------------- entry point
 def run(cfg: Config) -> SyncMethod:
     """The whole run on this rank; returns the (closed) sync method."""
+    started = time.perf_counter()
     sync, device = start_backend(cfg)
     run_dir = open_run_dir(cfg, sync)
     training = build(cfg, sync, device)
+    training.started = started
     resume(training, run_dir)
     state = sync.training_state(training.model, training.optimizer, commit_every=cfg.commit_every,
                                 run_dir=run_dir, epoch=training.start_epoch, step=0, position=0,
                                 totals=[0.0, 0.0, 0.0])
-    sync.run_elastic(lambda state: train(training, state))(state)
+    try:
+        sync.run_elastic(lambda state: train(training, state))(state)
+    except engine.Diverged as exc:  # every rank raised it at the same update
+        if training.is_main:
+            runlog.append_metrics(training.run_dir, exc.event(), runlog.EVENTS)
+        raise
     # The wrappers the sync method made hold its communication resources (DDP's reducer holds
     # the process group): let them go before the method closes.
     training.net = training.optimizer = state = None
     sync.close()
     return sync
+
+
+def say_once(rank: int, line: str, code: int) -> int:
+    """What every rank knows alike is said once, by rank 0; returns ``code``."""
+    if rank == 0:  # one write: launchers that tag output lines would tag a lone newline too
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    else:
+        # Launchers stop the whole job when the first rank exits non-zero. A silent rank that
+        # got there first would have rank 0 killed before it said why; so the others give
+        # rank 0 time to speak. Normally rank 0 exits first and the launcher ends the job
+        # then, so this wait costs nothing.
+        time.sleep(SILENT_RANK_EXIT_DELAY_S)
+    return code
 
 
 def main(argv: list[str] | None = None) -> tuple[int, bool]:
@@ -406,16 +448,11 @@ def main(argv: list[str] | None = None) -> tuple[int, bool]:
         return 0, sync.leaves_threads_running
     except USER_ERRORS as exc:
         # Bad input is seen by every rank alike (or handed to all by on_main): one line, from rank 0.
-        if rank == 0:  # one write: launchers that tag output lines would tag a lone newline too
-            sys.stderr.write(f"hvd_cifar: error: {exc}\n")
-            sys.stderr.flush()
-        else:
-            # Launchers stop the whole job when the first rank exits non-zero. A silent rank
-            # that got there first would have rank 0 killed before it said why; so the others
-            # give rank 0 time to speak. Normally rank 0 exits first and the launcher ends
-            # the job then, so this wait costs nothing.
-            time.sleep(SILENT_RANK_EXIT_DELAY_S)
-        return 2, False
+        return say_once(rank, f"hvd_cifar: error: {exc}", 2), False
+    except engine.Diverged as exc:
+        return say_once(rank, f"hvd_cifar: diverged: {exc}; the last checkpoint (if any) is from "
+                        f"before it and untouched. Try a lower lr, lr_scaling: sqrt, a longer "
+                        f"warmup_epochs or grad_clip (e.g. 1.0)", EXIT_DIVERGED), False
     except KeyboardInterrupt:
         lifecycle.abort_job(130)
     except Exception as exc:

@@ -94,3 +94,18 @@ def test_cli_bad_key_is_one_line_and_exit_2():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "hvd_cifar: error: batch_sise: unknown config key (did you mean 'batch_size'?)"]
+
+
+def test_exponent_numbers_are_floats_and_non_finite_ones_are_refused(tmp_path):
+    """YAML 1.1 reads 1e30 and 5e-4 as strings; as a flag or in a file they are numbers."""
+    assert config.from_args(["--lr", "1e30"]).lr == 1e30
+    path = tmp_path / "c.yaml"
+    path.write_text("weight_decay: 5e-4\n")
+    assert config.from_args(["--config", str(path)]).weight_decay == 5e-4
+    for bad in ("nan", ".inf", "inf"):
+        with pytest.raises(ConfigError, match="grad_clip: must be a finite number"):
+            config.from_args(["--grad-clip", bad])
+    with pytest.raises(ConfigError, match="lr_scaling: 'cubic' is not one of linear, sqrt, none"):
+        config.from_args(["--lr-scaling", "cubic"])
+    with pytest.raises(ConfigError, match="target_acc: must be in"):
+        config.from_args(["--target-acc", "95"])

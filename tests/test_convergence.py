@@ -1,0 +1,95 @@
+"""Training that stays sound as the experiment changes: the learning-rate rule, gradient
+clipping, the divergence guard, and time to a target accuracy."""
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import TINY, read_metrics, run_train
+from hvd_cifar.config import Config
+from hvd_cifar.engine import LrSchedule, guard_gradients
+
+
+def schedule(np_: int, k: int = 1, scaling: str = "linear", updates_per_epoch: int = 0, **cfg) -> LrSchedule:
+    """The schedule of a digits-sized run (1,437 images, 64 per rank) at ``np_`` ranks."""
+    upe = updates_per_epoch or math.ceil(1437 // np_ // 64 / k)
+    return LrSchedule(Config(lr_scaling=scaling, accumulation_steps=k, **cfg), np_, upe)
+
+
+@pytest.mark.parametrize("scaling, factor", [("linear", lambda m: m), ("sqrt", math.sqrt), ("none", lambda m: 1)])
+def test_peak_lr_follows_the_scaling_rule(scaling, factor):
+    for np_, k in ((1, 1), (2, 1), (4, 1), (2, 4)):
+        s = schedule(np_, k, scaling, epochs=60)
+        assert s.peak == pytest.approx(0.05 * factor(np_ * k))
+        assert max(s(u) for u in range(s.total)) == pytest.approx(s.peak)
+
+
+def test_warmup_climbs_at_one_rank_pace_whatever_the_ranks():
+    """Gradual warm-up: the rate rises by the same amount per update at 1, 2 and 4 ranks (or
+    2 ranks x 4 accumulation steps), so a larger multiplier takes more updates to reach its
+    larger peak, never fewer; the warm-up never takes more than half the run."""
+    one = schedule(1, epochs=200, updates_per_epoch=24)
+    slope = one(1) - one(0)
+    for np_, k in ((2, 1), (4, 1), (2, 4)):
+        s = schedule(np_, k, epochs=200, updates_per_epoch=24 // (np_ * k))
+        assert s(1) - s(0) == pytest.approx(slope, rel=0.1), (np_, k)
+        assert s.warmup > one.warmup
+    short = schedule(4, epochs=2)
+    assert short.warmup == short.total // 2
+    assert short(short.warmup - 1) == pytest.approx(short.peak)
+
+
+def test_grad_clip_bounds_the_global_norm_and_a_nan_is_divergence():
+    p, q = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(4))
+    opt = torch.optim.SGD([p, q], lr=0.1)
+    p.grad, q.grad = torch.full((3,), 3.0), torch.full((4,), 4.0)
+    guard_gradients(opt, 1.0, None, epoch=0, step=0)
+    norm = torch.cat([p.grad, q.grad]).norm().item()
+    assert norm == pytest.approx(1.0, rel=1e-4)
+    p.grad, q.grad = torch.full((3,), 3.0), torch.full((4,), 4.0)
+    guard_gradients(opt, 0.0, None, epoch=0, step=0)  # 0 = off: untouched
+    assert p.grad[0].item() == 3.0
+    q.grad[1] = float("nan")
+    from hvd_cifar.engine import Diverged
+    with pytest.raises(Diverged, match="non-finite gradients at epoch 3, step 8"):
+        guard_gradients(opt, 0.0, None, epoch=2, step=7)
+
+
+@pytest.mark.parametrize("lr, what", [("1e30", "non-finite"), ("1000", "chance level")])
+def test_divergence_stops_every_rank_with_one_line_and_keeps_the_checkpoint(tmp_path, tiny_args, lr, what):
+    """A diverging run (1 good epoch, then resumed with an absurd lr) ends with exit status 3 on
+    both ranks, one line from rank 0 saying where and what to try, an event line, and the good
+    epoch's checkpoint and metrics left as they were."""
+    run = tmp_path / "logs" / "run"
+    run_train([*tiny_args, "--epochs", "1"], launcher="horovodrun", np=2)
+    before = (run / "checkpoint_last.pt").read_bytes()
+    proc = run_train(["--resume", str(run), "--epochs", "3", "--lr", lr], launcher="horovodrun", np=2,
+                     check=False)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    ours = [line for line in proc.stderr.splitlines() if "hvd_cifar:" in line]
+    assert len(ours) == 1 and "hvd_cifar: diverged:" in ours[0] and what in ours[0], proc.stderr[-3000:]
+    assert "at epoch 2, step" in ours[0] and "grad_clip" in ours[0] and "lr_scaling: sqrt" in ours[0]
+    assert "Traceback" not in proc.stderr
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "diverged" and events[-1]["epoch"] == 1
+    assert (run / "checkpoint_last.pt").read_bytes() == before
+    assert [r["epoch"] for r in read_metrics(run)] == [0]
+
+
+def test_time_to_target_matches_the_metrics_lines(tmp_path, tiny_args):
+    run_train([*tiny_args, "--epochs", "3", "--max-steps-per-epoch", "0", "--target-acc", "0.5"])
+    run = tmp_path / "logs" / "run"
+    records = read_metrics(run)
+    elapsed = [r["elapsed_s"] for r in records]
+    assert elapsed == sorted(elapsed) and elapsed[0] >= records[0]["epoch_time_s"]
+    first = next(r for r in records if r["test_acc"] >= 0.5)
+    evaluation = json.loads((run / "eval.json").read_text())
+    assert evaluation["target_acc"] == 0.5
+    assert evaluation["epochs_to_target"] == first["epoch"] + 1
+    assert evaluation["time_to_target_s"] == first["elapsed_s"]
+    # never reached: null, not a made-up number
+    run_train(["--config", TINY, "--log-dir", str(tmp_path / "logs"), "--run-name", "never",
+               "--epochs", "1", "--target-acc", "1.0"])
+    never = json.loads((tmp_path / "logs" / "never" / "eval.json").read_text())
+    assert never["epochs_to_target"] is None and never["time_to_target_s"] is None
