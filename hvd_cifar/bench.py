@@ -7,9 +7,17 @@ own launched job, and tabulate and plot how throughput scales with the number of
         --model vgg11 --dataset cifar10 --steps 50 --extra "--data-dir /shared/data"
     python -m hvd_cifar.bench --np 1 2 --dry-run          # print the commands, run nothing
 
+Time to accuracy (whole epochs, --steps 0), with options tried at one world size only (--also):
+
+    python -m hvd_cifar.bench --model vgg11 --dataset digits --batch-size 64 --epochs 6 --steps 0 \
+        --target-acc 0.95 --np 1 2 4 --sync horovod ddp mpi-gather-scatter \
+        --also "--np 2 --sync horovod --fp16-allreduce true" --also "--np 2 --sync horovod --accumulation-steps 4"
+
 Options taking several values (--np, --sync, --model, --batch-size, --fp16-allreduce,
---accumulation-steps, --freeze) span a cartesian product; each combination is one run of
-``python -m hvd_cifar.train`` with ``--max-steps-per-epoch STEPS``, launched by
+--accumulation-steps, --freeze) span a cartesian product. Each --also "OPTIONS" adds another
+product: these options as given there, the others as in the main sweep; a configuration asked
+for twice runs once. Each configuration is one run of ``python -m hvd_cifar.train`` with
+``--max-steps-per-epoch STEPS`` (0: whole epochs) and ``--target-acc``, launched by
   horovodrun:  .venv/bin/horovodrun -np N -H localhost:N python -m hvd_cifar.train ...
                (with --hostfile: launch/horovodrun.sh -np N -hostfile FILE ...)
   mpirun:      mpirun --oversubscribe -np N -bind-to none -map-by slot python -m hvd_cifar.train ...
@@ -21,7 +29,8 @@ Everything goes under --out (default logs/bench-YYYYmmdd-HHMMSS):
   logs/NAME.stdout.txt, logs/NAME.stderr.txt   each job's output
   scaling.md, scaling.csv, scaling.png          the table and the plot
 Numbers are made by ``hvd_cifar.report`` (means over epochs after the first when there are two
-or more; speedup from img/s against np=1 of the same configuration). A configuration that
+or more; speedup from img/s against np=1 of the same configuration; time to --target-acc from
+each run's eval.json, and its speedup against np=1 when both reached it). A configuration that
 fails (non-zero exit, or no end within --timeout seconds) is a row with status
 ``failed (...)`` and its stderr tail in scaling.md; the sweep goes on. Exit status: 0 when
 every configuration ran, 1 when some failed, 2 for bad options.
@@ -42,8 +51,9 @@ import time
 from hvd_cifar import config as config_mod
 from hvd_cifar import launchers
 from hvd_cifar.config import ConfigError
-from hvd_cifar.report import (MB, Column, OneLineParser, ReportError, add_speedup, load_run,
-                              markdown_table, num, plot_scaling, summarize, write_csv)
+from hvd_cifar.report import (MB, TARGET_CSV_COLUMNS, TARGET_NOTE, Column, OneLineParser, ReportError,
+                              add_speedup, load_run, markdown_table, num, plot_scaling, summarize,
+                              with_target_columns, write_csv)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Swept options: (bench flag / row key, trainer flag)
@@ -52,7 +62,8 @@ SWEEP = (("model", "--model"), ("sync", "--sync"), ("batch_size", "--batch-size"
          ("freeze", "--freeze"), ("world_size", None))
 # Trainer keys the bench sets itself; --extra may not override them or the table would lie.
 OWNED_KEYS = ("model", "sync", "batch_size", "fp16_allreduce", "accumulation_steps", "freeze",
-              "dataset", "epochs", "max_steps_per_epoch", "log_dir", "run_name", "resume", "progress")
+              "dataset", "epochs", "max_steps_per_epoch", "target_acc", "log_dir", "run_name", "resume",
+              "progress")
 STDERR_TAIL_LINES = 20
 # The trainer's own one-line verdict, without the "[1,0]<stderr>:" tags launchers add around it.
 ERROR_LINE = re.compile(r"hvd_cifar: (?:error: |rank \d+ failed).*?(?=\[\d+,\d+\]<std|$)")
@@ -88,19 +99,68 @@ def integer(minimum: int):
 positive, non_negative = integer(1), integer(0)
 
 
+def fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= x <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1] (a fraction, e.g. 0.95), got {text}")
+    return x
+
+
+def add_sweep_options(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """The options whose values span a cartesian product; an --also sweep's have no defaults
+    (what it leaves out, it takes from the main sweep)."""
+    d = (lambda v: v) if defaults else (lambda v: None)
+    p.add_argument("--np", nargs="+", type=positive, default=d([1, 2]), help="process counts (default: 1 2)")
+    p.add_argument("--sync", nargs="+", choices=config_mod.SYNC_METHODS, default=d(["horovod"]))
+    p.add_argument("--model", nargs="+", choices=config_mod.MODELS, default=d(["smallcnn"]))
+    p.add_argument("--batch-size", nargs="+", type=positive, default=d([32]), help="images per rank per step")
+    p.add_argument("--fp16-allreduce", nargs="+", type=boolean, default=d([False]))
+    p.add_argument("--accumulation-steps", nargs="+", type=positive, default=d([1]))
+    p.add_argument("--freeze", nargs="+", type=non_negative, default=d([0]), help="leading frozen blocks")
+
+
+class AlsoParser(argparse.ArgumentParser):
+    """The options of one --also sweep; a mistake is a BenchError naming --also."""
+
+    def error(self, message: str):
+        raise BenchError(f"--also: {message}")
+
+
+def sweep_values(options: argparse.Namespace) -> dict[str, list]:
+    """One sweep's values by row key, in SWEEP's order (world_size last: np varies fastest)."""
+    return {key: getattr(options, "np" if key == "world_size" else key) for key, _ in SWEEP}
+
+
+def also_sweep(main: dict[str, list], text: str) -> dict[str, list]:
+    """An --also "OPTIONS" sweep: the options given there, the rest from the main sweep."""
+    try:
+        tokens = shlex.split(text)
+    except ValueError as exc:
+        raise BenchError(f"--also: cannot split {text!r} ({exc})") from None
+    parser = AlsoParser(prog="--also", add_help=False)
+    add_sweep_options(parser, defaults=False)
+    given = sweep_values(parser.parse_args(tokens))
+    sweep = {key: values if values is not None else main[key] for key, values in given.items()}
+    sweep["world_size"] = sorted(set(sweep["world_size"]))
+    return sweep
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = OneLineParser(prog="python -m hvd_cifar.bench", description=__doc__.split("\n\n")[0],
                       epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--np", nargs="+", type=positive, default=[1, 2], help="process counts (default: 1 2)")
-    p.add_argument("--sync", nargs="+", choices=config_mod.SYNC_METHODS, default=["horovod"])
-    p.add_argument("--model", nargs="+", choices=config_mod.MODELS, default=["smallcnn"])
-    p.add_argument("--batch-size", nargs="+", type=positive, default=[32], help="images per rank per step")
-    p.add_argument("--fp16-allreduce", nargs="+", type=boolean, default=[False])
-    p.add_argument("--accumulation-steps", nargs="+", type=positive, default=[1])
-    p.add_argument("--freeze", nargs="+", type=non_negative, default=[0], help="leading frozen blocks")
+    add_sweep_options(p, defaults=True)
+    p.add_argument("--also", action="append", default=[], metavar='"OPTIONS"',
+                   help='one more sweep, e.g. "--np 2 --fp16-allreduce true": the sweep options given '
+                        'there, the others as in the main sweep (repeatable)')
     p.add_argument("--dataset", choices=config_mod.DATASETS, default="synthetic",
                    help="default: synthetic (CIFAR-shaped random images, offline)")
-    p.add_argument("--steps", type=positive, default=10, help="training steps per epoch per rank")
+    p.add_argument("--steps", type=non_negative, default=10,
+                   help="training steps per epoch per rank (default 10; 0: whole epochs)")
+    p.add_argument("--target-acc", type=fraction, default=0.0,
+                   help="test accuracy whose time and epochs to reach go in the table (e.g. 0.95; default 0: none)")
     p.add_argument("--epochs", type=positive, default=2,
                    help="default 2: the first (warm-up) epoch is left out of the means")
     p.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun")
@@ -111,6 +171,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     args.np = sorted(set(args.np))  # np=1 first, so a group's baseline runs before the others
+    try:
+        args.also = [also_sweep(sweep_values(args), text) for text in args.also]
+    except BenchError as exc:
+        p.error(str(exc))
     return args
 
 
@@ -133,11 +197,15 @@ def extra_flags(extra: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- the sweep
 def configurations(args) -> list[dict]:
-    """The cartesian product, np varying fastest."""
-    values = [args.model, args.sync, args.batch_size, args.fp16_allreduce, args.accumulation_steps,
-              args.freeze, args.np]
-    keys = [key for key, _ in SWEEP]
-    return [dict(zip(keys, combo), dataset=args.dataset) for combo in itertools.product(*values)]
+    """The main sweep's cartesian product, then each --also sweep's, np varying fastest; a
+    configuration asked for twice runs once."""
+    configs: list[dict] = []
+    for sweep in (sweep_values(args), *args.also):
+        for combo in itertools.product(*sweep.values()):
+            cfg = dict(zip(sweep, combo), dataset=args.dataset)
+            if cfg not in configs:
+                configs.append(cfg)
+    return configs
 
 
 def run_name(cfg: dict) -> str:
@@ -158,8 +226,8 @@ def train_flags(cfg: dict, args, runs_dir: str, name: str, extra: list[str]) -> 
     flags = [flag_arg for key, flag in SWEEP if flag
              for flag_arg in (flag, str(cfg[key]).lower() if isinstance(cfg[key], bool) else str(cfg[key]))]
     return [*flags, "--dataset", args.dataset, "--epochs", str(args.epochs),
-            "--max-steps-per-epoch", str(args.steps), "--log-dir", runs_dir, "--run-name", name,
-            "--progress", "false", *extra]
+            "--max-steps-per-epoch", str(args.steps), "--target-acc", str(args.target_acc),
+            "--log-dir", runs_dir, "--run-name", name, "--progress", "false", *extra]
 
 
 def command(n: int, args, flags: list[str]) -> list[str]:
@@ -243,29 +311,41 @@ def collect(cfg: dict, run_dir: str, code: int | None, timeout: int) -> dict:
     return row
 
 
+def target_note(row: dict) -> str:
+    """The progress line's word on the target: when (and in which epoch) it was reached."""
+    if not row.get("target_acc"):
+        return ""
+    if row.get("time_to_target_s") is None:
+        return f"; {row['target_acc']:.2%} not reached"
+    return f"; {row['target_acc']:.2%} reached in {row['time_to_target_s']:.1f} s (epoch {row['epochs_to_target']})"
+
+
 # ----------------------------------------------------------------------------- the table
+# The time-to-target columns (report.TARGET_COLUMNS) go between these and the status when there
+# is a target, beside img/s and its scaling.
 SCALING_COLUMNS = [
     Column("np", "world_size"), Column("sync", "sync"), Column("model", "model"), Column("dataset", "dataset"),
     Column("batch/rank", "batch_size"), Column("fp16 allreduce", "fp16_allreduce"),
     Column("accum steps", "accumulation_steps"), Column("freeze", "freeze"),
     num("epoch time (s)", "mean_epoch_time_s", ".3f"),
-    num("img/s", "images_per_s", ".1f"),
     num("step time (ms)", "step_time_s", ".2f", 1e-3),
     num("sync time (ms/step)", "sync_time_per_step_s", ".2f", 1e-3),
     num("bytes/step/rank (MB)", "bytes_per_step_per_rank", ".4f", MB),
     num("final test acc (%)", "final_test_acc", ".2f", 0.01),
+    num("img/s", "images_per_s", ".1f"),
     num("speedup vs np=1", "speedup", ".2f"),
     num("efficiency", "efficiency", ".2f"),
-    Column("status", "status"),
 ]
-CSV_COLUMNS = SCALING_COLUMNS + [Column("run", "run"), Column("epochs", "epochs"), Column("run_dir", "run_dir"),
-                                 Column("error", "error"), Column("stderr", "stderr_file"),
-                                 Column("command", "command")]
+STATUS_COLUMN = Column("status", "status")
+CSV_COLUMNS = SCALING_COLUMNS + TARGET_CSV_COLUMNS + [
+    STATUS_COLUMN, Column("run", "run"), Column("epochs", "epochs"), Column("elapsed_s", "elapsed_s"),
+    Column("run_dir", "run_dir"), Column("error", "error"), Column("stderr", "stderr_file"),
+    Column("command", "command")]
 
 
 def write_outputs(rows: list[dict], args, out: str, argv: list[str]) -> str:
     add_speedup(rows)
-    table = markdown_table(SCALING_COLUMNS, rows)
+    table = markdown_table([*with_target_columns(SCALING_COLUMNS, rows), STATUS_COLUMN], rows)
     write_csv(os.path.join(out, "scaling.csv"), CSV_COLUMNS, rows)
     ok = [r for r in rows if r["status"] == "ok"]
     if ok:
@@ -274,11 +354,14 @@ def write_outputs(rows: list[dict], args, out: str, argv: list[str]) -> str:
              f"`python -m hvd_cifar.bench {shlex.join(argv)}`\n",
              f"{dt.datetime.now().isoformat(timespec='seconds')}; launcher {args.launcher}"
              f"{' with hostfile ' + args.hostfile if args.hostfile else ' on this machine'}; "
-             f"{args.epochs} epoch(s) of {args.steps} steps per rank; data set {args.dataset}.\n",
+             f"{args.epochs} {'whole epoch(s)' if not args.steps else f'epoch(s) of {args.steps} steps per rank'}; "
+             f"data set {args.dataset}"
+             f"{f'; target test accuracy {args.target_acc:.2%}' if args.target_acc else ''}.\n",
              "Times, img/s (all ranks) and bytes are means over the epochs after the first when there are "
              "two or more. Step and sync times are per training step (sync: mean over ranks). Bytes: gradient "
              "bytes one rank sends per step. Speedup: img/s over img/s of np=1 with the same other "
              "settings; efficiency: speedup / np.\n",
+             *([TARGET_NOTE] if args.target_acc else []),
              table]
     lines += ["![scaling](scaling.png)\n"] if ok else ["No configuration finished; no plot.\n"]
     failed = [r for r in rows if r["status"] != "ok"]
@@ -339,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         row.update(command=shlex.join(cmd), stderr_file=stderr_file,
                    error=first_error(stderr_file) if row["status"] != "ok" else "")
         rows.append(row)
-        print(f"{row['status']} ({seconds:.1f} s){' ' + row['error'] if row['error'] else ''}", flush=True)
+        print(f"{row['status']} ({seconds:.1f} s){' ' + row['error'] if row['error'] else ''}"
+              f"{target_note(row)}", flush=True)
     if args.dry_run:
         return 0
 

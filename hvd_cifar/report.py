@@ -25,6 +25,12 @@ How the numbers are made (the same for every table and for ``hvd_cifar.bench``):
     same number of steps whatever the world size, so an epoch holds N times more images.
   * bytes are the gradient bytes one rank sends (``comm_bytes_per_rank`` in metrics.jsonl,
     counted by the sync method), 1 MB = 10^6 bytes.
+  * time to target = ``elapsed_s`` (wall time since the run started: set-up, training and
+    evaluation, continued across resumes) of the first epoch whose test accuracy reached the
+    run's ``target_acc``, and epochs to target its count (eval.json's ``time_to_target_s`` and
+    ``epochs_to_target``; for a run without eval.json, found in metrics.jsonl the same way).
+    Time-to-target speedup = np=1's time to target / the run's, against the np=1 run of the
+    same configuration and target, and only when both reached the target.
 
 Bad input (no metrics.jsonl, an empty or corrupt one) ends with one line
 ``hvd_cifar: error: ...`` on stderr and exit status 2.
@@ -47,11 +53,14 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from hvd_cifar import train
 from hvd_cifar.engine import PHASES
 
 # What makes two runs "the same configuration" for speedup; world size is what differs.
 CONFIG_KEYS = ("model", "dataset", "batch_size", "sync", "fp16_allreduce", "accumulation_steps", "freeze")
 MB = 1e6  # bytes
+# eval.json's time-to-accuracy keys (hvd_cifar.train.time_to_target); None: no target / not reached
+TARGET_KEYS = ("target_acc", "epochs_to_target", "time_to_target_s")
 TITLE_ROOM = 0.95  # share of a figure's width that its title may take
 
 
@@ -160,6 +169,16 @@ def setting(run: Run, key: str) -> Any:
     return run.config.get(key, last.get(key))
 
 
+def time_to_target(run: Run) -> dict:
+    """The run's target test accuracy and the epochs and wall time it took to reach it (see the
+    module doc): eval.json's, as the trainer wrote them at the end; for a run without them
+    (unfinished, or older than these keys), found in metrics.jsonl by the trainer's own rule."""
+    if run.evaluation and all(k in run.evaluation for k in TARGET_KEYS):
+        return {k: run.evaluation[k] for k in TARGET_KEYS}
+    target = run.config.get("target_acc") or 0.0
+    return train.time_to_target([r for r in run.metrics if "test_acc" in r], target)
+
+
 def summarize(run: Run) -> dict:
     """One row of numbers for a run; averages are over steady-state epochs (see module doc)."""
     m = run.metrics
@@ -178,6 +197,8 @@ def summarize(run: Run) -> dict:
         "bytes_per_step_per_rank": steady_per_step(m, "comm_bytes_per_rank"),
         "final_test_acc": value(m[-1], "test_acc"),
         "final_train_acc": value(m[-1], "train_acc"),
+        "elapsed_s": value(m[-1], "elapsed_s"),
+        **time_to_target(run),
         "path": run.path,
     })
     return row
@@ -202,6 +223,37 @@ def add_speedup(rows: list[dict]) -> None:
             row["efficiency"] = row["speedup"] / n
         else:
             row["speedup"] = row["efficiency"] = math.nan
+    add_target_speedup(rows)
+
+
+def add_target_speedup(rows: list[dict]) -> None:
+    """Fill ``target_speedup`` in place: time to target of the first world-size-1 row of the same
+    configuration and target / the row's; NaN unless both reached the target, with
+    ``target_speedup_note`` saying why ('' when there is a number, and for rows without the
+    target keys: a failed bench job)."""
+    baselines: dict[tuple, dict] = {}
+    for row in rows:
+        if row.get("world_size") == 1 and row.get("target_acc"):
+            baselines.setdefault((config_key(row), row["target_acc"]), row)
+    for row in rows:
+        base = baselines.get((config_key(row), row.get("target_acc")))
+        note = target_speedup_note(row, base) if "target_acc" in row else ""
+        reached = "target_acc" in row and not note
+        row["target_speedup"] = base["time_to_target_s"] / row["time_to_target_s"] if reached else math.nan
+        row["target_speedup_note"] = note
+
+
+def target_speedup_note(row: dict, base: dict | None) -> str:
+    """Why ``row`` has no time-to-target speedup against its np=1 row ``base`` ('' if it has one)."""
+    if not row.get("target_acc"):
+        return "no target"
+    if base is None:
+        return "no np=1 result"
+    if row.get("time_to_target_s") is None:
+        return "not reached"
+    if base.get("time_to_target_s") is None:
+        return "np=1 did not reach it"
+    return ""
 
 
 # ----------------------------------------------------------------------------- tables
@@ -216,6 +268,7 @@ class Column:
     key: str                             # key in the row dict; also the CSV header
     fmt: Callable[[Any], str] = text     # Markdown cell; the CSV gets the raw value
     numeric: bool = False                # right-aligned in Markdown
+    row_fmt: Callable[[dict], str] | None = None  # Markdown cell made from the whole row, if set
 
 
 def fmt_number(v: Any, spec: str, scale: float = 1.0) -> str:
@@ -230,10 +283,28 @@ def num(header: str, key: str, spec: str, scale: float = 1.0) -> Column:
     return Column(header, key, lambda v: fmt_number(v, spec, scale), numeric=True)
 
 
+def target_cell(key: str, spec: str) -> Callable[[dict], str]:
+    """A time-/epochs-to-target cell: the number; 'not reached' when the run had a target and
+    never reached it; '-' when it had no target (or the number was not recorded)."""
+    def cell(row: dict) -> str:
+        if not row.get("target_acc"):
+            return "-"
+        if row.get("epochs_to_target") is None:
+            return "not reached"
+        return fmt_number(row.get(key), spec)
+    return cell
+
+
+def target_speedup_cell(row: dict) -> str:
+    v = row.get("target_speedup", math.nan)
+    return fmt_number(v, ".2f") if not math.isnan(v) else row.get("target_speedup_note") or "-"
+
+
 def markdown_table(columns: list[Column], rows: list[dict]) -> str:
     def cell(c: Column, row: dict) -> str:
         v = row.get(c.key)
-        return (c.fmt(v) if v is not None else "-").replace("|", "\\|")
+        shown = c.row_fmt(row) if c.row_fmt else c.fmt(v) if v is not None else "-"
+        return shown.replace("|", "\\|")
     lines = ["| " + " | ".join(c.header for c in columns) + " |",
              "|" + "|".join("---:" if c.numeric else "---" for c in columns) + "|"]
     lines += ["| " + " | ".join(cell(c, row) for c in columns) + " |" for row in rows]
@@ -262,6 +333,7 @@ EPOCH_COLUMNS = [
     num("test acc (%)", "test_acc", ".2f", 0.01),
     num("lr", "lr", ".4g"),
     num("epoch time (s)", "epoch_time_s", ".3f"),
+    num("elapsed (s)", "elapsed_s", ".1f"),
     num("img/s", "images_per_s", ".1f"),
     *[num(f"{p} (ms/step)", f"{p}_ms_per_step", ".2f") for p in PHASES],
     num("bytes/rank (MB)", "comm_bytes_per_rank", ".3f", MB),
@@ -283,6 +355,26 @@ COMPARE_COLUMNS = CONFIG_COLUMNS + [
     num("bytes/epoch/rank (MB)", "bytes_per_epoch_per_rank", ".3f", MB),
     num("final test acc (%)", "final_test_acc", ".2f", 0.01),
 ]
+
+# Time to accuracy: in the Markdown tables when some run had a target; in the CSV files always.
+TARGET_COLUMNS = [
+    num("target acc (%)", "target_acc", ".2f", 0.01),
+    Column("epochs to target", "epochs_to_target", numeric=True, row_fmt=target_cell("epochs_to_target", ".0f")),
+    Column("time to target (s)", "time_to_target_s", numeric=True, row_fmt=target_cell("time_to_target_s", ".1f")),
+    Column("time-to-target speedup vs np=1", "target_speedup", numeric=True, row_fmt=target_speedup_cell),
+]
+TARGET_CSV_COLUMNS = TARGET_COLUMNS + [Column("target_speedup_note", "target_speedup_note")]
+
+
+TARGET_NOTE = ("Time to target: wall time from the start of the run (set-up, training and evaluation) "
+               "to the end of the evaluation of the first epoch whose test accuracy reached the target; "
+               "epochs to target: that epoch's count. Time-to-target speedup: the np=1 run's time to "
+               "target / this run's, same configuration and target, only when both reached it.\n")
+
+
+def with_target_columns(columns: list[Column], rows: list[dict]) -> list[Column]:
+    """``columns`` plus the time-to-target columns when some row had a target."""
+    return columns + TARGET_COLUMNS if any(r.get("target_acc") for r in rows) else columns
 
 
 def epoch_rows(run: Run) -> list[dict]:
@@ -511,13 +603,27 @@ def plot_scaling(rows: list[dict], path: str) -> str:
 
 
 # ----------------------------------------------------------------------------- reports
-def run_report(run: Run, out: str) -> str:
-    """report.md and the figures of one run in ``out``; returns the report's path."""
-    os.makedirs(out, exist_ok=True)
-    figures = plot_run(run, out)
-    s = summarize(run)
+def target_items(s: dict) -> list[tuple[str, str]]:
+    """The summary's time-to-accuracy lines from a ``summarize`` row; a target never reached is
+    said so, a run without a target says that instead."""
+    if not s["target_acc"]:
+        return [("target test accuracy (%)", "none (target_acc not set)"),
+                ("epochs to target", "- (no target)"), ("time to target (s)", "- (no target)")]
+    if s["epochs_to_target"] is None:
+        never = f"not reached in {s['epochs']} epoch{'s' if s['epochs'] != 1 else ''}"
+        epochs, seconds = never, never
+    else:
+        epochs = str(s["epochs_to_target"])
+        seconds = fmt_number(s["time_to_target_s"], ".3f")
+    return [("target test accuracy (%)", fmt_number(s["target_acc"], ".2f", 0.01)),
+            ("epochs to target", epochs),
+            ("time to target (s, wall time since the run started)", seconds)]
+
+
+def summary_items(run: Run, s: dict) -> list[tuple[str, Any]]:
+    """The run report's summary table, (item, value) pairs, from a ``summarize`` row."""
     cfg, last = run.config, run.metrics[-1]
-    summary = [
+    return [
         ("model", s["model"]), ("dataset", s["dataset"]),
         ("world size (ranks)", s["world_size"]), ("hosts", ", ".join(sorted(set(run.meta.get("hostnames", [])))) or "-"),
         ("launcher", run.meta.get("launcher", "-")), ("device", run.meta.get("device", "-")),
@@ -536,13 +642,23 @@ def run_report(run: Run, out: str) -> str:
         ("bytes per epoch per rank (MB, same epochs)", fmt_number(s["bytes_per_epoch_per_rank"], ".3f", MB)),
         ("final train accuracy (%)", fmt_number(s["final_train_acc"], ".2f", 0.01)),
         ("final test accuracy (%)", fmt_number(s["final_test_acc"], ".2f", 0.01)),
+        ("wall time (s, set-up, training and evaluation)", fmt_number(s["elapsed_s"], ".3f")),
+        *target_items(s),
     ]
+
+
+def run_report(run: Run, out: str) -> str:
+    """report.md and the figures of one run in ``out``; returns the report's path."""
+    os.makedirs(out, exist_ok=True)
+    figures = plot_run(run, out)
+    summary = summary_items(run, summarize(run))
     lines = [f"# Run report: {run.name}\n", f"Run folder: `{run.path}`\n", "## Summary\n",
             markdown_table([Column("item", "k"), Column("value", "v")], [{"k": k, "v": text(v)} for k, v in summary]),
             "## Per epoch\n",
             "Epochs are numbered from 0 as in metrics.jsonl. Accuracy and loss on the training set are "
             "running values over the epoch's (augmented) batches. Phase times are per training step "
-            "(phase time / steps, mean over ranks); bytes are gradient bytes sent per rank in the epoch.\n",
+            "(phase time / steps, mean over ranks); bytes are gradient bytes sent per rank in the epoch; "
+            "elapsed: wall time since the run started (set-up, training and evaluation).\n",
             markdown_table(EPOCH_COLUMNS, epoch_rows(run))]
     if run.evaluation:
         lines += ["## Final evaluation (test set)\n",
@@ -576,13 +692,14 @@ def compare_report(runs: list[Run], out: str) -> str:
     figures = plot_compare(runs, rows, out)
     if any(len(g) >= 2 for g in scaling_groups(rows).values()):
         figures.append(plot_scaling(rows, os.path.join(out, "scaling.png")))
-    write_csv(os.path.join(out, "compare.csv"), COMPARE_COLUMNS + [Column("path", "path")], rows)
+    write_csv(os.path.join(out, "compare.csv"), COMPARE_COLUMNS + TARGET_CSV_COLUMNS + [Column("path", "path")], rows)
     lines = ["# Run comparison\n",
             "Means and img/s are over all epochs but the first (warm-up) when a run has two or more. "
             "Speedup = img/s / img/s of the np=1 run of the same model, dataset, batch size per rank, "
             "sync, fp16 allreduce, accumulation steps and freeze among these runs; efficiency = "
             "speedup / np; '-' where there is no such run. Bytes: gradient bytes sent per rank.\n",
-            markdown_table(COMPARE_COLUMNS, rows), "## Figures\n",
+            *([TARGET_NOTE] if any(r["target_acc"] for r in rows) else []),
+            markdown_table(with_target_columns(COMPARE_COLUMNS, rows), rows), "## Figures\n",
             *[f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures],
             "## Run folders\n", *[f"- {row['run']}: `{row['path']}`" for row in rows], ""]
     path = os.path.join(out, "compare.md")
