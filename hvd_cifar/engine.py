@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from hvd_cifar import data
+from hvd_cifar import data, preempt
 
 # The phases of a step, in order; each is timed separately and reported as ``<phase>_time_s``.
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
@@ -28,14 +28,14 @@ class LrSchedule:
     """The learning rate of each optimizer update.
 
     ``lr`` is tuned for one rank at ``batch_size`` images per update. An update of this run
-    averages ``multiplier = world size x accumulation steps`` such batches, and its peak rate is
-    ``lr x multiplier`` (``lr_scaling: linear``, Goyal et al.'s rule), ``lr x sqrt(multiplier)``
-    (``sqrt``) or ``lr`` (``none``). Gradual warm-up (Goyal et al.) starts at the one-batch
-    ``lr`` and rises linearly to the peak; the rise takes ``warmup_epochs`` epochs' worth of
-    updates *times the factor the rate is multiplied by*, so the rate climbs by the same step
-    per update whatever the number of ranks (2 ranks take twice as many of their updates as
-    1 rank to reach twice its rate, not half as many). The warm-up is capped at half the run's
-    updates; then ``schedule`` takes the rate down to the end of the run.
+    averages ``m = world size x accumulation steps`` such batches, and its peak rate is
+    ``lr x m`` (``lr_scaling: linear``, Goyal et al.'s rule), ``lr x sqrt(m)`` (``sqrt``) or
+    ``lr`` (``none``). Warm-up (gradual, as in Goyal et al., counted in updates) rises linearly
+    from 0 by the same amount per update as a one-rank run's does: one rank reaches ``lr`` in
+    ``warmup_epochs`` of its epochs; a peak ``f`` times higher takes ``f`` times as many
+    updates, so 2 ranks never reach twice the rate in half the updates 1 rank takes to reach it
+    once. The warm-up is capped at half the run's updates; then ``schedule`` takes the rate
+    down to the end of the run. docs/CONVERGENCE.md has the measurements behind the defaults.
     """
 
     def __init__(self, cfg, world_size: int, updates_per_epoch: int):
@@ -157,8 +157,9 @@ class TrainingState:
     ``epoch``, and within the epoch ``step``, ``position`` (images consumed by all ranks) and
     ``totals`` (loss/correct/images summed before a reset)), and the hooks the loop calls.
 
-    In a plain run the hooks only keep count. Elastic training (hvd_cifar/elastic.py) overrides
-    them to commit the state, fold running sums and write its events; the loop does not know."""
+    In a plain run the hooks keep count and, after each update, ask whether any rank was told
+    to stop (hvd_cifar/preempt.py). Elastic training (hvd_cifar/elastic.py) overrides them to
+    commit the state, fold running sums and write its events; the loop does not know."""
 
     def __init__(self, sync, **values):
         self.__dict__.update(values)
@@ -176,11 +177,19 @@ class TrainingState:
 
     def after_update(self, sums: torch.Tensor, updates_done: int, more_steps: bool) -> None:
         """An optimizer update is done (``updates_done`` this epoch); ``sums`` are this rank's
-        running loss/correct/images since the pass began."""
+        running loss/correct/images since the pass began. When a rank was asked to stop (every
+        rank learns it here, after the same update), the epoch's sums so far go into ``totals``
+        and Preempted ends the pass; an epoch's last update is followed by its evaluation and
+        checkpoint, so the next chance to stop is the next epoch's first update."""
+        if more_steps and (asked := preempt.ranks_asked(self.sync_method)):
+            self.totals = (torch.tensor(self.totals, dtype=torch.float64)
+                           + self.sync_method.allreduce_sum(sums.cpu())).tolist()
+            raise preempt.Preempted(self.epoch, self.step, self.position, asked, self.sync_method.size)
 
     def epoch_sums(self, reduced: torch.Tensor) -> torch.Tensor:
-        """The epoch's loss/correct/images over all ranks, from this pass's reduced sums."""
-        return reduced
+        """The epoch's loss/correct/images over all ranks: this pass's reduced sums, and those
+        before it (a pass continued after a preemption)."""
+        return reduced + torch.tensor(self.totals, dtype=torch.float64)
 
     def end_epoch(self, last: bool) -> None:
         self.epoch, self.step, self.position, self.totals = self.epoch + 1, 0, 0, [0.0, 0.0, 0.0]
@@ -196,7 +205,7 @@ class EpochResult:
     phase_times: dict[str, float]      # seconds per phase, this rank
     steps: int                         # the epoch's steps in all
     first_step: int                    # where this pass began (0 unless continued)
-    syncs: int                         # optimizer updates (synchronisations) in this pass
+    syncs: int                         # optimizer updates (synchronisations) of the epoch, before the pass included
     time_s: float                      # wall time of the pass
     lr: float                          # the rate of the last update
     extra: dict = field(default_factory=dict)
@@ -220,7 +229,7 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
     steps = first + run.loader.steps_left(start, first)
     groups = UpdateGroups(cfg.accumulation_steps, steps)
     sums = torch.zeros(3, dtype=torch.float64, device=run.device)
-    timer, syncs = PhaseTimer(run.device), 0
+    timer, syncs = PhaseTimer(run.device), first // cfg.accumulation_steps  # a pass begins at an update boundary
     bar = progress_bar(steps, first, f"epoch {epoch + 1}/{cfg.epochs}", run.is_main and cfg.progress)
     batches = run.loader.epoch(epoch, start, first)
     began = time.perf_counter()
