@@ -607,16 +607,14 @@ def target_items(s: dict) -> list[tuple[str, str]]:
     """The summary's time-to-accuracy lines from a ``summarize`` row; a target never reached is
     said so, a run without a target says that instead."""
     if not s["target_acc"]:
-        return [("target test accuracy (%)", "none (target_acc not set)"),
-                ("epochs to target", "- (no target)"), ("time to target (s)", "- (no target)")]
-    if s["epochs_to_target"] is None:
-        never = f"not reached in {s['epochs']} epoch{'s' if s['epochs'] != 1 else ''}"
-        epochs, seconds = never, never
+        target, epochs, seconds = "none (target_acc not set)", "- (no target)", "- (no target)"
+    elif s["epochs_to_target"] is None:
+        target = fmt_number(s["target_acc"], ".2f", 0.01)
+        epochs = seconds = f"not reached in {s['epochs']} epoch{'s' if s['epochs'] != 1 else ''}"
     else:
-        epochs = str(s["epochs_to_target"])
-        seconds = fmt_number(s["time_to_target_s"], ".3f")
-    return [("target test accuracy (%)", fmt_number(s["target_acc"], ".2f", 0.01)),
-            ("epochs to target", epochs),
+        target = fmt_number(s["target_acc"], ".2f", 0.01)
+        epochs, seconds = str(s["epochs_to_target"]), fmt_number(s["time_to_target_s"], ".3f")
+    return [("target test accuracy (%)", target), ("epochs to target", epochs),
             ("time to target (s, wall time since the run started)", seconds)]
 
 

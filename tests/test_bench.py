@@ -1,7 +1,8 @@
-"""hvd_cifar.bench for real: a 2-configuration horovodrun sweep (np 1 and 2, 3 steps per epoch),
-an mpirun sweep whose first configuration the trainer rejects, and a job that outlives its
-timeout. The scaling table is checked against the run folders' metrics.jsonl with numbers
-computed here; a failure must be a row, not the end of the sweep."""
+"""hvd_cifar.bench for real: a 2-configuration horovodrun sweep (np 1 and 2, 3 whole epochs of
+configs/tiny.yaml with a 50 % target, which both reach), an mpirun sweep whose first
+configuration the trainer rejects and whose second misses its 99 % target, and a job that
+outlives its timeout. The scaling table is checked against the run folders' metrics.jsonl and
+eval.json with numbers computed here; a failure must be a row, not the end of the sweep."""
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ from conftest import assert_png, md_table, read_csv, shown
 from hvd_cifar import bench
 
 ROOT = Path(__file__).resolve().parents[1]
+TARGET = 0.5  # configs/tiny.yaml passes it within 3 whole epochs at np=1 and np=2
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -45,12 +47,26 @@ def expected(run_dir: Path) -> dict:
     }
 
 
+def reached(run_dir: Path, target: float) -> dict | None:
+    """The first epoch record whose test accuracy reached ``target``; None when none did."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    return next((r for r in records if r["test_acc"] >= target), None)
+
+
+def dry_run_names(argv: list[str], capsys) -> list[str]:
+    """The run names of the commands a dry run prints, in order."""
+    assert bench.main([*argv, "--dry-run"]) == 0
+    commands = [shlex.split(ln) for ln in capsys.readouterr().out.splitlines() if not ln.startswith("bench:")]
+    return [cmd[cmd.index("--run-name") + 1] for cmd in commands]
+
+
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
-    done = run_bench("--np", "2", "1", "--steps", "3", "--epochs", "2", "--dataset", "digits",
-                     "--model", "smallcnn", "--batch-size", "32", "--out", str(out))
+    done = run_bench("--np", "2", "1", "--steps", "0", "--epochs", "3", "--target-acc", str(TARGET),
+                     "--dataset", "digits", "--model", "smallcnn", "--batch-size", "32",
+                     "--extra", "--config configs/tiny.yaml", "--out", str(out))
     return done, out
 
 
@@ -59,7 +75,7 @@ def failing_sweep(tmp_path_factory):
     """mpirun; the first configuration asks for more images per step than the data set has."""
     out = tmp_path_factory.mktemp("failing")
     done = run_bench("--np", "1", "--launcher", "mpirun", "--batch-size", "100000", "32", "--steps", "2",
-                     "--epochs", "1", "--dataset", "digits", "--out", str(out))
+                     "--epochs", "1", "--dataset", "digits", "--target-acc", "0.99", "--out", str(out))
     return done, out
 
 
@@ -118,6 +134,31 @@ def test_scaling_markdown_matches_csv(sweep):
 
 
 @pytest.mark.slow  # real launcher jobs
+def test_time_to_target_matches_eval_json(sweep):
+    done, out = sweep
+    rows = read_csv(out / "scaling.csv")
+    md = md_table((out / "scaling.md").read_text(), "# Scaling sweep")
+    times = []
+    for row, cells in zip(rows, md):
+        run_dir = Path(row["run_dir"])
+        evaluation, first = json.loads((run_dir / "eval.json").read_text()), reached(run_dir, TARGET)
+        assert first is not None  # the premise: both runs reached 50 %
+        assert "--max-steps-per-epoch 0 --target-acc 0.5 " in row["command"]  # whole epochs, the target
+        assert evaluation["target_acc"] == float(row["target_acc"]) == TARGET and cells["target acc (%)"] == "50.00"
+        assert int(row["epochs_to_target"]) == evaluation["epochs_to_target"] == first["epoch"] + 1
+        assert cells["epochs to target"] == row["epochs_to_target"]
+        assert float(row["time_to_target_s"]) == evaluation["time_to_target_s"] == first["elapsed_s"]
+        shown(cells["time to target (s)"], first["elapsed_s"], 1)
+        assert f"50.00% reached in {first['elapsed_s']:.1f} s (epoch {first['epoch'] + 1})" in done.stdout
+        times.append(first["elapsed_s"])
+    assert [int(r["world_size"]) for r in rows] == [1, 2]
+    assert float(rows[0]["target_speedup"]) == 1.0
+    assert math.isclose(float(rows[1]["target_speedup"]), times[0] / times[1], rel_tol=1e-12)
+    shown(md[1]["time-to-target speedup vs np=1"], times[0] / times[1], 2)
+    assert "3 whole epoch(s)" in (out / "scaling.md").read_text()
+
+
+@pytest.mark.slow  # real launcher jobs
 def test_scaling_plot(sweep):
     _, out = sweep
     assert_png(out / "scaling.png")
@@ -146,6 +187,14 @@ def test_failed_configuration_is_a_row_and_the_sweep_goes_on(failing_sweep):
     failures = text.split("## Failed configurations", 1)[1]
     assert "Error: hvd_cifar: error: batch_size: 100000" in failures and "```" in failures
     assert f"{failed['run']}: {failed['status']}" in done.stdout.replace(" ... ", ": ")
+    # The target (99 % after 2 steps) was missed: said so, no speedup; the failed row has no numbers.
+    assert json.loads((Path(ok["run_dir"]) / "eval.json").read_text())["time_to_target_s"] is None
+    assert ok["time_to_target_s"] == ok["epochs_to_target"] == ok["target_speedup"] == ""
+    assert float(ok["target_acc"]) == 0.99 and ok["target_speedup_note"] == "not reached"
+    assert (md[1]["epochs to target"], md[1]["time to target (s)"],
+            md[1]["time-to-target speedup vs np=1"]) == ("not reached",) * 3
+    assert md[0]["time to target (s)"] == md[0]["time-to-target speedup vs np=1"] == "-"
+    assert "99.00% not reached" in done.stdout
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -199,8 +248,36 @@ def test_commands_are_argument_lists_for_each_launcher(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()  # a dry run runs nothing
 
 
+def test_also_adds_sweeps_with_the_main_options_for_the_rest(capsys):
+    """The issue 12 table: three methods at np 1, 2, 4; three options at np=2 only."""
+    names = dry_run_names(["--np", "4", "1", "2", "--sync", "horovod", "ddp", "--model", "vgg11",
+                           "--also", "--np 2 --sync horovod --fp16-allreduce true",
+                           "--also", "--np 2 --accumulation-steps 4 --sync horovod",
+                           "--also=--np=2 --sync horovod --freeze 2",  # "--also", "--np=2 ..." would be two options
+                           "--also", "--np 2 1"], capsys)  # only configurations already asked for
+    assert names == [f"vgg11-synthetic-{sync}-np{n}-b32-fp16off-acc1-frz0" for sync in ("horovod", "ddp")
+                     for n in (1, 2, 4)] + ["vgg11-synthetic-horovod-np2-b32-fp16on-acc1-frz0",
+                                            "vgg11-synthetic-horovod-np2-b32-fp16off-acc4-frz0",
+                                            "vgg11-synthetic-horovod-np2-b32-fp16off-acc1-frz2"]
+
+
+def test_target_and_whole_epochs_reach_the_trainer(capsys):
+    cases = ((["--steps", "0", "--target-acc", "0.95"], ["--max-steps-per-epoch", "0", "--target-acc", "0.95"]),
+             ([], ["--max-steps-per-epoch", "10", "--target-acc", "0.0"]))  # default: 10 steps, no target
+    for argv, flags in cases:
+        assert bench.main(["--np", "2", *argv, "--dry-run"]) == 0
+        (line,) = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("bench:")]
+        assert shlex.join(flags) in line, line
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--np", "0"], "--np: must be >= 1"),
+    (["--steps", "-1"], "--steps: must be >= 0"),
+    (["--target-acc", "95"], "--target-acc: must be in [0, 1]"),
+    (["--extra", "--target-acc 0.9"], "--extra: --target-acc is set by the bench itself"),
+    (["--also", "--np 0"], "--also: argument --np: must be >= 1"),
+    (["--also", "--epochs 3"], "--also: unrecognized arguments: --epochs 3"),
+    (["--also", "--sync nccl"], "--also: argument --sync: invalid choice: 'nccl'"),
     (["--fp16-allreduce", "maybe"], "expected true or false"),
     (["--extra", "--log-dir /tmp/x"], "--extra: --log-dir is set by the bench itself"),
     (["--extra", "--batch-size 8"], "--extra: --batch-size is set by the bench itself"),

@@ -1,5 +1,6 @@
 """hvd_cifar.report on real run folders: a one-process run and a 2-rank horovodrun run of
-configs/tiny.yaml (3 epochs of 3 steps), trained once for the whole module. The tables are
+configs/tiny.yaml (3 epochs of 3 steps), trained once for the whole module, and three runs of
+whole epochs with a target test accuracy (two that reach it, one that does not). The tables are
 checked against metrics.jsonl / eval.json with numbers computed here, independently of the
 report's own code, and every figure must be a readable, non-blank PNG."""
 from __future__ import annotations
@@ -42,6 +43,25 @@ def expected(records: list[dict]) -> dict:
     }
 
 
+def reached(records: list[dict], target: float) -> dict | None:
+    """The first epoch record whose test accuracy reached ``target``; None when none did."""
+    return next((r for r in records if r["test_acc"] >= target), None)
+
+
+def train_all(logs: Path, jobs: dict[str, list[str]]) -> dict[str, Path]:
+    """Run the jobs at once (their start-up overlaps; these tests read the numbers, not judge
+    the speed); returns each job's run folder."""
+    procs = {}
+    for name, cmd in jobs.items():
+        log = open(logs / f"{name}.out", "w")
+        procs[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
+    for name, (proc, log) in procs.items():
+        proc.wait(timeout=600)
+        log.close()
+        assert proc.returncode == 0, f"{name} failed:\n{(logs / f'{name}.out').read_text()[-3000:]}"
+    return {name: logs / name for name in jobs}
+
+
 def run_main(argv: list[str], capsys) -> tuple[int, str]:
     """report.main in this process; returns (exit status, stderr)."""
     try:
@@ -57,18 +77,40 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     """Two real training runs: one plain process and a 2-rank horovodrun job."""
     logs = tmp_path_factory.mktemp("report-runs")
     train = ["--config", "configs/tiny.yaml", "--epochs", "3", "--max-steps-per-epoch", "3", "--log-dir", str(logs)]
-    jobs = {"np1": [*launch_argv("single", 1), *train, "--run-name", "np1"],
-            "np2": [*launch_argv("horovodrun", 2), *train, "--run-name", "np2"]}
-    # Both at once: their start-up overlaps; these tests read the numbers, not judge the speed.
-    procs = {}
-    for name, cmd in jobs.items():
-        log = open(logs / f"{name}.out", "w")
-        procs[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
-    for name, (proc, log) in procs.items():
-        proc.wait(timeout=400)
-        log.close()
-        assert proc.returncode == 0, f"{name} failed:\n{(logs / f'{name}.out').read_text()[-3000:]}"
-    return {name: logs / name for name in jobs}
+    return train_all(logs, {"np1": [*launch_argv("single", 1), *train, "--run-name", "np1"],
+                            "np2": [*launch_argv("horovodrun", 2), *train, "--run-name", "np2"]})
+
+
+TARGET = 0.5  # tiny.yaml passes it within 3 whole epochs at np=1 and np=2 (about 73 % after one)
+TIME_ITEM = "time to target (s, wall time since the run started)"
+
+
+@pytest.fixture(scope="module")
+def target_runs(tmp_path_factory) -> dict[str, Path]:
+    """Whole epochs with a target: np1 and np2 (3 epochs, 50 %), never (1 epoch, 99 %)."""
+    logs = tmp_path_factory.mktemp("target-runs")
+    train = ["--config", "configs/tiny.yaml", "--max-steps-per-epoch", "0", "--log-dir", str(logs)]
+    to_half = ["--epochs", "3", "--target-acc", str(TARGET)]
+    return train_all(logs, {
+        "np1": [*launch_argv("single", 1), *train, *to_half, "--run-name", "np1"],
+        "np2": [*launch_argv("horovodrun", 2), *train, *to_half, "--run-name", "np2"],
+        "never": [*launch_argv("single", 1), *train, "--epochs", "1", "--target-acc", "0.99", "--run-name", "never"],
+    })
+
+
+@pytest.fixture(scope="module")
+def target_reports(target_runs, tmp_path_factory) -> dict[str, str]:
+    """report.md of each target run."""
+    texts = {}
+    for name, run in target_runs.items():
+        out = tmp_path_factory.mktemp(f"{name}-report")
+        assert report.main([str(run), "--out", str(out)]) == 0
+        texts[name] = (out / "report.md").read_text()
+    return texts
+
+
+def summary_of(text: str) -> dict[str, str]:
+    return {r["item"]: r["value"] for r in md_table(text, "## Summary")}
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +297,92 @@ def test_speedup_only_against_np1_of_the_same_config(runs, tmp_path, capsys):
     assert float(rows["np1-b64"]["speedup"]) == 1.0
     assert rows["np2"]["speedup"] == "" and rows["np2"]["efficiency"] == ""
     assert not (out / "scaling.png").exists()
+
+
+# ----------------------------------------------------------------------------- time to target
+@pytest.mark.slow  # real runs of whole epochs, one of them 2-rank
+@pytest.mark.parametrize("name", ["np1", "np2"])
+def test_summary_shows_time_to_target(name, target_runs, target_reports):
+    records, evaluation = metrics(target_runs[name]), json.loads((target_runs[name] / "eval.json").read_text())
+    first = reached(records, TARGET)
+    assert first is not None, [r["test_acc"] for r in records]  # the premise: the run reached 50 %
+    assert evaluation["target_acc"] == TARGET
+    assert evaluation["epochs_to_target"] == first["epoch"] + 1
+    assert evaluation["time_to_target_s"] == first["elapsed_s"]
+    summary = summary_of(target_reports[name])
+    assert summary["target test accuracy (%)"] == "50.00"
+    assert summary["epochs to target"] == str(evaluation["epochs_to_target"])
+    shown(summary[TIME_ITEM], evaluation["time_to_target_s"], 3)
+    shown(summary["wall time (s, set-up, training and evaluation)"], records[-1]["elapsed_s"], 3)
+    rows = md_table(target_reports[name], "## Per epoch")
+    assert len(rows) == len(records) == 3
+    for row, rec in zip(rows, records):
+        shown(row["elapsed (s)"], rec["elapsed_s"], 1)
+
+
+@pytest.mark.slow  # real runs of whole epochs
+def test_summary_says_not_reached(target_runs, target_reports):
+    evaluation = json.loads((target_runs["never"] / "eval.json").read_text())
+    assert evaluation["target_acc"] == 0.99 and all(r["test_acc"] < 0.99 for r in metrics(target_runs["never"]))
+    assert evaluation["epochs_to_target"] is None and evaluation["time_to_target_s"] is None
+    summary = summary_of(target_reports["never"])
+    assert summary["target test accuracy (%)"] == "99.00"
+    assert summary["epochs to target"] == summary[TIME_ITEM] == "not reached in 1 epoch"
+
+
+@pytest.mark.slow  # uses the module's 2-rank run
+def test_summary_without_a_target(reports):
+    summary = summary_of((reports["np1"] / "report.md").read_text())
+    assert summary["target test accuracy (%)"] == "none (target_acc not set)"
+    assert summary["epochs to target"] == summary[TIME_ITEM] == "- (no target)"
+
+
+@pytest.mark.slow  # real runs of whole epochs
+def test_time_to_target_of_a_run_without_eval_json(target_runs, tmp_path, capsys):
+    """An unfinished run (no eval.json yet): found in metrics.jsonl, as the trainer finds it."""
+    run = tmp_path / "unfinished"
+    shutil.copytree(target_runs["np2"], run, ignore=shutil.ignore_patterns("report", "*.pt", "eval.json"))
+    first = reached(metrics(run), TARGET)
+    code, err = run_main([str(run), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    summary = summary_of((tmp_path / "out" / "report.md").read_text())
+    assert summary["target test accuracy (%)"] == "50.00"
+    assert summary["epochs to target"] == str(first["epoch"] + 1)
+    shown(summary[TIME_ITEM], first["elapsed_s"], 3)
+
+
+@pytest.mark.slow  # real runs of whole epochs, one of them 2-rank
+def test_compare_shows_time_to_target_and_its_speedup(target_runs, tmp_path):
+    """'never' (np=1, another target) comes first: np2's baseline must be np1, whose target it shares."""
+    out = tmp_path / "compare"
+    assert report.main([str(target_runs[n]) for n in ("never", "np1", "np2")] + ["--out", str(out)]) == 0
+    evaluation = {n: json.loads((target_runs[n] / "eval.json").read_text()) for n in target_runs}
+    csv_rows = {r["run"]: r for r in read_csv(out / "compare.csv")}
+    md_rows = {r["run"]: r for r in md_table((out / "compare.md").read_text(), "# Run comparison")}
+    for name in ("np1", "np2"):
+        c, m, e = csv_rows[name], md_rows[name], evaluation[name]
+        assert float(c["target_acc"]) == TARGET and m["target acc (%)"] == "50.00"
+        assert int(c["epochs_to_target"]) == e["epochs_to_target"]
+        assert m["epochs to target"] == str(e["epochs_to_target"])
+        assert float(c["time_to_target_s"]) == e["time_to_target_s"]
+        shown(m["time to target (s)"], e["time_to_target_s"], 1)
+    speedup = evaluation["np1"]["time_to_target_s"] / evaluation["np2"]["time_to_target_s"]
+    assert float(csv_rows["np1"]["target_speedup"]) == 1.0
+    assert math.isclose(float(csv_rows["np2"]["target_speedup"]), speedup, rel_tol=1e-12)
+    shown(md_rows["np2"]["time-to-target speedup vs np=1"], speedup, 2)
+    never_csv, never_md = csv_rows["never"], md_rows["never"]
+    assert float(never_csv["target_acc"]) == 0.99 and never_md["target acc (%)"] == "99.00"
+    assert never_csv["epochs_to_target"] == never_csv["time_to_target_s"] == never_csv["target_speedup"] == ""
+    assert never_csv["target_speedup_note"] == "not reached"
+    assert (never_md["epochs to target"], never_md["time to target (s)"],
+            never_md["time-to-target speedup vs np=1"]) == ("not reached",) * 3
+
+
+@pytest.mark.slow  # uses the module's 2-rank run
+def test_compare_without_targets_has_no_target_columns(comparison):
+    assert "time to target" not in (comparison / "compare.md").read_text()
+    assert all(r["target_acc"] == r["time_to_target_s"] == "" and r["target_speedup_note"] == "no target"
+               for r in read_csv(comparison / "compare.csv"))
 
 
 # ----------------------------------------------------------------------------- bad input
