@@ -9,7 +9,7 @@ own launched job, and tabulate and plot how throughput scales with the number of
 
 Time to accuracy (whole epochs, --steps 0), with options tried at one world size only (--also):
 
-    python -m hvd_cifar.bench --model vgg11 --dataset digits --batch-size 64 --epochs 6 --steps 0 \
+    python -m hvd_cifar.bench --model vgg11 --dataset digits --batch-size 32 --epochs 6 --steps 0 \
         --target-acc 0.95 --np 1 2 4 --sync horovod ddp mpi-gather-scatter \
         --also "--np 2 --sync horovod --fp16-allreduce true" --also "--np 2 --sync horovod --accumulation-steps 4"
 
