@@ -184,12 +184,13 @@ class ShardedLoader:
         return self.batch_size * self.world_size
 
     def epoch(self, epoch: int, start: int = 0, steps_done: int = 0):
-        """Yield (images, labels) for this rank's shard of ``epoch``, from position ``start``."""
+        """Yield (images, labels) for this rank's shard of ``epoch``, from position ``start``
+        after ``steps_done`` steps. A pass continued there (after a preemption, same world size)
+        yields exactly the batches, augmentation included, that an unbroken pass yields from there."""
         perm = torch.randperm(len(self.images), generator=torch.Generator().manual_seed(
             self.seed * 1_000_003 + epoch)).to(self.images.device)
         shard = perm[start:][self.rank::self.world_size]
         gen = torch.Generator(device=self.images.device)
-        gen.manual_seed((self.seed * 1_000_003 + epoch) * 1009 + self.rank + 7919 * start)
         full = (len(self.images) - start) // self.world_size // self.batch_size
         b = self.batch_size
         for step in range(self.steps_left(start, steps_done)):
@@ -197,6 +198,8 @@ class ShardedLoader:
             idx = shard[step * b:] if last else shard[step * b:(step + 1) * b]
             images = self.images.index_select(0, idx)  # ~10x faster than images[idx] for uint8 on CPU
             if self.augment:  # on the uint8 images: a quarter of the memory traffic of floats
+                # Seeded per step of the epoch, not per pass: where a pass began does not matter.
+                gen.manual_seed((self.seed * 1_000_003 + epoch) * 1009 + self.rank + 7919 * (steps_done + step))
                 images = crop_flip(images, 4, self.hflip, gen)
             yield self.normalize(images), self.labels.index_select(0, idx)
 

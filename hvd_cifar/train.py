@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from hvd_cifar import config as config_mod
-from hvd_cifar import data, engine, lifecycle, netstats, runlog
+from hvd_cifar import data, engine, lifecycle, netstats, preempt, runlog
 from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.data import DataError
 from hvd_cifar.models import build_model, set_frozen_blocks
@@ -39,6 +39,8 @@ from hvd_cifar.sync import make as make_sync
 
 USER_ERRORS = (ConfigError, DataError, RunError)
 SILENT_RANK_EXIT_DELAY_S = 5.0
+# Exit statuses: 0 done, 1 a fault on some rank, 2 bad input, 3 diverged, 4 preempted (a stop
+# signal; the checkpoint holds the place in the epoch, --resume continues), 130 SIGINT.
 EXIT_DIVERGED = 3
 
 
@@ -105,6 +107,7 @@ class Training:
     model: torch.nn.Module              # the plain model (checkpoints, freezing)
     identity: dict                      # what a checkpoint must match to be resumed here
     start_epoch: int = 0
+    resume_at: dict | None = None       # a preempted run's place inside start_epoch (checkpoint's "position")
     net: torch.nn.Module = None         # the model as the sync method wrapped it
     optimizer: torch.optim.Optimizer = None
     payload_bytes: int = 0              # gradient bytes per synchronisation
@@ -208,6 +211,7 @@ def resume(run: Training, run_dir: str) -> None:
         load = lambda: runlog.load_checkpoint(run_dir, run.identity)  # noqa: E731
         ckpt = load() if sync.elastic else on_main(sync, load)
     run.start_epoch = ckpt["epoch"] if ckpt else 0
+    run.resume_at = ckpt.get("position") if ckpt else None
     run.set_trainable(cfg.frozen_blocks(run.start_epoch))
     if not ckpt:
         return
@@ -234,12 +238,32 @@ def begin(run: Training, state) -> None:
     cfg.run_name, cfg.log_dir = os.path.basename(run.run_dir), os.path.dirname(run.run_dir)
     run.log = runlog.RankLog(run.run_dir, sync.rank, echo=run.is_main)
     run.hostnames = tuple(sync.allgather_object(socket.gethostname()))
-    if state.restarts == 0:
+    first = state.restarts == 0
+    if first:
         first_start(run)
     state.begin(run)
+    if first:
+        restore_rank_buffers(run)
     run.loader.reshard(sync.rank, sync.size)
     run.updates_per_epoch = math.ceil(len(run.loader) / cfg.accumulation_steps)
     run.schedule = engine.LrSchedule(cfg, sync.size, run.updates_per_epoch)
+
+
+def rank_buffers(model: torch.nn.Module) -> dict:
+    """This rank's buffers (BatchNorm's running statistics, its own until the next evaluation)."""
+    return {name: b.detach().cpu().clone() for name, b in model.named_buffers()}
+
+
+def restore_rank_buffers(run: Training) -> None:
+    """A run preempted mid-epoch: each rank takes back its own BatchNorm statistics (the state's
+    first broadcast gave it rank 0's), when the world is the same size as when it stopped."""
+    saved = (run.resume_at or {}).get("rank_buffers")
+    if not saved or len(saved) != run.sync.size:
+        return
+    own = saved[run.sync.rank]
+    with torch.no_grad():
+        for name, b in run.model.named_buffers():
+            b.copy_(own[name])
 
 
 def first_start(run: Training) -> None:
@@ -251,13 +275,17 @@ def first_start(run: Training) -> None:
             runlog.remove_stale_temp_files(run_dir)
             kept = runlog.read_metrics(run_dir)
             run.elapsed_before = kept[-1].get("elapsed_s", 0.0) if kept else 0.0
+            if run.resume_at:  # preempted mid-epoch: the time until then
+                run.elapsed_before = run.resume_at["elapsed_s"]
         else:
             runlog.write_json(os.path.join(run_dir, "meta.json"),
                               runlog.run_metadata(sync.size, list(run.hostnames), sync.name, str(run.device)))
     run.log(f"run folder {run_dir}: {cfg.model} on {cfg.dataset}, {sync.size} rank(s) "
             f"({', '.join(sorted(set(run.hostnames)))}), sync={cfg.sync}, device={run.device}, "
             f"threads/rank={torch.get_num_threads()}")
-    if cfg.resume:
+    if cfg.resume and run.resume_at:
+        run.log(f"resuming epoch {run.start_epoch + 1} of {cfg.epochs} after step {run.resume_at['step']}")
+    elif cfg.resume:
         run.log(f"resuming after epoch {run.start_epoch} of {cfg.epochs}")
 
 
@@ -342,12 +370,25 @@ def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochRe
     return record, confusion
 
 
-def save_checkpoint(run: Training, epoch: int) -> None:
-    ckpt = {"epoch": epoch + 1, "identity": run.identity, "config": run.cfg.to_dict(),
+def save_checkpoint(run: Training, epoch: int, position: dict | None = None) -> None:
+    """``epoch`` is done; or, with ``position`` (a preempted run), is under way from there."""
+    ckpt = {"epoch": epoch if position else epoch + 1, "identity": run.identity, "config": run.cfg.to_dict(),
             "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict()}
+    if position:
+        ckpt["position"] = position
     if run.scaler is not None:
         ckpt["scaler"] = run.scaler.state_dict()
     runlog.save_checkpoint(run.run_dir, ckpt)
+
+
+def save_preempted(run: Training, state, stop: preempt.Preempted, buffers: list[dict]) -> None:
+    """Rank 0: the checkpoint of where the epoch stands (the state's step, position and the
+    epoch's sums over all ranks so far, every rank's ``buffers``), then the events.jsonl line."""
+    elapsed = run.elapsed_s()
+    save_checkpoint(run, state.epoch, {"step": state.step, "position": state.position, "totals": state.totals,
+                                       "world_size": run.sync.size, "rank_buffers": buffers,
+                                       "elapsed_s": elapsed})
+    runlog.append_metrics(run.run_dir, stop.event(elapsed), runlog.EVENTS)
 
 
 def finish(run: Training, confusion, record: dict | None) -> None:
@@ -401,28 +442,38 @@ def format_matrix(m: torch.Tensor) -> str:
 
 
 # ----------------------------------------------------------------------------- entry point
-def run(cfg: Config) -> SyncMethod:
-    """The whole run on this rank; returns the (closed) sync method."""
+def run(cfg: Config) -> tuple[SyncMethod, preempt.Preempted | None]:
+    """The whole run on this rank; returns the (closed) sync method, and the stop that ended
+    the run early when a signal asked for one (None when it ran to its end)."""
     started = time.perf_counter()
+    if not cfg.elastic:  # elastic: a worker that goes away is the driver's to handle
+        preempt.install()  # from the start: a stop asked for during set-up is honoured at the first update
     sync, device = start_backend(cfg)
     run_dir = open_run_dir(cfg, sync)
     training = build(cfg, sync, device)
     training.started = started
     resume(training, run_dir)
+    at = training.resume_at or {"step": 0, "position": 0, "totals": [0.0, 0.0, 0.0]}
     state = sync.training_state(training.model, training.optimizer, commit_every=cfg.commit_every,
-                                run_dir=run_dir, epoch=training.start_epoch, step=0, position=0,
-                                totals=[0.0, 0.0, 0.0])
+                                run_dir=run_dir, epoch=training.start_epoch, step=at["step"],
+                                position=at["position"], totals=list(at["totals"]))
+    stopped = None
     try:
         sync.run_elastic(lambda state: train(training, state))(state)
     except engine.Diverged as exc:  # every rank raised it at the same update
         if training.is_main:
             runlog.append_metrics(training.run_dir, exc.event(), runlog.EVENTS)
         raise
+    except preempt.Preempted as exc:  # every rank raised it after the same update
+        # No rank may exit before rank 0 has saved: the launcher ends the job at the first exit.
+        buffers = sync.allgather_object(rank_buffers(training.model))  # each rank's BatchNorm statistics
+        on_main(sync, lambda: save_preempted(training, state, exc, buffers))
+        stopped, exc.run_dir = exc, training.run_dir
     # The wrappers the sync method made hold its communication resources (DDP's reducer holds
     # the process group): let them go before the method closes.
     training.net = training.optimizer = state = None
     sync.close()
-    return sync
+    return sync, stopped
 
 
 def say_once(rank: int, line: str, code: int) -> int:
@@ -444,7 +495,9 @@ def main(argv: list[str] | None = None) -> tuple[int, bool]:
     argv = sys.argv[1:] if argv is None else argv
     rank = lifecycle.launch_rank()
     try:
-        sync = run(load_config(argv))
+        sync, stopped = run(load_config(argv))
+        if stopped:  # every rank knows it alike, and rank 0's checkpoint is written
+            return say_once(rank, stopped.line(), preempt.EXIT_PREEMPTED), sync.leaves_threads_running
         return 0, sync.leaves_threads_running
     except USER_ERRORS as exc:
         # Bad input is seen by every rank alike (or handed to all by on_main): one line, from rank 0.

@@ -1,0 +1,79 @@
+"""Preemption is a pause, not a loss: SIGTERM or SIGUSR1 to the ranks stops training at an update
+boundary that every rank agrees on, with a checkpoint of the position inside the epoch.
+
+Slurm sends such a signal before a job's time limit (``--signal``) and when it preempts a job;
+``kill -USR1`` to the ranks (or to mpirun, which passes SIGUSR1 on) does the same by hand:
+
+    kill -USR1 RANK_PID ...                       # then, later:
+    python -m hvd_cifar.train --resume logs/RUN_NAME
+
+How: the signal handler only records that a stop was asked for. After each optimizer update
+with more steps to come, the training state's hook (engine.TrainingState.after_update) sums
+every rank's flag in one 1-element allreduce; ranks may get the signal at different steps, but
+all see the same sum after the same update, so all stop there together. The entry point then
+writes the checkpoint (the epoch, the steps taken in it, the images consumed and the epoch's
+running sums over all ranks), appends a ``preempted`` line to ``events.jsonl`` and exits with
+EXIT_PREEMPTED. A second stop signal takes its default action and ends the process at once;
+SIGINT stays an immediate stop too (train.main aborts the job).
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import torch
+
+EXIT_PREEMPTED = 4                                # beside 2 = bad input, 3 = diverged
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)   # what Slurm's --signal and preemption send
+
+_asked = {"signal": 0}  # set by the handler: the number of the first stop signal, 0 = none
+
+
+def _handler(signum, frame) -> None:
+    """Record the stop and hand the next stop signal back to its default action (the process
+    ends at once); nothing else: no I/O, no collective, no exception in the middle of a step."""
+    _asked["signal"] = signum
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def install() -> None:
+    """Catch the stop signals from here on (call from the main thread)."""
+    _asked["signal"] = 0
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _handler)
+
+
+def asked() -> int:
+    """The stop signal this process got (0: none)."""
+    return _asked["signal"]
+
+
+def ranks_asked(sync) -> int:
+    """How many ranks were asked to stop: the same number on every rank (a collective, so every
+    rank must call it after the same update)."""
+    flag = torch.tensor([1.0 if asked() else 0.0], dtype=torch.float64)
+    return int(sync.allreduce_sum(flag).item())
+
+
+class Preempted(Exception):
+    """Raised on every rank after the same update when a stop was asked for; carries where the
+    run stands so the entry point can checkpoint it."""
+
+    def __init__(self, epoch: int, step: int, position: int, ranks_asked: int, world_size: int):
+        super().__init__(f"stopped in epoch {epoch + 1} after step {step}")
+        self.epoch, self.step, self.position = epoch, step, position
+        self.ranks_asked, self.world_size = ranks_asked, world_size
+        self.signal = signal.Signals(asked()).name if asked() else ""
+        self.run_dir = ""  # the entry point's to fill in
+
+    def event(self, elapsed_s: float) -> dict:
+        """The events.jsonl line (``signal``: what reached the rank that writes it, "" if none)."""
+        return {"event": "preempted", "time": time.time(), "signal": self.signal, "epoch": self.epoch,
+                "step": self.step, "position": self.position,
+                "ranks_asked": self.ranks_asked, "world_size": self.world_size, "elapsed_s": elapsed_s}
+
+    def line(self) -> str:
+        """What rank 0 says, once."""
+        return (f"hvd_cifar: preempted: a stop signal reached {self.ranks_asked} of {self.world_size} "
+                f"rank(s); {self}, checkpoint saved; continue with --resume {self.run_dir}")

@@ -1,0 +1,81 @@
+"""Which run a Slurm job trains: the same command line every time the job runs (first start, and
+each requeue after a preemption or a time limit), in the same run folder, resumed once that
+folder holds a checkpoint. launch/slurm.sbatch asks here before it starts the ranks:
+
+    python -m hvd_cifar.slurm_resume --dry-run -- --config configs/cifar10_vgg11.yaml
+    #  -> slurm_resume: job 4242, restart 1: resume logs/slurm-4242 (it holds a checkpoint)
+    #     python -m hvd_cifar.train --config configs/cifar10_vgg11.yaml --resume /abs/logs/slurm-4242
+    python -m hvd_cifar.slurm_resume -- FLAGS...     # the trainer's flags, NUL-separated (for the script)
+
+The run folder is ``--run-name`` when given, else ``slurm-$SLURM_JOB_ID`` (a job keeps its id
+when it is requeued), under the config's ``log_dir``. A folder without a checkpoint (a job
+killed before its first one) is left as it is, and the next attempt starts afresh in
+``NAME-2`` (``-3``, ...); the newest such folder is the one resumed. Outside Slurm (no
+SLURM_JOB_ID), or when the flags already say ``--resume``, the flags pass through unchanged.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Mapping
+
+from hvd_cifar import config as config_mod
+from hvd_cifar.config import ConfigError
+from hvd_cifar.runlog import CHECKPOINT
+
+
+def attempts(log_dir: str, name: str) -> list[str]:
+    """The run folders earlier runs of this job made: NAME, NAME-2, NAME-3, ... while they exist."""
+    found, n = [], 1
+    while os.path.isdir(path := os.path.join(log_dir, name if n == 1 else f"{name}-{n}")):
+        found.append(path)
+        n += 1
+    return found
+
+
+def decide(flags: list[str], env: Mapping[str, str]) -> tuple[list[str], str]:
+    """The trainer's flags for this run of the job, and one line saying why."""
+    job = env.get("SLURM_JOB_ID", "")
+    if not job:
+        return flags, "not under Slurm (no SLURM_JOB_ID): flags unchanged"
+    _, given = config_mod.parse_flags(flags)
+    if given.get("resume"):
+        return flags, f"job {job}: --resume given: flags unchanged"
+    cfg = config_mod.from_args(flags)  # the log_dir and run_name the trainer will use
+    name = cfg.run_name or f"slurm-{job}"
+    where = f"job {job}, restart {env.get('SLURM_RESTART_COUNT', '0')}"
+    earlier = attempts(cfg.log_dir, name)
+    if earlier and os.path.isfile(os.path.join(earlier[-1], CHECKPOINT)):
+        run_dir = os.path.abspath(earlier[-1])
+        return [*flags, "--resume", run_dir], f"{where}: resume {earlier[-1]} (it holds a checkpoint)"
+    fresh = name if not earlier else f"{name}-{len(earlier) + 1}"
+    why = "" if not earlier else f" ({earlier[-1]} has no checkpoint; left as it is)"
+    if fresh != cfg.run_name:  # the last --run-name wins: ours goes after the user's
+        flags = [*flags, "--run-name", fresh]
+    return flags, f"{where}: new run {os.path.join(cfg.log_dir, fresh)}{why}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hvd_cifar.slurm_resume", description=__doc__.splitlines()[0])
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what would run, as one line and a command line, instead of the NUL-separated flags")
+    p.add_argument("flags", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
+    args = p.parse_args(argv)
+    flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags
+    try:
+        chosen, why = decide(flags, os.environ)
+    except ConfigError as exc:
+        sys.stderr.write(f"hvd_cifar: error: {exc}\n")
+        return 2
+    if args.dry_run:
+        sys.stdout.write(f"slurm_resume: {why}\n{shlex.join(['python', '-m', 'hvd_cifar.train', *chosen])}\n")
+    else:
+        sys.stderr.write(f"slurm_resume: {why}\n")
+        sys.stdout.write("".join(f + "\0" for f in chosen))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Preemption is a pause, not a loss: a stop signal (SIGTERM, SIGUSR1) to the ranks ends the run
+at an update boundary every rank agrees on, with a checkpoint of the place inside the epoch, an
+events.jsonl line, one line from rank 0 and exit status 4; ``--resume`` then ends on the weights
+and metrics of a run never interrupted. launch/slurm.sbatch, driven here without Slurm (a
+stand-in srun and scontrol on PATH), passes the scheduler's USR1 on, requeues, and resumes the
+same run folder; hvd_cifar.slurm_resume's decision is tested on its own."""
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from conftest import ROOT, TINY, launch_argv, read_metrics, run_train
+from hvd_cifar import preempt, slurm_resume
+
+# 3 epochs of 12 steps in updates of 2 micro-batches: a stop asked for mid-update waits for its end.
+FLAGS = ["--config", TINY, "--epochs", "3", "--max-steps-per-epoch", "12", "--accumulation-steps", "2",
+         "--threads-per-rank", "1"]
+
+
+def measured(key: str) -> bool:
+    """Fields that differ between two runs of the same training: times, rates, interface counters,
+    and where a resumed epoch's pass began (its times cover only that pass)."""
+    return key.endswith("_time_s") or key in ("images_per_s", "elapsed_s", "resumed_at_step") or key.startswith("nic_")
+
+
+def assert_same_training(resumed: Path, straight: Path) -> None:
+    """Bit-identical final weights and optimizer state, and the same metrics lines apart from
+    what is measured."""
+    a = torch.load(resumed / "checkpoint_last.pt", weights_only=True)
+    b = torch.load(straight / "checkpoint_last.pt", weights_only=True)
+    assert a["epoch"] == b["epoch"] and "position" not in a
+    for key, tensor in b["model"].items():
+        assert torch.equal(a["model"][key], tensor), key
+    for i, state in b["optimizer"]["state"].items():
+        assert torch.equal(a["optimizer"]["state"][i]["momentum_buffer"], state["momentum_buffer"]), i
+    untimed = lambda records: [{k: v for k, v in r.items() if not measured(k)} for r in records]  # noqa: E731
+    assert untimed(read_metrics(resumed)) == untimed(read_metrics(straight))
+
+
+def events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+
+
+def hvd_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("hvd_cifar")]
+
+
+@pytest.fixture(scope="module")
+def straight_2(tmp_path_factory) -> Path:
+    """FLAGS run straight through by 2 ranks under mpirun."""
+    logs = tmp_path_factory.mktemp("straight")
+    run_train([*FLAGS, "--log-dir", str(logs), "--run-name", "straight"], launcher="mpirun", np=2)
+    return logs / "straight"
+
+
+# ----------------------------------------------------------------------------- the signal handler
+STOP_FLAG = """
+import os, signal, time
+from hvd_cifar import preempt
+preempt.install()
+os.kill(os.getpid(), signal.SIGUSR1)
+time.sleep(0.1)
+print(preempt.asked(), flush=True)      # alive: the first signal only set the flag
+os.kill(os.getpid(), signal.SIG{second})
+time.sleep(5)
+print("still here", flush=True)
+"""
+
+
+@pytest.mark.parametrize("second", ["TERM", "USR1"])
+def test_a_stop_signal_sets_a_flag_and_a_second_one_ends_the_process(second):
+    proc = subprocess.run([sys.executable, "-c", STOP_FLAG.format(second=second)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout == f"{int(signal.SIGUSR1)}\n", proc
+    assert proc.returncode == -getattr(signal, f"SIG{second}"), proc
+
+
+# ----------------------------------------------------------------------------- 2 ranks, one signalled
+# Rank RANK gets SIGNAL from itself right after step STEP of epoch EPOCH (0-based): a real
+# signal, delivered at a known step.
+SIGNAL_AT_STEP = """
+import os, signal
+from hvd_cifar import engine, lifecycle
+_after_step = engine.TrainingState.after_step
+def after_step(self, step, images):
+    _after_step(self, step, images)
+    if lifecycle.launch_rank() == {rank} and (self.epoch, step) == ({epoch}, {step}):
+        os.kill(os.getpid(), signal.{signal})
+engine.TrainingState.after_step = after_step
+"""
+
+
+@pytest.mark.slow
+def test_one_rank_signalled_mid_update_stops_both_at_its_end_and_resumes_exactly(tmp_path, straight_2):
+    """SIGUSR1 to rank 1 alone after step 4 of epoch 1 (the first micro-batch of an update):
+    both ranks stop after step 5, the update's last; exit 4, one line, one event; the checkpoint
+    holds epoch 1, step 6, 6 x 32 x 2 images and the epoch's sums so far; --resume then ends on
+    the uninterrupted run's weights and metrics."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGNAL_AT_STEP.format(rank=1, epoch=1, step=4, signal="SIGUSR1"))
+    env = dict(os.environ, PYTHONPATH=f"{hook}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    run = tmp_path / "paused"
+    proc = subprocess.run([*launch_argv("mpirun", 2), *FLAGS, "--log-dir", str(tmp_path), "--run-name", "paused"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == preempt.EXIT_PREEMPTED, proc.stderr[-3000:]
+    assert hvd_lines(proc.stderr) == [
+        f"hvd_cifar: preempted: a stop signal reached 1 of 2 rank(s); stopped in epoch 2 after step 6, "
+        f"checkpoint saved; continue with --resume {run}"]
+    [event] = events(run)
+    assert {k: event[k] for k in ("event", "signal", "epoch", "step", "position", "ranks_asked", "world_size")} == {
+        "event": "preempted", "signal": "", "epoch": 1, "step": 6, "position": 6 * 32 * 2, "ranks_asked": 1,
+        "world_size": 2}  # "signal": what rank 0 got (nothing)
+    ckpt = torch.load(run / "checkpoint_last.pt", weights_only=True)
+    assert ckpt["epoch"] == 1 and ckpt["position"]["step"] == 6 and ckpt["position"]["position"] == 384
+    assert ckpt["position"]["totals"][2] == 384  # images trained in the epoch so far, over both ranks
+    assert [r["epoch"] for r in read_metrics(run)] == [0]
+
+    resumed = run_train(["--resume", str(run)], launcher="mpirun", np=2)
+    assert "resuming epoch 2 of 3 after step 6" in resumed.stdout
+    assert [r.get("resumed_at_step") for r in read_metrics(run)] == [None, 6, None]
+    assert_same_training(run, straight_2)
+
+
+@pytest.mark.slow
+def test_sigusr1_to_mpirun_pauses_the_job_and_resume_finishes_it_exactly(tmp_path, straight_2):
+    """kill -USR1 of mpirun once the first epoch is recorded (mpirun forwards SIGUSR1 to every
+    rank, each at its own moment): exit 4 with a checkpoint inside epoch 2 or at the start of
+    epoch 3; resumed, the run ends where the uninterrupted one did."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    run = tmp_path / "paused"
+    job = subprocess.Popen([*launch_argv("mpirun", 2), *FLAGS, "--log-dir", str(tmp_path), "--run-name", "paused"],
+                           cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+            assert job.poll() is None and time.monotonic() < deadline, "training never got through epoch 1"
+            time.sleep(0.2)
+        job.send_signal(signal.SIGUSR1)
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)  # mpirun's session: the launcher and its ranks
+            job.wait()
+    assert job.returncode == preempt.EXIT_PREEMPTED, stderr[-3000:]
+    [line] = hvd_lines(stderr)
+    assert line.startswith("hvd_cifar: preempted: a stop signal reached 2 of 2 rank(s); stopped in epoch ")
+    [event] = events(run)
+    assert (event["signal"], event["ranks_asked"]) == ("SIGUSR1", 2) and event["epoch"] in (1, 2)
+    run_train(["--resume", str(run)], launcher="mpirun", np=2)
+    assert_same_training(run, straight_2)
+
+
+# ----------------------------------------------------------------------------- launch/slurm.sbatch
+FAKE_SRUN = """#!/usr/bin/env bash
+# srun's stand-in: drop its options and become the one task (signals to this pid reach it)
+while [[ "$1" == --* ]]; do shift; done
+exec "$@"
+"""
+FAKE_SCONTROL = """#!/usr/bin/env bash
+echo "$*" >> "$SCONTROL_LOG"
+"""
+
+
+def slurm_job(tmp_path: Path, restart: int) -> subprocess.Popen:
+    """launch/slurm.sbatch as Slurm would start the batch script of job 4242 (run number
+    ``restart``), with srun and scontrol stand-ins first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
+               SLURM_RESTART_COUNT=str(restart), SLURM_SUBMIT_DIR=str(ROOT), SLURM_CPUS_PER_TASK="1",
+               SCONTROL_LOG=str(tmp_path / "scontrol.log"), PYTHONUNBUFFERED="1")
+    return subprocess.Popen(["bash", str(ROOT / "launch" / "slurm.sbatch"), *FLAGS, "--log-dir", str(tmp_path / "logs")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def finish(job: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:
+    try:
+        return job.communicate(timeout=timeout)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)  # the script's session: the script and its task
+            job.wait()
+
+
+@pytest.mark.slow
+def test_slurm_script_passes_usr1_on_requeues_and_resumes_the_same_run(tmp_path):
+    """The batch script gets USR1 (Slurm's --signal=B:USR1@...) while the rank trains: the rank
+    saves and exits 4, the script asks scontrol to requeue job 4242. Started again as the
+    requeued job (SLURM_RESTART_COUNT=1), it resumes logs/slurm-4242 and finishes there, on the
+    weights of a run never stopped."""
+    run = tmp_path / "logs" / "slurm-4242"
+    job = slurm_job(tmp_path, restart=0)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "rank0.log").exists():  # the rank has started (and caught stop signals)
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.2)
+        job.send_signal(signal.SIGUSR1)  # to the batch shell alone
+    finally:
+        _, stderr = finish(job)
+    assert job.returncode == preempt.EXIT_PREEMPTED, stderr[-3000:]
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
+    assert "slurm_resume: job 4242, restart 0: new run" in stderr
+    assert events(run)[0]["event"] == "preempted"
+
+    job = slurm_job(tmp_path, restart=1)
+    _, stderr = finish(job)
+    assert job.returncode == 0, stderr[-3000:]
+    assert f"slurm_resume: job 4242, restart 1: resume {run} (it holds a checkpoint)" in stderr
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"  # no second requeue
+    run_train([*FLAGS, "--log-dir", str(tmp_path), "--run-name", "straight"])
+    assert_same_training(run, tmp_path / "straight")
+
+
+@pytest.mark.slow
+def test_slurm_script_does_not_requeue_a_job_stopped_by_sigterm(tmp_path):
+    """SIGTERM (scancel; a preemption, which Slurm requeues itself) reaches the rank directly:
+    it saves and exits 4, and the script, which waited, requeues nothing."""
+    run = tmp_path / "logs" / "slurm-4242"
+    job = slurm_job(tmp_path, restart=0)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "rank0.log").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.2)
+        [rank] = [p for p in psutil.Process(job.pid).children(recursive=True)
+                  if p.cmdline()[1:3] == ["-m", "hvd_cifar.train"]]
+        job.send_signal(signal.SIGTERM)
+        rank.send_signal(signal.SIGTERM)
+    finally:
+        _, stderr = finish(job)
+    assert job.returncode == preempt.EXIT_PREEMPTED, stderr[-3000:]
+    assert "waiting for the ranks to save" in stderr
+    assert not (tmp_path / "scontrol.log").exists()
+    assert torch.load(run / "checkpoint_last.pt", weights_only=True)["position"]["step"] > 0
+
+
+# ----------------------------------------------------------------------------- the resume decision
+def decide(tmp_path: Path, *flags: str, **env: str) -> tuple[list[str], str]:
+    base = ["--config", TINY, "--log-dir", str(tmp_path), *flags]
+    chosen, why = slurm_resume.decide(base, env)
+    assert chosen[:len(base)] == base  # the job's own flags, unchanged, first
+    return chosen[len(base):], why
+
+
+def test_slurm_resume_decision(tmp_path):
+    assert decide(tmp_path) == ([], "not under Slurm (no SLURM_JOB_ID): flags unchanged")
+    assert decide(tmp_path, SLURM_JOB_ID="7")[0] == ["--run-name", "slurm-7"]
+    (tmp_path / "slurm-7").mkdir()  # a first run killed before its first checkpoint
+    added, why = decide(tmp_path, SLURM_JOB_ID="7", SLURM_RESTART_COUNT="1")
+    assert added == ["--run-name", "slurm-7-2"] and "slurm-7 has no checkpoint; left as it is" in why
+    (tmp_path / "slurm-7-2").mkdir()
+    (tmp_path / "slurm-7-2" / "checkpoint_last.pt").write_bytes(b"")
+    added, why = decide(tmp_path, SLURM_JOB_ID="7", SLURM_RESTART_COUNT="2")
+    assert added == ["--resume", str(tmp_path / "slurm-7-2")] and why.startswith("job 7, restart 2: resume")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "checkpoint_last.pt").write_bytes(b"")
+    assert decide(tmp_path, "--run-name", "mine", SLURM_JOB_ID="7")[0] == ["--resume", str(tmp_path / "mine")]
+    assert decide(tmp_path, "--run-name", "other", SLURM_JOB_ID="7")[0] == []  # fresh, under the given name
+    assert decide(tmp_path, "--resume", "somewhere", SLURM_JOB_ID="7") == (
+        [], "job 7: --resume given: flags unchanged")
+
+
+def test_slurm_resume_command_line(tmp_path):
+    env = dict(os.environ, SLURM_JOB_ID="9")
+    cmd = [sys.executable, "-m", "hvd_cifar.slurm_resume"]
+    proc = subprocess.run([*cmd, "--", "--log-dir", str(tmp_path), "--epochs", "2"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.split("\0") == ["--log-dir", str(tmp_path), "--epochs", "2",
+                                                                 "--run-name", "slurm-9", ""]
+    assert proc.stderr == f"slurm_resume: job 9, restart 0: new run {tmp_path}/slurm-9\n"
+    proc = subprocess.run([*cmd, "--dry-run", "--", "--log-dir", str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines()[1] == f"python -m hvd_cifar.train --log-dir {tmp_path} --run-name slurm-9"
+    proc = subprocess.run([*cmd, "--", "--batch-sise", "8"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "hvd_cifar: error: batch_sise: unknown config key (did you mean 'batch_size'?)\n"
