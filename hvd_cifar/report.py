@@ -32,13 +32,15 @@ How the numbers are made (the same for every table and for ``hvd_cifar.bench``):
     Time-to-target speedup = np=1's time to target / the run's, against the np=1 run of the
     same configuration and target, and only when both reached the target.
 
-Bad input (no metrics.jsonl, an empty or corrupt one) ends with one line
-``hvd_cifar: error: ...`` on stderr and exit status 2.
+Bad input (no metrics.jsonl, an empty or corrupt one), and an output file that cannot be
+written (no space left, read-only, permission), end with one line ``hvd_cifar: error: ...`` on
+stderr and exit status 2. Each output file is written whole or not at all (temp + rename).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import os
@@ -53,7 +55,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from hvd_cifar import train
+from hvd_cifar import runlog, train
 from hvd_cifar.engine import PHASES
 
 # What makes two runs "the same configuration" for speedup; world size is what differs.
@@ -319,10 +321,11 @@ def write_csv(path: str, columns: list[Column], rows: list[dict]) -> None:
         if isinstance(v, bool):
             return text(v)
         return repr(v) if isinstance(v, float) else v
-    with open(path, "w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow([c.key for c in columns])
-        out.writerows([[raw(row.get(c.key)) for c in columns] for row in rows])
+    text_out = io.StringIO(newline="")
+    out = csv.writer(text_out)
+    out.writerow([c.key for c in columns])
+    out.writerows([[raw(row.get(c.key)) for c in columns] for row in rows])
+    runlog.write_text(path, text_out.getvalue())
 
 
 EPOCH_COLUMNS = [
@@ -431,7 +434,8 @@ def _figure(title: str, xlabel: str, ylabel: str, size=(7.0, 4.2), run_name: str
 
 
 def _save(fig, path: str) -> str:
-    fig.savefig(path)
+    """The figure as a PNG, written whole or not at all; a failed write is one RunError line."""
+    runlog.atomic_write(path, lambda f: fig.savefig(f, format="png"))
     return path
 
 
@@ -598,8 +602,7 @@ def plot_scaling(rows: list[dict], path: str) -> str:
     labels.append("linear scaling from np=1")
     ax_ips.legend(handles, labels, fontsize=7, loc="upper left")
     fig.suptitle("Scaling with the number of processes (means over epochs after the first)")
-    fig.savefig(path)
-    return path
+    return _save(fig, path)
 
 
 # ----------------------------------------------------------------------------- reports
@@ -668,8 +671,7 @@ def run_report(run: Run, out: str) -> str:
                      confusion_table(run.evaluation["confusion_matrix"])]
     lines += ["## Figures\n"] + [f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures]
     path = os.path.join(out, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
+    runlog.write_text(path, "\n".join(lines))
     return path
 
 
@@ -701,8 +703,7 @@ def compare_report(runs: list[Run], out: str) -> str:
             *[f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures],
             "## Run folders\n", *[f"- {row['run']}: `{row['path']}`" for row in rows], ""]
     path = os.path.join(out, "compare.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
+    runlog.write_text(path, "\n".join(lines))
     return path
 
 
@@ -734,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.out:
                 raise ReportError("--out: needed when comparing several runs")
             path = compare_report(runs, args.out)
-    except ReportError as exc:
+    except (ReportError, runlog.RunError) as exc:  # bad input; a file that cannot be written
         print(f"hvd_cifar: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # e.g. an --out that cannot be created

@@ -32,14 +32,16 @@ LAUNCHERS = {
 PARENT = [PYTHON, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"]
 
 
-def start(command: list[str], work: Path) -> subprocess.Popen:
-    """A 2-rank job of the tiny config with far more epochs than the test waits for, in a
-    session of its own (so no signal meant for it reaches the test, and none for the test
-    reaches it)."""
-    flags = ["--config", TINY, "--epochs", "500", "--log-dir", str(work), "--run-name", "run"]
+def start(command: list[str], work: Path, flags: list[str] | None = None, stderr: Path | None = None):
+    """A 2-rank job, by default of the tiny config with far more epochs than the test waits
+    for (run folder work/run), in a session of its own (so no signal meant for it reaches the
+    test, and none for the test reaches it); its stderr goes to ``stderr`` (work/stderr.txt)."""
+    if flags is None:
+        flags = ["--config", TINY, "--epochs", "500", "--log-dir", str(work), "--run-name", "run"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return subprocess.Popen([*command, *flags], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(work / "stderr.txt", "w"), start_new_session=True)
+    with open(stderr or work / "stderr.txt", "w") as err:
+        return subprocess.Popen([*command, *flags], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
 
 
 def is_rank(process: psutil.Process) -> bool:
@@ -49,12 +51,13 @@ def is_rank(process: psutil.Process) -> bool:
         return False
 
 
-def job_tree(job: subprocess.Popen, work: Path, deadline_s: float = 240) -> list[psutil.Process]:
+def job_tree(job: subprocess.Popen, work: Path, deadline_s: float = 240,
+             stderr: Path | None = None) -> list[psutil.Process]:
     """Once both ranks have opened their logs (Horovod started, data loaded, training begun or
     about to): the job's processes, ``job`` and every descendant, ranks included."""
     deadline = time.monotonic() + deadline_s
     while not all((work / "run" / f"rank{r}.log").exists() for r in (0, 1)):
-        assert job.poll() is None, f"the job ended early:\n{(work / 'stderr.txt').read_text()[-3000:]}"
+        assert job.poll() is None, f"the job ended early:\n{(stderr or work / 'stderr.txt').read_text()[-3000:]}"
         assert time.monotonic() < deadline, "the ranks never started"
         time.sleep(0.3)
     root = psutil.Process(job.pid)
