@@ -165,6 +165,7 @@ class TrainingState:
         self.__dict__.update(values)
         self.sync_method = sync
         self.restarts = 0
+        self.stop_vote = preempt.StopVote(sync)
 
     def begin(self, run) -> None:
         """Called at the start of training (elastic: and after every reset), on every rank."""
@@ -179,9 +180,9 @@ class TrainingState:
         """An optimizer update is done (``updates_done`` this epoch); ``sums`` are this rank's
         running loss/correct/images since the pass began. When a rank was asked to stop (every
         rank learns it here, after the same update), the epoch's sums so far go into ``totals``
-        and Preempted ends the pass; an epoch's last update is followed by its evaluation and
-        checkpoint, so the next chance to stop is the next epoch's first update."""
-        if more_steps and (asked := preempt.ranks_asked(self.sync_method)):
+        and Preempted ends the pass. Not after an epoch's last update: its evaluation and
+        checkpoint follow, and the next chance to stop is in the next epoch."""
+        if more_steps and (asked := self.stop_vote.ranks_asked()):
             self.totals = (torch.tensor(self.totals, dtype=torch.float64)
                            + self.sync_method.allreduce_sum(sums.cpu())).tolist()
             raise preempt.Preempted(self.epoch, self.step, self.position, asked, self.sync_method.size)
@@ -193,6 +194,7 @@ class TrainingState:
 
     def end_epoch(self, last: bool) -> None:
         self.epoch, self.step, self.position, self.totals = self.epoch + 1, 0, 0, [0.0, 0.0, 0.0]
+        self.stop_vote.settle()
 
     def commit(self) -> None:
         """Nothing to save between updates without elasticity."""

@@ -8,9 +8,11 @@ Slurm sends such a signal before a job's time limit (``--signal``) and when it p
     python -m hvd_cifar.train --resume logs/RUN_NAME
 
 How: the signal handler only records that a stop was asked for. After each optimizer update
-with more steps to come, the training state's hook (engine.TrainingState.after_update) sums
-every rank's flag in one 1-element allreduce; ranks may get the signal at different steps, but
-all see the same sum after the same update, so all stop there together. The entry point then
+with more steps to come, the training state's hook (engine.TrainingState.after_update) reads
+the sum of every rank's flag, a 1-element allreduce started after the update before and left to
+run in the background meanwhile (StopVote); ranks may get the signal at different steps, but
+all read the same sum after the same update, so all stop there together: at the second update
+boundary after the signal (in an epoch's first update, the third). The entry point then
 writes the checkpoint (the epoch, the steps taken in it, the images consumed and the epoch's
 running sums over all ranks), appends a ``preempted`` line to ``events.jsonl`` and exits with
 EXIT_PREEMPTED. A second stop signal takes its default action and ends the process at once;
@@ -49,11 +51,31 @@ def asked() -> int:
     return _asked["signal"]
 
 
-def ranks_asked(sync) -> int:
-    """How many ranks were asked to stop: the same number on every rank (a collective, so every
-    rank must call it after the same update)."""
-    flag = torch.tensor([1.0 if asked() else 0.0], dtype=torch.float64)
-    return int(sync.allreduce_sum(flag).item())
+class StopVote:
+    """The ranks' agreement to stop, taken one update late so that nobody waits for it: after an
+    update each rank starts summing its flag in the background (``sync.allreduce_sum_async``)
+    and reads the sum it started after the update before, which had a whole step to arrive.
+    Every rank reads the same sums after the same updates, so all stop after the same one. A
+    flag stays set once raised, so a vote that is dropped (``settle``) loses nothing."""
+
+    def __init__(self, sync):
+        self.sync, self.pending = sync, None
+
+    def ranks_asked(self) -> int:
+        """After an update, on every rank: how many ranks had been asked to stop as of the
+        update before (0 after an epoch's first update)."""
+        asked_then = int(self.pending().item()) if self.pending else 0
+        self.pending = None
+        if not asked_then:
+            flag = torch.tensor([1.0 if asked() else 0.0], dtype=torch.float64)
+            self.pending = self.sync.allreduce_sum_async(flag, "stop_vote")
+        return asked_then
+
+    def settle(self) -> None:
+        """Wait for the vote in flight (at an epoch's end: none may be left when the run ends)."""
+        if self.pending:
+            self.pending()
+            self.pending = None
 
 
 class Preempted(Exception):

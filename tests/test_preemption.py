@@ -54,11 +54,18 @@ def hvd_lines(stderr: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def straight_2(tmp_path_factory) -> Path:
-    """FLAGS run straight through by 2 ranks under mpirun."""
-    logs = tmp_path_factory.mktemp("straight")
-    run_train([*FLAGS, "--log-dir", str(logs), "--run-name", "straight"], launcher="mpirun", np=2)
-    return logs / "straight"
+def straight_2(tmp_path_factory):
+    """FLAGS run straight through by 2 ranks under mpirun, with a given sync method (once each)."""
+    runs = {}
+
+    def run(sync: str = "horovod") -> Path:
+        if sync not in runs:
+            logs = tmp_path_factory.mktemp(f"straight-{sync}")
+            run_train([*FLAGS, "--sync", sync, "--log-dir", str(logs), "--run-name", "straight"],
+                      launcher="mpirun", np=2)
+            runs[sync] = logs / "straight"
+        return runs[sync]
+    return run
 
 
 # ----------------------------------------------------------------------------- the signal handler
@@ -99,36 +106,38 @@ engine.TrainingState.after_step = after_step
 
 
 @pytest.mark.slow
-def test_one_rank_signalled_mid_update_stops_both_at_its_end_and_resumes_exactly(tmp_path, straight_2):
-    """SIGUSR1 to rank 1 alone after step 4 of epoch 1 (the first micro-batch of an update):
-    both ranks stop after step 5, the update's last; exit 4, one line, one event; the checkpoint
-    holds epoch 1, step 6, 6 x 32 x 2 images and the epoch's sums so far; --resume then ends on
-    the uninterrupted run's weights and metrics."""
+@pytest.mark.parametrize("sync", ["horovod", "mpi-allreduce", "ddp"])
+def test_one_rank_signalled_mid_update_stops_both_and_resumes_exactly(tmp_path, straight_2, sync):
+    """SIGUSR1 to rank 1 alone after step 4 of epoch 1 (the first micro-batch of an update): the
+    vote started after that update (step 5) carries it, and is read after the next one, so both
+    ranks stop after step 7; exit 4, one line, one event; the checkpoint holds epoch 1, step 8,
+    8 x 32 x 2 images and the epoch's sums so far; --resume then ends on the uninterrupted run's
+    weights and metrics."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SIGNAL_AT_STEP.format(rank=1, epoch=1, step=4, signal="SIGUSR1"))
     env = dict(os.environ, PYTHONPATH=f"{hook}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
     run = tmp_path / "paused"
-    proc = subprocess.run([*launch_argv("mpirun", 2), *FLAGS, "--log-dir", str(tmp_path), "--run-name", "paused"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([*launch_argv("mpirun", 2), *FLAGS, "--sync", sync, "--log-dir", str(tmp_path),
+                           "--run-name", "paused"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == preempt.EXIT_PREEMPTED, proc.stderr[-3000:]
     assert hvd_lines(proc.stderr) == [
-        f"hvd_cifar: preempted: a stop signal reached 1 of 2 rank(s); stopped in epoch 2 after step 6, "
+        f"hvd_cifar: preempted: a stop signal reached 1 of 2 rank(s); stopped in epoch 2 after step 8, "
         f"checkpoint saved; continue with --resume {run}"]
     [event] = events(run)
     assert {k: event[k] for k in ("event", "signal", "epoch", "step", "position", "ranks_asked", "world_size")} == {
-        "event": "preempted", "signal": "", "epoch": 1, "step": 6, "position": 6 * 32 * 2, "ranks_asked": 1,
+        "event": "preempted", "signal": "", "epoch": 1, "step": 8, "position": 8 * 32 * 2, "ranks_asked": 1,
         "world_size": 2}  # "signal": what rank 0 got (nothing)
     ckpt = torch.load(run / "checkpoint_last.pt", weights_only=True)
-    assert ckpt["epoch"] == 1 and ckpt["position"]["step"] == 6 and ckpt["position"]["position"] == 384
-    assert ckpt["position"]["totals"][2] == 384  # images trained in the epoch so far, over both ranks
+    assert ckpt["epoch"] == 1 and ckpt["position"]["step"] == 8 and ckpt["position"]["position"] == 512
+    assert ckpt["position"]["totals"][2] == 512  # images trained in the epoch so far, over both ranks
     assert [r["epoch"] for r in read_metrics(run)] == [0]
 
     resumed = run_train(["--resume", str(run)], launcher="mpirun", np=2)
-    assert "resuming epoch 2 of 3 after step 6" in resumed.stdout
-    assert [r.get("resumed_at_step") for r in read_metrics(run)] == [None, 6, None]
-    assert_same_training(run, straight_2)
+    assert "resuming epoch 2 of 3 after step 8" in resumed.stdout
+    assert [r.get("resumed_at_step") for r in read_metrics(run)] == [None, 8, None]
+    assert_same_training(run, straight_2(sync))
 
 
 @pytest.mark.slow
@@ -158,7 +167,7 @@ def test_sigusr1_to_mpirun_pauses_the_job_and_resume_finishes_it_exactly(tmp_pat
     [event] = events(run)
     assert (event["signal"], event["ranks_asked"]) == ("SIGUSR1", 2) and event["epoch"] in (1, 2)
     run_train(["--resume", str(run)], launcher="mpirun", np=2)
-    assert_same_training(run, straight_2)
+    assert_same_training(run, straight_2())
 
 
 # ----------------------------------------------------------------------------- launch/slurm.sbatch

@@ -69,6 +69,14 @@ class SyncMethod:
     def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def allreduce_sum_async(self, tensor: torch.Tensor, name: str):
+        """Start summing ``tensor`` over the ranks and return at once; the returned function waits
+        for the sum and gives it. Every rank starts the same sums (``name``: what it carries) in
+        the same order. Here the sum is done before returning; methods whose collectives can run
+        in the background override this."""
+        total = self.allreduce_sum(tensor)
+        return lambda: total
+
     def broadcast_object(self, obj: Any) -> Any:
         raise NotImplementedError
 

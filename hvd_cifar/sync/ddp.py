@@ -121,6 +121,11 @@ class DdpSync(SyncMethod):
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out
 
+    def allreduce_sum_async(self, tensor, name):
+        out = tensor.detach().clone()
+        work = dist.all_reduce(out, op=dist.ReduceOp.SUM, async_op=True)
+        return lambda: (work.wait(), out)[1]
+
     def broadcast_object(self, obj: Any) -> Any:
         box = [obj]
         dist.broadcast_object_list(box, src=0)

@@ -126,6 +126,11 @@ class HorovodSync(SyncMethod):
         name = f"hvd_cifar.allreduce_sum.{str(tensor.dtype).split('.')[-1]}.{tensor.numel()}"
         return hvd.allreduce(tensor, op=hvd.Sum, name=name)
 
+    def allreduce_sum_async(self, tensor, name):
+        # Horovod's background thread runs it with the next cycle's other collectives.
+        handle = hvd.allreduce_async(tensor, op=hvd.Sum, name=f"hvd_cifar.{name}")
+        return lambda: hvd.synchronize(handle)
+
     def broadcast_object(self, obj: Any) -> Any:
         # A fixed name: Horovod's default derives it from type(obj), which differs when rank 0
         # holds a value and the others hold None, and mismatched names never complete.

@@ -132,6 +132,16 @@ class MpiSync(SyncMethod):
         self.comm.Allreduce(self.MPI.IN_PLACE, host.numpy(), op=self.MPI.SUM)
         return host.to(tensor.device)
 
+    def allreduce_sum_async(self, tensor, name):
+        # Non-blocking: Open MPI moves it along inside the next MPI calls (the gradients' own).
+        host = tensor.detach().to("cpu", copy=True).contiguous()
+        request = self.comm.Iallreduce(self.MPI.IN_PLACE, host.numpy(), op=self.MPI.SUM)
+
+        def wait() -> torch.Tensor:
+            request.Wait()
+            return host.to(tensor.device)
+        return wait
+
     def broadcast_object(self, obj: Any) -> Any:
         return self.comm.bcast(obj, root=0)
 
