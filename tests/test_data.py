@@ -104,6 +104,22 @@ def test_ranks_together_see_every_image_once_per_epoch(world):
     assert other != [i for _, y in _loader(ds, 0, world).epoch(0) for i in y.tolist()]
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_an_epoch_continued_mid_way_repeats_the_unbroken_pass(world):
+    """A pass continued after ``steps_done`` steps, from the images consumed by then (where a
+    preempted run resumes), yields the batches of the unbroken pass from there, augmentation
+    included."""
+    ds = data.load("digits", "")
+    steps_done = 5
+    for rank in range(world):
+        loader = _loader(ds, rank, world, batch=32, augment=True, hflip=True)
+        whole = list(loader.epoch(2))
+        rest = list(loader.epoch(2, start=steps_done * 32 * world, steps_done=steps_done))
+        assert len(rest) == len(whole) - steps_done > 0
+        for (x, y), (x_rest, y_rest) in zip(whole[steps_done:], rest):
+            assert torch.equal(y, y_rest) and torch.equal(x, x_rest)
+
+
 @pytest.mark.parametrize("flip", [False, True])
 def test_augmentation_is_a_crop_of_the_reflect_padded_image(flip):
     x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
