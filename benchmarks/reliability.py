@@ -71,6 +71,11 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
 def corrupt_cifar10(work: Path) -> None:
     """CIFAR-10's on-disk layout (cifar-10-batches-py/ of pickled batches) whose first batch is
     cut short: torchvision's checksum test must catch it."""
@@ -121,6 +126,11 @@ BAD_INPUTS: list[BadInput] = [
              lambda w: write(w / "bad.yaml", "model: [smallcnn\n")),
     BadInput("config file missing", mpirun2("--config", "{w}/absent.yaml"),
              "hvd_cifar: error: config: file"),
+    BadInput("config file that is not UTF-8 text (Latin-1)", mpirun2("--config", "{w}/bad.yaml"),
+             "is not UTF-8 text (byte 0xe9 at offset 3); a config is a YAML file",
+             lambda w: write_bytes(w / "bad.yaml", "# r\u00e9glages\nmodel: smallcnn\n".encode("latin-1"))),
+    BadInput("config path that is a folder", mpirun2("--config", "{w}"),
+             "hvd_cifar: error: config: cannot read "),
     BadInput("negative learning rate", mpirun2_tiny("--lr", "-0.1"),
              "hvd_cifar: error: lr: must be > 0, got -0.1"),
     BadInput("zero batch size", mpirun2_tiny("--batch-size", "0"),
@@ -170,6 +180,10 @@ BAD_INPUTS: list[BadInput] = [
              lambda w: [*launcher_argv("mpirun", 2)[:-3], "-x", "HOROVOD_CPU_OPERATIONS=gloo",
                         *launcher_argv("single", 1), *tiny(w)],
              "hvd_cifar: error: HOROVOD_CPU_OPERATIONS=gloo: Horovod's Gloo operations need"),
+    BadInput("threads per rank beyond the host's CPUs", mpirun2_tiny("--threads-per-rank", "100000"),
+             "hvd_cifar: error: threads_per_rank: 100000 is more than the "),
+    BadInput("network interface that does not exist (--nic)", mpirun2_tiny("--nic", "eth9"),
+             "hvd_cifar: error: nic: 'eth9' is not a network interface of "),
     BadInput("accumulation steps of the wrong type, under horovodrun (MPI)",
              lambda w: [str(ROOT / "launch" / "horovodrun.sh"), "-np", "2", *tiny(w, "--accumulation-steps", "1.5")],
              "hvd_cifar: error: accumulation_steps: expected int"),

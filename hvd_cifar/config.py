@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import math
 import os
+import socket
 import types
 import typing
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from hvd_cifar import netstats
 from hvd_cifar.sync import METHODS
 
 DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
@@ -73,10 +75,10 @@ class Config:
     freeze_schedule: dict = field(default_factory=dict)  # {epoch: frozen blocks from that epoch on}
     elastic: bool = False              # Horovod elastic training (horovodrun --min-np/--max-np/--host-discovery-script)
     commit_every: int = 10             # elastic: optimizer updates between commits of the state (work lost at most)
-    nic: str = "auto"                  # interface whose byte counters are recorded per host; auto = busiest non-loopback
+    nic: str = "auto"                  # interface whose byte counters are recorded per host; auto = busiest non-loopback; a named one must exist
     # --- run control ---
     seed: int = 0
-    threads_per_rank: int = 0          # torch intra-op threads; 0 = cores on the host / ranks on the host
+    threads_per_rank: int = 0          # torch intra-op threads; 0 = cores on the host / ranks on the host; at most the usable CPUs
     max_steps_per_epoch: int = 0       # 0 = the full epoch; >0 cuts epochs short (quick runs, benchmarks)
     eval_batch_size: int = 500         # images per rank per evaluation batch
     log_dir: str = "logs"              # run folders are created under here
@@ -201,10 +203,17 @@ def apply(cfg: Config, updates: dict[str, Any], from_cli: bool = False) -> Confi
 
 def load_yaml(path: str) -> dict[str, Any]:
     try:
-        with open(path) as f:
+        # UTF-8 whatever the locale says: YAML files are UTF-8, and a config must read the same
+        # on every host.
+        with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except FileNotFoundError:
         raise ConfigError(f"config: file {path} does not exist") from None
+    except OSError as exc:  # a folder, no permission, an I/O error
+        raise ConfigError(f"config: cannot read {path} ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config: {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}); a config is a YAML file") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config: {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
     if data is None:
@@ -264,4 +273,35 @@ def from_args(argv: list[str], base: dict[str, Any] | None = None) -> Config:
     if config_file:
         apply(cfg, load_yaml(config_file))
     apply(cfg, flag_updates, from_cli=True)
-    return cfg.validate()
+    return check_host(cfg.validate())
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a cgroup, taskset or an MPI binding may
+    allow fewer than the machine has)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_host(cfg: Config) -> Config:
+    """The values that must fit the host this process runs on, checked on every rank before
+    anything starts. threads_per_rank above the usable CPUs is an error, not a clamp: more
+    threads than CPUs only adds contention (100000 exhausted memory creating them, and failed
+    somewhere unrelated), a clamp would run something other than the config.yaml the run
+    saves, and a different thread count can change CPU results in the last bits (the order of
+    reductions), which exact resumes and comparisons rely on. 0 already means 'fit the host'."""
+    cpus = usable_cpus()
+    if cfg.threads_per_rank > cpus:
+        raise ConfigError(f"threads_per_rank: {cfg.threads_per_rank} is more than the {cpus} CPUs this process "
+                          f"may use on {socket.gethostname()}; give at most {cpus}, or 0 for this host's CPUs "
+                          f"shared among its ranks")
+    if cfg.nic != "auto":
+        try:
+            names = netstats.read_counters()
+        except OSError as exc:
+            raise ConfigError(f"nic: cannot list the network interfaces ({exc.strerror}); use auto") from None
+        if cfg.nic not in names:
+            raise ConfigError(netstats.missing_interface(cfg.nic, names))
+    return cfg

@@ -1,6 +1,8 @@
 """Network interface byte counters (Linux /proc/net/dev), read by one rank per host."""
 from __future__ import annotations
 
+import socket
+
 
 def read_counters() -> dict[str, tuple[int, int]]:
     """{interface: (rx_bytes, tx_bytes)} for this network namespace."""
@@ -13,12 +15,23 @@ def read_counters() -> dict[str, tuple[int, int]]:
     return counters
 
 
+def missing_interface(wanted: str, names) -> str:
+    """The one line for a ``nic`` that this host does not have, listing those it has."""
+    return (f"nic: {wanted!r} is not a network interface of {socket.gethostname()} (it has: "
+            f"{', '.join(sorted(names))}); name one of them, or use auto")
+
+
 def pick_interface(wanted: str) -> str | None:
     """``wanted`` itself, or for "auto" the busiest non-loopback interface so far (the one the
-    job's traffic crosses on a cluster node); None when there is no such interface."""
+    job's traffic crosses on a cluster node); None when auto finds none. A named interface the
+    host lacks is a ConfigError (config.check_host refuses it before a run starts; this is for
+    callers that did not go through it)."""
     counters = read_counters()
     if wanted != "auto":
-        return wanted if wanted in counters else None
+        if wanted not in counters:
+            from hvd_cifar.config import ConfigError  # here: config imports this module
+            raise ConfigError(missing_interface(wanted, counters))
+        return wanted
     candidates = {name: sum(c) for name, c in counters.items() if name != "lo"}
     return max(candidates, key=candidates.get) if candidates else None
 

@@ -18,7 +18,8 @@ def test_the_drill_covers_what_the_guarantee_lists():
                   "unknown sync", "malformed hostfile line", "fewer slots than -np", "data set missing",
                   "corrupt data set", "checkpoint from a different model", "checkpoint from a different config",
                   "resume of a run folder that does not exist", "unwritable log dir",
-                  "larger than the data set"):
+                  "larger than the data set", "not UTF-8 text", "threads per rank beyond the host's CPUs",
+                  "network interface that does not exist"):
         assert topic in names, topic
     assert len(reliability.BAD_INPUTS) >= 15
 

@@ -109,3 +109,33 @@ def test_exponent_numbers_are_floats_and_non_finite_ones_are_refused(tmp_path):
         config.from_args(["--lr-scaling", "cubic"])
     with pytest.raises(ConfigError, match="target_acc: must be in"):
         config.from_args(["--target-acc", "95"])
+
+
+def test_threads_per_rank_may_use_the_usable_cpus_and_no_more(monkeypatch):
+    """An error, not a clamp (config.check_host says why); the bound is the CPUs this process
+    may run on, which may be fewer than the machine's."""
+    monkeypatch.setattr(config, "usable_cpus", lambda: 3)
+    assert config.from_args(["--threads-per-rank", "3"]).threads_per_rank == 3
+    assert config.from_args([]).threads_per_rank == 0
+    with pytest.raises(ConfigError, match=r"^threads_per_rank: 4 is more than the 3 CPUs this process may use on "):
+        config.from_args(["--threads-per-rank", "4"])
+
+
+def test_a_nic_the_host_lacks_is_refused_with_the_hosts_interfaces(monkeypatch):
+    from hvd_cifar import netstats
+
+    monkeypatch.setattr(netstats, "read_counters", lambda: {"lo": (0, 0), "ens3": (5, 7)})
+    assert config.from_args(["--nic", "ens3"]).nic == "ens3"
+    with pytest.raises(ConfigError, match=r"^nic: 'eth0' is not a network interface of .* \(it has: ens3, lo\)"):
+        config.from_args(["--nic", "eth0"])
+    with pytest.raises(ConfigError, match=r"^nic: 'eth0' is not a network interface of "):
+        netstats.pick_interface("eth0")  # for callers that skipped the config check
+
+
+def test_a_config_that_is_not_utf8_text_or_not_a_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("# r\u00e9glages\nmodel: smallcnn\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 0xe9 at offset 3\)"):
+        config.from_args(["--config", str(path)])
+    with pytest.raises(ConfigError, match=r"^config: cannot read .* \(Is a directory\)$"):
+        config.from_args(["--config", str(tmp_path)])
