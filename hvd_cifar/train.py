@@ -266,20 +266,32 @@ def restore_rank_buffers(run: Training) -> None:
             b.copy_(own[name])
 
 
+def write_start_files(run: Training) -> float:
+    """Rank 0: config.yaml (a resumed run may have changed e.g. epochs: the folder's config says
+    what ran), and meta.json or, on resume, the metrics cut back to the checkpoint. Returns the
+    run's wall time before this start."""
+    cfg, sync, run_dir = run.cfg, run.sync, run.run_dir
+    cfg.save(os.path.join(run_dir, "config.yaml"))
+    if not cfg.resume:
+        runlog.write_json(os.path.join(run_dir, "meta.json"),
+                          runlog.run_metadata(sync.size, list(run.hostnames), sync.name, str(run.device)))
+        return 0.0
+    runlog.truncate_metrics(run_dir, run.start_epoch)
+    runlog.remove_stale_temp_files(run_dir)
+    if run.resume_at:  # preempted mid-epoch: the time until then
+        return run.resume_at["elapsed_s"]
+    kept = runlog.read_metrics(run_dir)
+    return kept[-1].get("elapsed_s", 0.0) if kept else 0.0
+
+
 def first_start(run: Training) -> None:
     cfg, sync, run_dir = run.cfg, run.sync, run.run_dir
-    if run.is_main:  # a resumed run may have changed e.g. epochs: the folder's config says what ran
-        cfg.save(os.path.join(run_dir, "config.yaml"))
-        if cfg.resume:
-            runlog.truncate_metrics(run_dir, run.start_epoch)
-            runlog.remove_stale_temp_files(run_dir)
-            kept = runlog.read_metrics(run_dir)
-            run.elapsed_before = kept[-1].get("elapsed_s", 0.0) if kept else 0.0
-            if run.resume_at:  # preempted mid-epoch: the time until then
-                run.elapsed_before = run.resume_at["elapsed_s"]
-        else:
-            runlog.write_json(os.path.join(run_dir, "meta.json"),
-                              runlog.run_metadata(sync.size, list(run.hostnames), sync.name, str(run.device)))
+    # A write that fails on rank 0 (full disk) stops every rank with rank 0's one line. Elastic:
+    # no collective here (a worker that joins later runs this alone).
+    if sync.elastic:
+        run.elapsed_before = write_start_files(run) if run.is_main else 0.0
+    else:
+        run.elapsed_before = on_main(sync, lambda: write_start_files(run))
     run.log(f"run folder {run_dir}: {cfg.model} on {cfg.dataset}, {sync.size} rank(s) "
             f"({', '.join(sorted(set(run.hostnames)))}), sync={cfg.sync}, device={run.device}, "
             f"threads/rank={torch.get_num_threads()}")
@@ -307,8 +319,8 @@ def train(run: Training, state) -> None:
         nic_bytes = nic.stop()
         record, confusion = evaluate_and_record(run, state, epoch, result, nic, nic_bytes)
         last = epoch == end_epoch - 1
-        if run.is_main and ((cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0) or last):
-            save_checkpoint(run, epoch)
+        if (cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0) or last:
+            on_main(run.sync, lambda: save_checkpoint(run, epoch))  # rank 0's write error stops all
         state.end_epoch(last)
     finish(run, confusion if end_epoch == cfg.epochs else None, record)
     run.log.close()
@@ -362,8 +374,7 @@ def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochRe
     }
     if result.first_step:  # elastic: the epoch was continued after a reset at step `first`
         record["resumed_at_step"] = result.first_step
-    if run.is_main:
-        runlog.record_epoch(run.run_dir, record)  # data first, print second
+    on_main(sync, lambda: runlog.record_epoch(run.run_dir, record))  # data first, print second
     run.log(f"epoch {epoch + 1}/{cfg.epochs}  train loss {record['train_loss']:.4f} acc {record['train_acc']:.4f}"
             f"  test loss {test_loss:.4f} acc {test_acc:.4f}  {result.time_s:.1f} s  "
             f"{record['images_per_s']:.0f} img/s  lr {record['lr']:.4g}")
