@@ -213,12 +213,34 @@ class EpochResult:
     extra: dict = field(default_factory=dict)
 
 
+class PlainProgress:
+    """Progress for a file or a launcher's pipe: one whole line (one write) every
+    ``every_s`` seconds and at the end, instead of tqdm's carriage-return frames."""
+
+    def __init__(self, total: int, initial: int, desc: str, every_s: float = 30.0):
+        self.total, self.n, self.desc, self.every_s = total, initial, desc, every_s
+        self.started = self.last = time.perf_counter()
+        self.first = initial
+
+    def update(self, steps: int) -> None:
+        self.n += steps
+        if time.perf_counter() - self.last >= self.every_s:
+            self._line()
+
+    def close(self) -> None:
+        self._line()
+
+    def _line(self) -> None:
+        self.last = time.perf_counter()
+        rate = (self.n - self.first) / max(self.last - self.started, 1e-9)
+        sys.stderr.write(f"{self.desc}: step {self.n}/{self.total} ({rate:.2f} steps/s)\n")
+        sys.stderr.flush()
+
+
 def progress_bar(total: int, initial: int, desc: str, enabled: bool):
-    """tqdm's bar on a terminal; into a file or a launcher's pipe, a plain line every ~30 s
-    instead of carriage-return frames."""
+    """tqdm's bar on a terminal; into a file or a launcher's pipe, plain lines (PlainProgress)."""
     if enabled and not sys.stderr.isatty():
-        return tqdm(total=total, initial=initial, desc=desc, leave=False, ascii=True,
-                    mininterval=30, maxinterval=60, bar_format="{desc}: step {n}/{total} {rate_fmt}\n")
+        return PlainProgress(total, initial, desc)
     return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
 
 

@@ -263,7 +263,8 @@ def launcher_name() -> str:
     mpirun, and its ranks see the same variables as plain mpirun's."""
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         return "horovodrun-elastic"
-    if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
+    from hvd_cifar.lifecycle import launched_by_mpi
+    if launched_by_mpi():
         return "mpi (mpirun, or horovodrun over MPI)"
     if "HOROVOD_RANK" in os.environ:
         return "horovodrun-gloo"

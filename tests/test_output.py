@@ -23,3 +23,12 @@ def test_each_line_from_rank_0_arrives_whole_under_horovodrun(tiny_args, tmp_pat
     printed = [TAG.sub("", line, count=1) for line in lines]
     logged = [LOG_PREFIX.sub("", line) for line in (tmp_path / "logs" / "run" / "rank0.log").read_text().splitlines()]
     assert printed == logged
+
+
+def test_progress_into_a_pipe_is_plain_lines_not_frames(tmp_path, tiny_args):
+    """With stderr not a terminal (a launcher's pipe, a log file), the progress bar prints a
+    whole line now and then instead of carriage-return frames."""
+    from conftest import run_train
+    proc = run_train([*tiny_args, "--progress", "true", "--epochs", "1"])
+    assert "\r" not in proc.stderr, repr(proc.stderr[:500])
+    assert "epoch 1/1: step 6/6" in proc.stderr, proc.stderr

@@ -233,9 +233,10 @@ def test_a_full_disk_in_the_training_loop_ends_the_job_in_one_line(tmpfs, launch
         lines, _ = end_of_job(job, tree, stderr, bound_s=30)
     finally:
         stop_leftovers(job, tree)
-    assert job.returncode != 0
+    assert job.returncode == 2  # every rank stopped on rank 0's error, none by a broken collective
     run = work / "run"
     assert_one_line(lines, f"cannot write {run}/checkpoint_last.pt (No space left on device, ENOSPC)")
+    assert not [line for line in lines if "stopped: another rank failed" in line], lines
     assert torch.load(run / "checkpoint_last.pt", weights_only=True)["epoch"] == 1
     assert temp_files(run) == []
 
@@ -257,7 +258,8 @@ def test_resuming_into_a_folder_that_cannot_be_written(tmpfs, fault):
         lines, _ = end_of_job(job, [], stderr, bound_s=30)
     finally:
         stop_leftovers(job, [])
-    assert job.returncode != 0
+    assert job.returncode == 2
+    assert not [line for line in lines if "stopped: another rank failed" in line], lines
     expected = {"full": f"cannot write {run}/config.yaml (No space left on device, ENOSPC)",
                 "read-only": f"cannot write {run}/rank0.log (Read-only file system, EROFS)"}[fault]
     assert_one_line(lines, expected)
