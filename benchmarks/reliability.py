@@ -1,7 +1,7 @@
 """Fault drill: every bad input and every rank kill that the reliability guarantees cover, run
 for real with the shipped launchers and timed.
 
-    .venv/bin/python benchmarks/reliability.py [--only bad-inputs|kills] [--match TEXT ...] [--out DIR]
+    .venv/bin/python benchmarks/reliability.py [--only bad-inputs|kills|preemptions] [--match TEXT ...] [--out DIR]
 
 --match runs only the bad inputs whose name holds TEXT (rows keep their numbers in the table).
 
@@ -16,10 +16,17 @@ its first epoch is written one rank (rank 0, then rank 1 in a second job) gets S
 passes when the launcher exits non-zero within KILL_BOUND_S of the signal and, a second later,
 no rank of the job is left running.
 
-Output: two Markdown tables (printed, and OUT/reliability.md) and OUT/reliability.json with
+Preemptions: a 2-rank job on the tiny config gets a stop signal once its first epoch is written,
+through the launcher (SIGUSR1, which mpirun passes on) or straight to one or both ranks
+(SIGTERM, as a scheduler's preemption). It passes when the job exits 4 within PREEMPT_BOUND_S
+with one line from hvd_cifar, one ``preempted`` event and no rank left, and ``--resume`` under
+the same launcher finishes the run.
+
+Output: three Markdown tables (printed, and OUT/reliability.md) and OUT/reliability.json with
 every case's exit code, seconds, and stderr. Each case works in its own folder under OUT.
 The tests import this module: tests/test_bad_inputs.py runs every bad-input case and
-tests/test_reliability.py the kills, with the same pass criteria.
+tests/test_reliability.py the kills, tests/test_preemption.py the preemptions under horovodrun,
+with the same pass criteria.
 """
 from __future__ import annotations
 
@@ -308,6 +315,106 @@ def kill_drill(launcher: str, sync: str, victim: int, work: Path) -> dict:
             os.kill(pid, signal.SIGKILL)
 
 
+# ----------------------------------------------------------------------------- preemptions
+# (launcher, sync, who gets the signal, the signal): mpirun passes SIGUSR1 on to every rank (also
+# as launch/mpirun.sh, and as horovodrun's MPI mode, which launch/horovodrun.sh makes exec
+# mpirun); a scheduler's preemption signals the ranks themselves, one or all.
+PREEMPT_JOBS = [("mpirun", "horovod", "launcher", "SIGUSR1"), ("mpirun", "ddp", "rank 1", "SIGTERM"),
+                ("mpirun.sh", "mpi-allreduce", "launcher", "SIGUSR1"),
+                ("horovodrun.sh", "horovod", "launcher", "SIGUSR1"),
+                ("horovodrun.sh --gloo", "horovod", "ranks", "SIGTERM")]
+PREEMPT_BOUND_S = 60.0
+
+
+def preempt_argv(launcher: str) -> list[str]:
+    """2 ranks of the trainer under a launcher of PREEMPT_JOBS (a name or a launch script)."""
+    if launcher.startswith(("horovodrun.sh", "mpirun.sh")):
+        script, *options = launcher.split()
+        return [str(ROOT / "launch" / script), "-np", "2", *options]
+    return launcher_argv(launcher, 2)
+
+
+def preempt_drill(launcher: str, sync: str, target: str, signame: str, work: Path) -> dict:
+    """Start a 2-rank job, send ``signame`` to ``target`` once an epoch is recorded; the job must
+    exit 4 within PREEMPT_BOUND_S with one line, a checkpoint inside the epoch and a ``preempted``
+    event, leave no rank behind, and ``--resume`` under the same launcher must finish the run."""
+    marker = f"preemptdrill-{launcher.replace(' ', '')}-{sync}-{target.replace(' ', '')}-{os.getpid()}"
+    run = work / marker
+    args = ["--config", TINY, "--epochs", "3", "--max-steps-per-epoch", "20", "--log-dir", str(work),
+            "--run-name", marker, "--sync", sync]
+    result = {"launcher": launcher, "sync": sync, "target": target, "signal": signame, "exit": None,
+              "seconds": None, "stopped": "", "resume_exit": None, "ok": False, "why": ""}
+    job = subprocess.Popen([*preempt_argv(launcher), *args], cwd=ROOT, env=job_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+            if job.poll() is not None or time.monotonic() > deadline:
+                result["why"] = "training never got through an epoch"
+                return result
+            time.sleep(0.2)
+        ranks = rank_pids(marker)
+        sent_to = {"launcher": [job.pid], "rank 1": ranks[1:2], "ranks": ranks}[target]
+        for pid in sent_to:
+            os.kill(pid, getattr(signal, signame))
+        signalled = time.monotonic()
+        try:
+            _, stderr = job.communicate(timeout=PREEMPT_BOUND_S + 30)
+        except subprocess.TimeoutExpired:
+            result["why"] = f"still running {PREEMPT_BOUND_S + 30:.0f} s after the signal"
+            return result
+        result["exit"], result["seconds"] = job.returncode, round(time.monotonic() - signalled, 2)
+        time.sleep(1)
+        return judge_preemption(result, launcher, run, marker, stderr)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+        for pid in rank_pids(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def judge_preemption(result: dict, launcher: str, run: Path, marker: str, stderr: str) -> dict:
+    """The pass criteria of preempt_drill, then the resume."""
+    problems = []
+    ours = [line for line in stderr.splitlines() if re.sub(r"^\[[\d,]+\]<stderr>:", "", line).startswith("hvd_cifar")]
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()] \
+        if (run / "events.jsonl").exists() else []
+    if result["exit"] != 4:
+        problems.append(f"exit {result['exit']}")
+    if result["seconds"] > PREEMPT_BOUND_S:
+        problems.append(f"took {result['seconds']} s")
+    if len(ours) != 1 or "hvd_cifar: preempted:" not in ours[0]:
+        problems.append(f"{len(ours)} lines from hvd_cifar")
+    if [e["event"] for e in events] != ["preempted"]:
+        problems.append(f"events: {[e['event'] for e in events]}")
+    else:
+        result["stopped"] = f"epoch {events[0]['epoch'] + 1}, step {events[0]['step']}"
+    if rank_pids(marker):
+        problems.append("ranks left running")
+    resumed = subprocess.run([*preempt_argv(launcher), "--resume", str(run)], cwd=ROOT, env=job_env(),
+                             capture_output=True, text=True, timeout=600)
+    result["resume_exit"] = resumed.returncode
+    if resumed.returncode != 0 or not (run / "eval.json").exists():
+        problems.append(f"resume exited {resumed.returncode}: {resumed.stderr[-500:]}")
+    result["ok"], result["why"] = not problems, "; ".join(problems)
+    return result
+
+
+
+def run_preemptions(rows: list[dict], work: Path) -> list[str]:
+    """Every job of PREEMPT_JOBS, appended to ``rows``; the table and its summary."""
+    for job in PREEMPT_JOBS:
+        rows.append(preempt_drill(*job, work))
+        r = rows[-1]
+        print(f"preempt {' '.join(job)}: exit {r['exit']} after {r['seconds']} s, resumed: {r['resume_exit']}"
+              f"{'' if r['ok'] else ': ' + r['why']}", flush=True)
+    times = [r["seconds"] for r in rows if r["seconds"] is not None]
+    return [preempt_table(rows), "", f"preemptions: {sum(r['ok'] for r in rows)} of {len(rows)} exited 4 within "
+            f"{PREEMPT_BOUND_S:.0f} s with a checkpoint and resumed to the end; slowest "
+            f"{max(times, default=float('nan')):.1f} s", ""]
+
+
 # ----------------------------------------------------------------------------- report
 def bad_input_table(rows: list[dict]) -> str:
     out = ["| # | bad input | exit | seconds | the one line from hvd_cifar | launcher lines | pass |",
@@ -329,9 +436,19 @@ def kill_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def preempt_table(rows: list[dict]) -> str:
+    out = ["| launcher | sync | signal to | signal | exit | seconds to exit | stopped after | resume exit | pass |",
+           "|---|---|---|---|---:|---:|---|---:|---|"]
+    for r in rows:
+        seconds = "-" if r["seconds"] is None else f"{r['seconds']:.1f}"
+        out.append(f"| {r['launcher']} | {r['sync']} | {r['target']} | {r['signal']} | {r['exit']} | {seconds} | "
+                   f"{r['stopped']} | {r['resume_exit']} | {'yes' if r['ok'] else 'NO: ' + r['why']} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", choices=("bad-inputs", "kills"))
+    p.add_argument("--only", choices=("bad-inputs", "kills", "preemptions"))
     p.add_argument("--match", nargs="+", default=[], metavar="TEXT",
                    help="only the bad inputs whose name holds one of these")
     p.add_argument("--out", default=None, help="work folder (default: a new temporary folder)")
@@ -339,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="hvd_cifar-reliability-"))
     out.mkdir(parents=True, exist_ok=True)
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": platform.platform(),
-              "cpus": os.cpu_count(), "load_start": os.getloadavg()[0], "bad_inputs": [], "kills": []}
+              "cpus": os.cpu_count(), "load_start": os.getloadavg()[0], "bad_inputs": [], "kills": [],
+              "preemptions": []}
     text = []
     if args.only in (None, "bad-inputs"):
         cases = [(i, case) for i, case in enumerate(BAD_INPUTS, 1)
@@ -365,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         text += [kill_table(report["kills"]), "",
                  f"kills: {passed} of {len(report['kills'])} ended the job non-zero within {KILL_BOUND_S:.0f} s "
                  f"with no rank left running; slowest {max(times, default=float('nan')):.1f} s", ""]
+    if args.only in (None, "preemptions"):
+        text += run_preemptions(report["preemptions"], out / "preemptions")
     report["load_end"] = os.getloadavg()[0]
     report["ended"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     (out / "reliability.json").write_text(json.dumps(report, indent=1))
@@ -372,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + "\n".join(text))
     print(f"load average {report['load_start']:.2f} at the start, {report['load_end']:.2f} at the end; "
           f"details in {out}/reliability.json")
-    ok = all(r["ok"] for r in report["bad_inputs"] + report["kills"])
+    ok = all(r["ok"] for r in report["bad_inputs"] + report["kills"] + report["preemptions"])
     return 0 if ok else 1
 
 

@@ -20,6 +20,9 @@ import torch
 from conftest import ROOT, TINY, launch_argv, read_metrics, run_train
 from hvd_cifar import preempt, slurm_resume
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import reliability  # noqa: E402
+
 # 3 epochs of 12 steps in updates of 2 micro-batches: a stop asked for mid-update waits for its end.
 FLAGS = ["--config", TINY, "--epochs", "3", "--max-steps-per-epoch", "12", "--accumulation-steps", "2",
          "--threads-per-rank", "1"]
@@ -168,6 +171,17 @@ def test_sigusr1_to_mpirun_pauses_the_job_and_resume_finishes_it_exactly(tmp_pat
     assert (event["signal"], event["ranks_asked"]) == ("SIGUSR1", 2) and event["epoch"] in (1, 2)
     run_train(["--resume", str(run)], launcher="mpirun", np=2)
     assert_same_training(run, straight_2())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher, sync, target, signame",
+                         [job for job in reliability.PREEMPT_JOBS if job[0].startswith("horovodrun")])
+def test_the_drills_preemptions_under_horovodrun(tmp_path, launcher, sync, target, signame):
+    """The fault drill's horovodrun jobs (the mpirun ones are the tests above): SIGUSR1 to
+    launch/horovodrun.sh (horovodrun's MPI mode, which it makes exec mpirun), SIGTERM to both
+    ranks under --gloo; exit 4 with one line, one event, no rank left, and the resume finishes."""
+    result = reliability.preempt_drill(launcher, sync, target, signame, tmp_path)
+    assert result["ok"], result["why"]
 
 
 # ----------------------------------------------------------------------------- launch/slurm.sbatch
