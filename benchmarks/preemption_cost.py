@@ -1,0 +1,130 @@
+"""What the preemption agreement costs per step: 2-rank jobs with the per-update vote as shipped,
+with a blocking vote, and with none, side by side, for each sync method.
+
+    .venv/bin/python benchmarks/preemption_cost.py [--sync horovod mpi-allreduce ddp] [--model smallcnn]
+                                                   [--steps 40] [--epochs 3] [--repeats 3]
+
+After each optimizer update with more steps to come, the ranks agree whether to stop
+(engine.TrainingState.after_update -> hvd_cifar.preempt.StopVote.ranks_asked). Variants, put in
+place by a sitecustomize hook that also times every call on each rank:
+
+* ``lagged`` (shipped): read the 1-element sum started after the update before, start the next
+  one in the background (``sync.allreduce_sum_async``);
+* ``blocking``: one blocking 1-element ``sync.allreduce_sum`` of the flag, read at once;
+* ``none``: no vote at all (answers 0 without any collective).
+
+Each repeat runs the same training once per variant under ``mpirun -np 2``, in an order that
+rotates between repeats. Reported per method: the median over repeats of the steady-state step
+time (hvd_cifar.report.steady_mean of ``step_time_s``: the epochs after the first) per variant,
+the difference of each vote from none (its cost per step), and the mean wall time of one call as
+the ranks saw it (for the blocking vote this includes waiting for the slower rank, time the next
+gradient allreduce would otherwise have waited).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from hvd_cifar import launchers, report
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("none", "blocking", "lagged")
+
+# Every rank: the variant HOOK_VARIANT in StopVote.ranks_asked's place, each call timed; after
+# each evaluation, this rank's count and seconds go to HOOK_OUT.rank<R>.
+HOOK = """
+import json, os, time
+import torch
+from hvd_cifar import engine, lifecycle, preempt
+
+def blocking(vote):
+    flag = torch.tensor([1.0 if preempt.asked() else 0.0], dtype=torch.float64)
+    return int(vote.sync.allreduce_sum(flag).item())
+
+_variant = {"lagged": preempt.StopVote.ranks_asked, "blocking": blocking,
+            "none": lambda vote: 0}[os.environ["HOOK_VARIANT"]]
+_calls = [0, 0.0]
+def ranks_asked(vote):
+    start = time.perf_counter()
+    asked = _variant(vote)
+    _calls[0] += 1
+    _calls[1] += time.perf_counter() - start
+    return asked
+preempt.StopVote.ranks_asked = ranks_asked
+
+_evaluate = engine.evaluate
+def evaluate(run):
+    with open(f"{os.environ['HOOK_OUT']}.rank{lifecycle.launch_rank()}", "w") as f:
+        json.dump({"calls": _calls[0], "seconds": _calls[1]}, f)
+    return _evaluate(run)
+engine.evaluate = evaluate
+"""
+
+
+def one_run(work: Path, name: str, sync: str, variant: str, args) -> dict:
+    hook = work / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(HOOK)
+    out = work / f"{name}.calls"
+    env = dict(os.environ, PYTHONPATH=f"{hook}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
+               HOOK_VARIANT=variant, HOOK_OUT=str(out))
+    cmd = [*launchers.argv("mpirun", 2), "--config", "configs/tiny.yaml", "--model", args.model, "--sync", sync,
+           "--epochs", str(args.epochs), "--max-steps-per-epoch", str(args.steps), "--threads-per-rank", "1",
+           "--log-dir", str(work), "--run-name", name]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
+    calls = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in (0, 1)]
+    return {"step_time_s": report.steady_mean(records, "step_time_s"), "calls": calls[0]["calls"],
+            "s_per_call": statistics.mean(c["seconds"] / max(c["calls"], 1) for c in calls)}
+
+
+def table(rows: list[tuple[str, dict]]) -> str:
+    out = ["| sync | step, no vote (ms) | step, blocking vote (ms) | step, lagged vote (ms) | blocking: cost per "
+           "step (ms, %) | lagged: cost per step (ms, %) | one blocking vote, as timed (ms) | one lagged vote, "
+           "as timed (ms) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for sync, m in rows:
+        none = m["none"]["step_time_s"]
+        cost = {v: (m[v]["step_time_s"] - none) * 1e3 for v in ("blocking", "lagged")}
+        pct = {v: (m[v]["step_time_s"] / none - 1) * 100 for v in ("blocking", "lagged")}
+        out.append(f"| {sync} | {none * 1e3:.1f} | {m['blocking']['step_time_s'] * 1e3:.1f} | "
+                   f"{m['lagged']['step_time_s'] * 1e3:.1f} | {cost['blocking']:+.2f} ({pct['blocking']:+.1f}%) | "
+                   f"{cost['lagged']:+.2f} ({pct['lagged']:+.1f}%) | {m['blocking']['s_per_call'] * 1e3:.3f} | "
+                   f"{m['lagged']['s_per_call'] * 1e3:.3f} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sync", nargs="+", default=["horovod", "mpi-allreduce", "ddp"])
+    p.add_argument("--model", default="smallcnn")
+    p.add_argument("--steps", type=int, default=40, help="steps per epoch")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    rows = []
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for sync in args.sync:
+            runs = {v: [] for v in VARIANTS}
+            for repeat in range(args.repeats):
+                for variant in VARIANTS[repeat % 3:] + VARIANTS[:repeat % 3]:
+                    name = f"{sync}-{variant}-{repeat}"
+                    runs[variant].append(one_run(Path(tmp), name, sync, variant, args))
+                    print(f"{name}: {json.dumps(runs[variant][-1])}", flush=True)
+            rows.append((sync, {v: {k: statistics.median(r[k] for r in runs[v]) for k in ("step_time_s", "s_per_call")}
+                                for v in VARIANTS}))
+    print(f"\n{args.model}, 2 ranks (mpirun), {args.steps} steps x {args.epochs} epochs, median of {args.repeats}:\n")
+    print(table(rows))
+    print(f"\nload average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()
