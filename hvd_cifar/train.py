@@ -479,7 +479,8 @@ def run(cfg: Config) -> tuple[SyncMethod, preempt.Preempted | None]:
         # No rank may exit before rank 0 has saved: the launcher ends the job at the first exit.
         buffers = sync.allgather_object(rank_buffers(training.model))  # each rank's BatchNorm statistics
         on_main(sync, lambda: save_preempted(training, state, exc, buffers))
-        stopped, exc.run_dir = exc, training.run_dir
+        # Without its traceback, which holds the loop's frames and in them the wrapped model.
+        stopped, exc.run_dir = exc.with_traceback(None), training.run_dir
     # The wrappers the sync method made hold its communication resources (DDP's reducer holds
     # the process group): let them go before the method closes.
     training.net = training.optimizer = state = None
