@@ -40,11 +40,11 @@ class LrSchedule:
 
     def __init__(self, cfg, world_size: int, updates_per_epoch: int):
         multiplier = world_size * cfg.accumulation_steps
-        self.factor = {"linear": multiplier, "sqrt": math.sqrt(multiplier), "none": 1.0}[cfg.lr_scaling]
-        self.base, self.peak = cfg.lr, cfg.lr * self.factor
+        factor = {"linear": multiplier, "sqrt": math.sqrt(multiplier), "none": 1.0}[cfg.lr_scaling]
+        self.peak = cfg.lr * factor
         self.total = cfg.epochs * updates_per_epoch
         # One rank takes warmup_epochs x (updates_per_epoch x multiplier) updates to reach lr.
-        self.warmup = min(round(cfg.warmup_epochs * updates_per_epoch * multiplier * self.factor),
+        self.warmup = min(round(cfg.warmup_epochs * updates_per_epoch * multiplier * factor),
                           self.total // 2)
         self.schedule = cfg.schedule
 
