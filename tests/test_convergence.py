@@ -14,29 +14,36 @@ from hvd_cifar.engine import LrSchedule, guard_gradients
 def schedule(np_: int, k: int = 1, scaling: str = "linear", updates_per_epoch: int = 0, **cfg) -> LrSchedule:
     """The schedule of a digits-sized run (1,437 images, 64 per rank) at ``np_`` ranks."""
     upe = updates_per_epoch or math.ceil(1437 // np_ // 64 / k)
-    return LrSchedule(Config(lr_scaling=scaling, accumulation_steps=k, **cfg), np_, upe)
+    return LrSchedule(Config(lr_scaling=scaling, accumulation_steps=k, **cfg).validate(), np_, upe)
 
 
 @pytest.mark.parametrize("scaling, factor", [("linear", lambda m: m), ("sqrt", math.sqrt), ("none", lambda m: 1)])
 def test_peak_lr_follows_the_scaling_rule(scaling, factor):
     for np_, k in ((1, 1), (2, 1), (4, 1), (2, 4)):
         s = schedule(np_, k, scaling, epochs=60)
-        assert s.peak == pytest.approx(Config().lr * factor(np_ * k))
+        assert s.peak == pytest.approx(Config().validate().lr * factor(np_ * k))
         assert max(s(u) for u in range(s.total)) == pytest.approx(s.peak)
 
 
-def test_warmup_climbs_at_one_rank_pace_whatever_the_ranks():
-    """Gradual warm-up: the rate rises by the same amount per update at 1, 2 and 4 ranks (or
-    2 ranks x 4 accumulation steps), so a larger multiplier takes more updates to reach its
-    larger peak, never fewer; the warm-up never takes more than half the run."""
-    one = schedule(1, epochs=200, updates_per_epoch=24)
-    slope = one(1) - one(0)
+def test_warmup_rises_at_one_rank_pace_per_image_whatever_the_ranks():
+    """Gradual warm-up: the rate rises by the same amount per image seen at 1, 2 and 4 ranks
+    (or 2 ranks x 4 accumulation steps), so a multiplier m takes m times the epochs to reach
+    its m times larger peak; in updates it is never shorter than one rank's. The warm-up never
+    takes more than a quarter of the run."""
+    upe1 = 24  # one rank's updates per epoch
+    one = schedule(1, epochs=200, updates_per_epoch=upe1)
+    per_image = (one(1) - one(0)) / 64
     for np_, k in ((2, 1), (4, 1), (2, 4)):
-        s = schedule(np_, k, epochs=200, updates_per_epoch=24 // (np_ * k))
-        assert s(1) - s(0) == pytest.approx(slope, rel=0.1), (np_, k)
-        assert s.warmup > one.warmup
-    short = schedule(4, epochs=2)
-    assert short.warmup == short.total // 2
+        m = np_ * k
+        s = schedule(np_, k, epochs=200, updates_per_epoch=upe1 // m)
+        assert (s(1) - s(0)) / (64 * m) == pytest.approx(per_image, rel=0.1), (np_, k)
+        assert s.warmup / s.total * 200 == pytest.approx(m * 1.0, rel=0.1), (np_, k)  # m epochs
+        assert s.warmup >= one.warmup * 0.9
+    for scaling in ("sqrt", "none"):
+        s = schedule(4, 1, scaling, epochs=200, updates_per_epoch=upe1 // 4)
+        assert s.warmup / s.total * 200 == pytest.approx(s.peak / Config().validate().lr, rel=0.1), scaling
+    short = schedule(4, epochs=6)
+    assert short.warmup == round(short.total / 4)
     assert short(short.warmup - 1) == pytest.approx(short.peak)
 
 
