@@ -114,3 +114,21 @@ def test_vgg11_at_defaults_reaches_95_percent_at_two_ranks(tmp_path, extra):
     records = read_metrics(tmp_path / "run")
     assert len(records) == 6
     assert records[-1]["test_acc"] >= 0.95, [r["test_acc"] for r in records]
+
+
+def test_cifar10_recipe_states_the_rates_the_rule_gives():
+    """The CIFAR-10 recipe's comment table (ranks, images per update, peak lr, warm-up epochs)
+    is what LrSchedule computes for that config, so the two cannot drift apart."""
+    import re
+    from hvd_cifar import config
+    from conftest import ROOT
+    path = f"{ROOT}/configs/cifar10_vgg11.yaml"
+    rows = re.findall(r"^#\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)", open(path).read(), re.M)
+    assert [int(r[0]) for r in rows] == [4, 8, 16, 32]
+    for ranks, images, peak, warmup in rows:
+        cfg = config.from_args(["--config", path])
+        upe = 50_000 // (cfg.batch_size * int(ranks))
+        s = LrSchedule(cfg, int(ranks), upe)
+        assert int(images) == cfg.batch_size * int(ranks)
+        assert s.peak == pytest.approx(float(peak))
+        assert s.warmup / upe == pytest.approx(float(warmup), abs=0.05)
