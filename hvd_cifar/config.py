@@ -80,6 +80,7 @@ class Config:
     freeze_schedule: dict = field(default_factory=dict)  # {epoch: frozen blocks from that epoch on}
     elastic: bool = False              # Horovod elastic training (horovodrun --min-np/--max-np/--host-discovery-script)
     commit_every: int = 10             # elastic: optimizer updates between commits of the state (work lost at most)
+    ps_servers: int = 1                # sync: mpi-async-ps: the first this many ranks hold the weights, the rest train
     nic: str = "auto"                  # interface whose byte counters are recorded per host; auto = busiest non-loopback; a named one must exist
     # --- run control ---
     seed: int = 0
@@ -102,7 +103,7 @@ class Config:
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
         positive = ("epochs", "batch_size", "accumulation_steps", "eval_batch_size", "synthetic_size",
-                    "commit_every")
+                    "commit_every", "ps_servers")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")

@@ -160,6 +160,7 @@ class Training:
 
 def start_backend(cfg: Config) -> tuple[SyncMethod, torch.device]:
     sync = make_sync(cfg.sync, cfg.elastic)  # starts the communication backend (hvd.init() for Horovod)
+    sync.configure(cfg)
     torch.set_num_threads(cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // sync.local_size))
     if torch.cuda.is_available():
         torch.cuda.set_device(sync.local_rank)  # one GPU per local rank
@@ -184,8 +185,8 @@ def build(cfg: Config, sync: SyncMethod, device: torch.device) -> Training:
     ds = on_every_rank(sync, lambda: data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed))
     mean, std = ds.channel_stats()
     ds.to(device)
-    loader = data.ShardedLoader(ds.train_images, ds.train_labels, cfg.batch_size, sync.rank,
-                                sync.size, cfg.seed, mean.to(device), std.to(device),
+    loader = data.ShardedLoader(ds.train_images, ds.train_labels, cfg.batch_size, sync.worker_rank,
+                                sync.workers, cfg.seed, mean.to(device), std.to(device),
                                 augment=cfg.augment, hflip=ds.hflip,
                                 max_steps=cfg.max_steps_per_epoch, channels_last=cfg.channels_last)
     torch.manual_seed(cfg.seed)
@@ -244,7 +245,7 @@ def begin(run: Training, state) -> None:
     state.begin(run)
     if first:
         restore_rank_buffers(run)
-    run.loader.reshard(sync.rank, sync.size)
+    run.loader.reshard(sync.worker_rank, sync.workers)  # shards for the ranks that train
     run.updates_per_epoch = math.ceil(len(run.loader) / cfg.accumulation_steps)
     run.schedule = engine.LrSchedule(cfg, sync.size, run.updates_per_epoch)
 
@@ -315,7 +316,7 @@ def train(run: Training, state) -> None:
         run.net.train()
         set_frozen_blocks(run.model, run.frozen)  # train() switched frozen BatchNorm back to batch stats
         nic.start()
-        result = engine.train_one_epoch(run, state, epoch)
+        result = run.sync.epoch_loop(engine.train_one_epoch)(run, state, epoch)
         nic_bytes = nic.stop()
         record, confusion = evaluate_and_record(run, state, epoch, result, nic, nic_bytes)
         last = epoch == end_epoch - 1
@@ -345,11 +346,12 @@ def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochRe
     reduced = sync.allreduce_sum(result.sums.cpu())
     pass_images = reduced[2].item()  # trained since this pass over the epoch began
     sums = state.epoch_sums(reduced)
-    # Each rank timed its own phases; report the mean over ranks, which adds up to the step time.
+    # Each rank timed its own phases (0 where a rank does not train); report the mean over the
+    # ranks that train, which adds up to the step time.
     phase_times = sync.allreduce_sum(torch.tensor([result.phase_times[p] for p in engine.PHASES],
-                                                  dtype=torch.float64)) / sync.size
+                                                  dtype=torch.float64)) / sync.workers
     eval_start = time.perf_counter()
-    engine.average_buffers(run.model, sync)
+    sync.consolidate(run.model, run.optimizer)  # one model on every rank (BatchNorm statistics averaged)
     test_loss, test_acc, confusion = engine.evaluate(run)
     images = sums[2].item()
     engine.Diverged.check_epoch(sums[0].item() / images, test_loss, run.dataset.num_classes, epoch,
@@ -371,6 +373,7 @@ def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochRe
         "trainable_params": run.trainable, "frozen_blocks": run.frozen, "world_size": sync.size,
         "sync": cfg.sync, "fp16_allreduce": cfg.fp16_allreduce,
         "accumulation_steps": cfg.accumulation_steps, "batch_size": cfg.batch_size,
+        **result.extra,  # what only some methods measure (mpi-async-ps: staleness, server updates/s)
     }
     if result.first_step:  # elastic: the epoch was continued after a reset at step `first`
         record["resumed_at_step"] = result.first_step

@@ -18,6 +18,7 @@ METHODS = {
     "mpi-allreduce": "hvd_cifar.sync.mpi",
     "mpi-gather-scatter": "hvd_cifar.sync.mpi",
     "ddp": "hvd_cifar.sync.ddp",
+    "mpi-async-ps": "hvd_cifar.sync.async_ps",
 }
 
 class SyncMethod:
@@ -37,6 +38,34 @@ class SyncMethod:
     size = 1
     local_rank = 0
     local_size = 1
+
+    def configure(self, cfg) -> None:
+        """Read the config keys this method has (e.g. ``ps_servers``) once, right after ``make``,
+        on every rank; a setting it cannot honour is a ConfigError."""
+
+    # --- roles: every rank trains, unless a method gives some ranks another part ----------
+    @property
+    def workers(self) -> int:
+        """Ranks that run the step loop: the data is sharded over them, metrics averaged."""
+        return self.size
+
+    @property
+    def worker_rank(self) -> int:
+        """This rank's data shard, in [0, workers)."""
+        return self.rank
+
+    def epoch_loop(self, train_one_epoch):
+        """What this rank runs for one epoch, called as ``(run, state, epoch) -> EpochResult``:
+        the step loop given (engine.train_one_epoch), unless the method gives this rank another
+        part (a parameter server's ranks serve the workers instead)."""
+        return train_one_epoch
+
+    def consolidate(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """After an epoch's training, before evaluation and the checkpoint: make every rank hold
+        the one model the run evaluates and saves. Here the weights agree already and only
+        BatchNorm's running statistics, each rank's own, are averaged."""
+        from hvd_cifar.engine import average_buffers
+        average_buffers(model, self)
 
     # --- model and optimizer -------------------------------------------------------
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

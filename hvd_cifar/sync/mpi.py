@@ -93,17 +93,21 @@ class MpiSync(SyncMethod):
     def allocate(self, numel: int) -> None:
         """Extra buffers a method needs for ``numel`` gradient elements."""
 
-    def synchronize(self, optimizer):
-        if self.size == 1:  # one rank's gradients are already the mean
-            return
+    def pack_gradients(self) -> None:
+        """Every trainable gradient into its slice of ``self.flat``."""
         offset = 0
-        for p in self.params:  # pack: every trainable gradient into its slice of the buffer
+        for p in self.params:
             n = p.numel()
             if p.grad is None:  # a parameter that took no part in this update contributes zeros
                 self.flat[offset:offset + n].zero_()
             else:
                 self.flat[offset:offset + n].copy_(p.grad.reshape(-1))
             offset += n
+
+    def synchronize(self, optimizer):
+        if self.size == 1:  # one rank's gradients are already the mean
+            return
+        self.pack_gradients()
         self.average()
         offset = 0
         for p in self.params:  # unpack: the average back into each .grad
