@@ -265,14 +265,14 @@ def rank_pids(marker: str) -> list[int]:
     return [pid for _, pid in sorted(ranks)]
 
 
-def kill_drill(launcher: str, sync: str, victim: int, work: Path) -> dict:
-    """Start a 2-rank job, SIGKILL rank ``victim`` once training is under way, and time the end."""
+def kill_drill(launcher: str, sync: str, victim: int, work: Path, np: int = 2) -> dict:
+    """Start an ``np``-rank job, SIGKILL rank ``victim`` once training is under way, and time the end."""
     marker = f"killdrill-{launcher}-{sync}-r{victim}-{os.getpid()}"
     args = ["--config", TINY, "--epochs", "200", "--max-steps-per-epoch", "20", "--log-dir", str(work),
             "--run-name", marker, "--sync", sync]
     result = {"launcher": launcher, "sync": sync, "victim": victim, "exit": None, "seconds": None,
               "orphans": None, "ok": False, "why": ""}
-    job = subprocess.Popen([*launcher_argv(launcher, 2), *args], cwd=ROOT, env=job_env(),
+    job = subprocess.Popen([*launcher_argv(launcher, np), *args], cwd=ROOT, env=job_env(),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -285,9 +285,10 @@ def kill_drill(launcher: str, sync: str, victim: int, work: Path) -> dict:
                 return result
             time.sleep(0.5)
         ranks = rank_pids(marker)
-        if len(ranks) != 2:
+        if len(ranks) != np:
             result["why"] = f"found {len(ranks)} ranks"
             return result
+        result["pids"] = ranks  # the job's ranks, in rank order, for the caller to check by pid
         os.kill(ranks[victim], signal.SIGKILL)
         killed_at = time.monotonic()
         try:

@@ -1,0 +1,152 @@
+"""sync: mpi-async-ps, the asynchronous parameter server: real 3- and 4-rank jobs.
+
+    .venv/bin/python -m pytest -q tests/test_async_ps.py                 # about 4 minutes on 2 cores
+    .venv/bin/python -m pytest -q tests/test_async_ps.py -k cluster      # bytes at the NICs (root)
+
+* 1 server and 2 workers under horovodrun train the small CNN to >= 95 % on digits; every
+  metrics line carries the staleness and the server's update rate, and they agree with the
+  epoch's own counts; the data is sharded over the 2 workers only;
+* the checkpoint written by rank 0 (a server) holds the model that was evaluated and the
+  servers' momentum, and --resume continues the learning-rate schedule from there;
+* SIGKILL to the server or to a worker ends the job non-zero within 60 s, no rank left;
+* on the namespace cluster, each host's NIC carries what the analytic figure says, with one
+  server (it takes in and sends out 2 x S per round of 2 workers' updates) and with the
+  buffer sharded over 2 servers (S each way per round, at each).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import psutil
+import pytest
+import torch
+
+from conftest import NEEDS_NETNS, ROOT, TINY, read_metrics, run_train
+from hvd_cifar import data, engine
+from hvd_cifar.config import Config
+from hvd_cifar.models import build_model
+from hvd_cifar.netcluster import NetCluster
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import reliability  # noqa: E402
+
+PS = ["--sync", "mpi-async-ps"]
+DIGITS_TRAIN = 1437  # digits' training images
+
+
+def test_three_ranks_reach_95_percent_on_digits_with_staleness_recorded(tmp_path):
+    """1 server + 2 workers, the small CNN at every default but the epochs (6, as in
+    docs/CONVERGENCE.md); under horovodrun (MPI mode)."""
+    run_train(["--model", "smallcnn", "--dataset", "digits", "--epochs", "6", "--no-progress", *PS,
+               "--log-dir", str(tmp_path), "--run-name", "acc"], launcher="horovodrun", np=3, timeout=600)
+    records = read_metrics(tmp_path / "acc")
+    assert records[-1]["test_acc"] >= 0.95, [r["test_acc"] for r in records]
+    per_worker = DIGITS_TRAIN // 2 // 32  # steps of a shard of the 2 workers only
+    for r in records:
+        assert r["world_size"] == 3 and r["ps_servers"] == 1
+        assert r["steps"] == r["syncs"] == per_worker, r  # 14 if the server took a shard too
+        # Every training image once per epoch, by the workers (the server adds none).
+        assert r["images_per_s"] * r["epoch_time_s"] == pytest.approx(DIGITS_TRAIN, rel=1e-6)
+        # Staleness: server updates between a worker's pull and its push. Two workers take
+        # turns, so about one; never more than the epoch's other pushes.
+        assert 0 < r["staleness_mean"] <= r["staleness_max"] <= 2 * per_worker - 1, r
+        assert r["staleness_mean"] < 3
+        # The server applied every push of both workers within the epoch's time.
+        assert r["server_updates_per_s"] * r["epoch_time_s"] == pytest.approx(2 * per_worker, rel=1e-6)
+        assert r["comm_bytes_per_sync"] == r["trainable_params"] * 4  # S out per push (and S in)
+        assert r["comm_bytes_per_rank"] == r["comm_bytes_per_sync"] * r["syncs"]
+    assert json.loads((tmp_path / "acc" / "eval.json").read_text())["parameters_identical_across_ranks"]
+
+
+def _accuracy_of(checkpoint: dict, model_name: str) -> float:
+    """The test accuracy of a checkpoint's model, computed here in one process."""
+    ds = data.load("digits", "data")
+    mean, std = ds.channel_stats()
+    normalize = data.ShardedLoader(ds.train_images, ds.train_labels, 32, 0, 1, 0, mean, std).normalize
+    model = build_model(model_name, ds.num_classes)
+    model.load_state_dict(checkpoint["model"])
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for x, y in data.eval_batches(ds.test_images, ds.test_labels, 400, 0, 1, normalize):
+            correct += (model(x).argmax(1) == y).sum().item()
+    return correct / len(ds.test_labels)
+
+
+def test_server_checkpoint_is_the_evaluated_model_and_resume_continues(tmp_path):
+    """Stopped after epoch 1 of 3, then resumed: rank 0's checkpoint holds the model evaluated
+    (server weights, workers' mean BatchNorm statistics) and the servers' momentum; the resumed
+    epochs start from it (a loss far below a fresh start's) at the schedule's place."""
+    run = tmp_path / "run"
+    flags = ["--config", TINY, "--max-steps-per-epoch", "10", "--epochs", "3", *PS,
+             "--log-dir", str(tmp_path), "--run-name", "run"]
+    run_train([*flags, "--stop-after", "1"], launcher="mpirun", np=3)
+    [first] = read_metrics(run)
+    ckpt = torch.load(run / "checkpoint_last.pt", weights_only=True)
+    assert ckpt["epoch"] == 1
+    assert _accuracy_of(ckpt, "smallcnn") == pytest.approx(first["test_acc"], abs=1.5 / 360)
+    momentum = [s["momentum_buffer"] for s in ckpt["optimizer"]["state"].values()]
+    assert len(momentum) == sum(len(g["params"]) for g in ckpt["optimizer"]["param_groups"])
+    assert all(torch.isfinite(m).all() for m in momentum) and any(m.abs().sum() > 0 for m in momentum)
+
+    run_train(["--resume", str(run), "--stop-after", "0"], launcher="mpirun", np=3)
+    records = read_metrics(run)
+    assert [r["epoch"] for r in records] == [0, 1, 2]
+    assert records[0] == first
+    assert records[1]["train_loss"] < 0.8 * first["train_loss"], (first["train_loss"], records[1]["train_loss"])
+    cfg = Config(model="smallcnn", lr=0.05, epochs=3, warmup_epochs=0)
+    total = 2 * 10  # 2 workers x 10 updates an epoch, on a one-rank schedule
+    for r in records:  # the rate of each epoch's last update, the resumed ones included
+        assert r["lr"] == pytest.approx(engine.LrSchedule(cfg, 1, total)((r["epoch"] + 1) * total - 1))
+    final = torch.load(run / "checkpoint_last.pt", weights_only=True)
+    assert final["epoch"] == 3
+    assert _accuracy_of(final, "smallcnn") == pytest.approx(records[-1]["test_acc"], abs=1.5 / 360)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher, victim", [("mpirun", 0), ("horovodrun", 2)], ids=["server", "worker"])
+def test_a_killed_server_or_worker_ends_the_job(tmp_path, launcher, victim):
+    """SIGKILL to rank ``victim`` (0: the server, 2: a worker) of 3 once an epoch is written:
+    the launcher exits non-zero within 60 s and none of the ranks is left (checked by pid)."""
+    result = reliability.kill_drill(launcher, "mpi-async-ps", victim, tmp_path, np=3)
+    assert result["ok"], result["why"]
+    assert result["exit"] != 0 and result["seconds"] <= 60 and result["orphans"] == 0
+    assert len(result["pids"]) == 3
+    assert not [pid for pid in result["pids"] if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+# ----------------------------------------------------------------------------- bytes at the NICs
+TOLERANCE = 0.05  # measured / analytic within 1 +- 5 %, as tests/test_wire_bytes.py
+STEPS = 4
+CLUSTER_TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", "2", "--max-steps-per-epoch", str(STEPS),
+                 "--batch-size", "8", "--warmup-epochs", "0", "--checkpoint-every", "0", "--no-progress",
+                 "--threads-per-rank", "1", "--nic", "eth0", *PS]
+
+
+@pytest.mark.slow
+@NEEDS_NETNS[0]
+@NEEDS_NETNS[1]
+@pytest.mark.parametrize("np, servers", [(3, 1), (4, 2)], ids=["np3-1-server", "np4-2-servers"])
+def test_cluster_bytes_match_the_analytic_push_and_pull(tmp_path, np, servers):
+    """vgg11 (S = 36.9 MB) on the namespace cluster, one rank per host, 1 Gbit/s links: a
+    worker's eth0 sends S and takes in S per update (the recorded figure); a server's carries
+    workers x S / servers each way per round of updates."""
+    workers = np - servers
+    with NetCluster(n_hosts=np, rate="1gbit") as cluster:
+        result = cluster.run_mpirun(np, [*CLUSTER_TRAIN, "--ps-servers", str(servers), "--log-dir", str(tmp_path),
+                                         "--run-name", "bytes"], timeout=400)
+        assert result.returncode == 0, result.stdout[-4000:]
+        hosts = cluster.hostnames[:np]
+    records = read_metrics(tmp_path / "bytes")
+    for r in records:
+        payload = r["trainable_params"] * 4
+        assert r["comm_bytes_per_sync"] == payload and r["syncs"] == STEPS
+        expected = {h: r["comm_bytes_per_rank"] if i >= servers else workers * payload * STEPS / servers
+                    for i, h in enumerate(hosts)}
+        for host, want in expected.items():
+            for direction in ("tx", "rx"):
+                got = r[f"nic_{direction}_bytes"][host]
+                assert abs(got / want - 1) <= TOLERANCE, (
+                    f"epoch {r['epoch']} {host}: eth0 {direction} {got:,} B = {got / want:.4f} x {want:,.0f} B")
