@@ -8,6 +8,7 @@ model, data, seed, ranks and steps, launched the same way; at np=2 on this machi
         [--cluster 4 [--rate 1gbit] [--cluster-model vgg11] [--cluster-epochs 2]
          [--cluster-steps 4] [--cluster-batch-size 8] [--cluster-repeats 2]
          [--cluster-cycle-time-ms 25] [--cluster-only]]
+        [--side-by-side 3,4 [--side-model vgg11] [--side-epochs 4]]
 
     .venv/bin/python benchmarks/sync_methods.py --cluster 4 --rate 1gbit   # as root: both tables
 
@@ -41,6 +42,15 @@ then printed:
   NIC tx, rx   cluster pass: bytes per step each host's eth0 sent and received, measured
                (Ethernet frames: gradients plus headers and control traffic), hosts in rank order
   accuracy     test accuracy after the last epoch
+
+With --side-by-side N,N (root): a third pass, the parameter-server comparison. For each N, one
+cluster of N hosts as above, and one job of each SIDE_BY_SIDE method (gather/scatter, Horovod's
+ring allreduce, DDP, the asynchronous parameter server, whose first rank serves and the others
+train) for --side-epochs whole epochs at the trainer's defaults (batch 32 per rank, the model's
+lr, warm-up): epoch time (mean after the first), test accuracy after every epoch and, for the
+parameter server, staleness and server updates per second. Run folders OUT/runs/side-METHOD-npN.
+
+    .venv/bin/python benchmarks/sync_methods.py --cluster-only --side-by-side 3,4
 """
 from __future__ import annotations
 
@@ -59,6 +69,9 @@ from hvd_cifar import launchers, report  # noqa: E402
 from hvd_cifar.netcluster import ClusterError, NetCluster  # noqa: E402
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
+# The side-by-side pass (--side-by-side): synchronous gather/scatter, ring allreduce (Horovod) and
+# DDP beside the asynchronous parameter server, as parameter-server write-ups compare them.
+SIDE_BY_SIDE = ("mpi-gather-scatter", "horovod", "ddp", "mpi-async-ps")
 # The cluster pass adds Horovod with a longer negotiation cycle (HOROVOD_CYCLE_TIME, horovodrun's
 # --cycle-time-ms): its background thread coordinates with every other rank once per cycle,
 # 1000 times a second by default, which on hosts with fewer cores than busy threads takes CPU
@@ -92,11 +105,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cluster-repeats", type=int, default=2, help="rounds of all methods; the fastest counts")
     p.add_argument("--cluster-cycle-time-ms", type=float, default=25.0,
                    help="cluster pass: also run horovod with HOROVOD_CYCLE_TIME set to this (0: don't)")
+    p.add_argument("--side-by-side", default="", metavar="N,N",
+                   help="also train each of SIDE_BY_SIDE for whole epochs at every default (lr, warm-up) at "
+                        "np=N, one rank per host of an N-host cluster (root): epoch time and accuracy per epoch")
+    p.add_argument("--side-model", default="vgg11", help="side-by-side pass")
+    p.add_argument("--side-epochs", type=int, default=4, help="side-by-side pass: whole epochs per job")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-sync-methods-%Y%m%d-%H%M%S")))
     p.add_argument("--timeout", type=int, default=1200, help="seconds per job")
     args = p.parse_args(argv)
-    if args.cluster_only and not args.cluster:
-        p.error("--cluster-only needs --cluster N")
+    args.side_by_side = [int(n) for n in args.side_by_side.split(",") if n.strip()]
+    if args.cluster_only and not args.cluster and not args.side_by_side:
+        p.error("--cluster-only needs --cluster N or --side-by-side N,N")
     if args.cluster and not 2 <= args.cluster <= 16:
         p.error(f"--cluster: {args.cluster} hosts is outside 2..16")
     return args
@@ -242,6 +261,59 @@ def cluster_table(rows: list[dict], np: int) -> str:
     return "\n".join(lines)
 
 
+def run_side_by_side(args) -> list[dict]:
+    """Each SIDE_BY_SIDE method at each --side-by-side size, one job each, one rank per host of a
+    cluster of that size, whole epochs at every default; one summary per job."""
+    rows = []
+    for np in args.side_by_side:
+        with NetCluster(n_hosts=np, rate=args.rate) as cluster:
+            for method in SIDE_BY_SIDE:
+                name = f"side-{method}-np{np}"
+                flags = ["--model", args.side_model, "--dataset", args.dataset, "--epochs", str(args.side_epochs),
+                         "--seed", "0", "--checkpoint-every", "0", "--no-progress", "--sync", method,
+                         "--log-dir", os.path.join(args.out, "runs"), "--run-name", name,
+                         "--threads-per-rank", "1", "--nic", "eth0"]
+                start = time.perf_counter()
+                result = cluster.run_mpirun(np, flags, timeout=args.timeout)
+                with open(os.path.join(args.out, f"{name}.log"), "w") as log:
+                    log.write(result.stdout or "")
+                if result.returncode != 0:
+                    raise RuntimeError(f"{name}: exit status {result.returncode}; see {args.out}/{name}.log")
+                print(f"{name}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+                rows.append(side_summary(os.path.join(args.out, "runs", name), method))
+    return rows
+
+
+def side_summary(run_dir: str, method: str) -> dict:
+    """One job of the side-by-side pass: epoch time after the first epoch, accuracy per epoch and,
+    for the parameter server, its staleness and update rate (means over the epochs; max of max)."""
+    records = report.load_run(run_dir).metrics
+    timed = report.steady_epochs(records)
+    row = {"method": method, "np": records[-1]["world_size"], "run": os.path.basename(run_dir),
+           "workers": records[-1]["world_size"] - records[-1].get("ps_servers", 0),
+           "epoch_time_s": sum(r["epoch_time_s"] for r in timed) / len(timed),
+           "test_acc": [r["test_acc"] for r in records]}
+    if "staleness_mean" in records[-1]:
+        row.update(staleness_mean=sum(r["staleness_mean"] for r in records) / len(records),
+                   staleness_max=max(r["staleness_max"] for r in records),
+                   server_updates_per_s=sum(r["server_updates_per_s"] for r in timed) / len(timed))
+    return row
+
+
+def side_table(rows: list[dict]) -> str:
+    epochs = len(rows[0]["test_acc"])
+    lines = ["| method | np | ranks that train | epoch time (s) | test acc after epoch " + " / ".join(
+                 str(e + 1) for e in range(epochs)) + " | staleness mean / max | server updates/s |",
+             "|---|---:|---:|---:|---|---|---:|"]
+    for r in rows:
+        ps = "staleness_mean" in r
+        lines.append(f"| {r['method']} | {r['np']} | {r['workers']} | {r['epoch_time_s']:.2f} | "
+                     + " / ".join(f"{a:.4f}" for a in r["test_acc"])
+                     + (f" | {r['staleness_mean']:.2f} / {r['staleness_max']} | {r['server_updates_per_s']:.1f} |"
+                        if ps else " | | |"))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.out, exist_ok=True)
@@ -264,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"{args.cluster_model}, {args.cluster_steps} steps/epoch x {args.cluster_epochs} epochs, "
                           f"batch {args.cluster_batch_size}/rank\n\n"
                           + cluster_table(fastest(results["cluster"]), args.cluster))
+        if args.side_by_side:
+            results["side_by_side"] = run_side_by_side(args)
+            tables.append(f"side by side: namespace cluster (one rank per host, links {args.rate}), mpirun: "
+                          f"{args.side_model} on {args.dataset}, {args.side_epochs} whole epochs at every default "
+                          f"(batch 32/rank, the model's lr), one job each\n\n" + side_table(results["side_by_side"]))
     except (ClusterError, RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"sync_methods: error: {exc}", file=sys.stderr)
         return 1
