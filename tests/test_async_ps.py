@@ -59,6 +59,53 @@ def test_three_ranks_reach_95_percent_on_digits_with_staleness_recorded(tmp_path
     assert json.loads((tmp_path / "acc" / "eval.json").read_text())["parameters_identical_across_ranks"]
 
 
+def test_the_server_update_is_torch_sgd():
+    """The servers' own arithmetic (momentum, Nesterov, weight decay per parameter group) gives
+    what torch.optim.SGD gives for the same gradients and rates, step after step."""
+    from mpi4py import MPI  # a world of one: only the update is exercised, not the messages
+
+    from hvd_cifar.sync.async_ps import AsyncPsSync
+
+    torch.manual_seed(0)
+    model, reference = build_model("smallcnn", 10), build_model("smallcnn", 10)
+    reference.load_state_dict(model.state_dict())
+
+    def sgd(m):  # as train.Training.set_trainable builds it
+        named = list(m.named_parameters())
+        return torch.optim.SGD([{"params": [p for _, p in named if p.ndim > 1], "weight_decay": 5e-4},
+                                {"params": [p for _, p in named if p.ndim <= 1], "weight_decay": 0.0}],
+                               lr=0.1, momentum=0.9, nesterov=True)
+    server = AsyncPsSync.__new__(AsyncPsSync)
+    server.MPI, server.rank, server.size, server.servers = MPI, 0, 2, 1
+    optimizer, ref_optimizer = sgd(model), sgd(reference)
+    server.wrap(model, optimizer, list(model.named_parameters()), 1, False)
+    server.begin_serving(optimizer)
+    for lr in (0.1, 0.05, 0.02):
+        grads = [torch.randn_like(p) for p in reference.parameters()]
+        for p, g in zip(reference.parameters(), grads):
+            p.grad = g.clone()
+        engine.set_lr(ref_optimizer, lr)
+        ref_optimizer.step()
+        server.pushed[0].copy_(torch.cat([g.reshape(-1) for g in grads]))
+        server.apply(server.pushed[0], lr)
+    expected = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
+    torch.testing.assert_close(server.weights, expected, rtol=1e-5, atol=1e-6)
+    momentum = torch.cat([ref_optimizer.state[p]["momentum_buffer"].reshape(-1) for p in reference.parameters()])
+    torch.testing.assert_close(server.momentum, momentum, rtol=1e-5, atol=1e-6)
+
+
+def test_settings_it_cannot_honour_are_one_line(tmp_path):
+    alone = run_train(["--config", TINY, *PS, "--log-dir", str(tmp_path)], check=False)
+    assert alone.returncode == 2 and alone.stderr.strip().splitlines() == [
+        "hvd_cifar: error: ps_servers: 1 server rank(s) leave no worker among 1 rank(s); "
+        "sync: mpi-async-ps needs at least 2 ranks"]
+    fp16 = run_train(["--config", TINY, *PS, "--fp16-allreduce", "--log-dir", str(tmp_path)], launcher="mpirun",
+                     np=3, check=False)
+    assert fp16.returncode == 2
+    assert [line for line in fp16.stderr.splitlines() if "hvd_cifar" in line] == [
+        "hvd_cifar: error: fp16_allreduce: not with sync: mpi-async-ps (pushes and pulls are fp32)"]
+
+
 def _accuracy_of(checkpoint: dict, model_name: str) -> float:
     """The test accuracy of a checkpoint's model, computed here in one process."""
     ds = data.load("digits", "data")
