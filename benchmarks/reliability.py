@@ -265,8 +265,10 @@ def rank_pids(marker: str) -> list[int]:
     return [pid for _, pid in sorted(ranks)]
 
 
-def kill_drill(launcher: str, sync: str, victim: int, work: Path, np: int = 2) -> dict:
-    """Start an ``np``-rank job, SIGKILL rank ``victim`` once training is under way, and time the end."""
+def kill_drill(launcher: str, sync: str, victim: int, work: Path, np: int = 2,
+               signum: int = signal.SIGKILL) -> dict:
+    """Start an ``np``-rank job, SIGKILL (or ``signum``) rank ``victim`` once training is under
+    way, and time the end."""
     marker = f"killdrill-{launcher}-{sync}-r{victim}-{os.getpid()}"
     args = ["--config", TINY, "--epochs", "200", "--max-steps-per-epoch", "20", "--log-dir", str(work),
             "--run-name", marker, "--sync", sync]
@@ -289,7 +291,7 @@ def kill_drill(launcher: str, sync: str, victim: int, work: Path, np: int = 2) -
             result["why"] = f"found {len(ranks)} ranks"
             return result
         result["pids"] = ranks  # the job's ranks, in rank order, for the caller to check by pid
-        os.kill(ranks[victim], signal.SIGKILL)
+        os.kill(ranks[victim], signum)
         killed_at = time.monotonic()
         try:
             result["exit"] = job.wait(timeout=KILL_BOUND_S + 30)

@@ -8,7 +8,8 @@
   epoch's own counts; the data is sharded over the 2 workers only;
 * the checkpoint written by rank 0 (a server) holds the model that was evaluated and the
   servers' momentum, and --resume continues the learning-rate schedule from there;
-* SIGKILL to the server or to a worker ends the job non-zero within 60 s, no rank left;
+* SIGKILL to the server or to a worker, or SIGTERM to a worker (a stop signal is no pause
+  here), ends the job non-zero within 60 s, no rank left;
 * on the namespace cluster, each host's NIC carries what the analytic figure says, with one
   server (it takes in and sends out 2 x S per round of 2 workers' updates) and with the
   buffer sharded over 2 servers (S each way per round, at each).
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 import psutil
@@ -152,11 +154,14 @@ def test_server_checkpoint_is_the_evaluated_model_and_resume_continues(tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher, victim", [("mpirun", 0), ("horovodrun", 2)], ids=["server", "worker"])
-def test_a_killed_server_or_worker_ends_the_job(tmp_path, launcher, victim):
+@pytest.mark.parametrize("launcher, victim, signum", [("mpirun", 0, signal.SIGKILL), ("horovodrun", 2, signal.SIGKILL),
+                                                     ("mpirun", 2, signal.SIGTERM)],
+                         ids=["server", "worker", "worker-stop-signal"])
+def test_a_killed_server_or_worker_ends_the_job(tmp_path, launcher, victim, signum):
     """SIGKILL to rank ``victim`` (0: the server, 2: a worker) of 3 once an epoch is written:
-    the launcher exits non-zero within 60 s and none of the ranks is left (checked by pid)."""
-    result = reliability.kill_drill(launcher, "mpi-async-ps", victim, tmp_path, np=3)
+    the launcher exits non-zero within 60 s and none of the ranks is left (checked by pid). A
+    stop signal is no pause here (no vote): it ends the job the same way."""
+    result = reliability.kill_drill(launcher, "mpi-async-ps", victim, tmp_path, np=3, signum=signum)
     assert result["ok"], result["why"]
     assert result["exit"] != 0 and result["seconds"] <= 60 and result["orphans"] == 0
     assert len(result["pids"]) == 3
