@@ -1,7 +1,9 @@
 """sync: mpi-async-ps, the asynchronous parameter server: real 3- and 4-rank jobs.
 
-    .venv/bin/python -m pytest -q tests/test_async_ps.py                 # about 4 minutes on 2 cores
+    .venv/bin/python -m pytest -q tests/test_async_ps.py                 # 9 tests, about 4 minutes on 2 cores
     .venv/bin/python -m pytest -q tests/test_async_ps.py -k cluster      # bytes at the NICs (root)
+
+* the servers' update is torch.optim.SGD's; settings the method cannot honour are one line;
 
 * 1 server and 2 workers under horovodrun train the small CNN to >= 95 % on digits; every
   metrics line carries the staleness and the server's update rate, and they agree with the
