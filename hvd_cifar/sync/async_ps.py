@@ -81,6 +81,9 @@ class AsyncPsState(TrainingState):
 
 
 class AsyncPsSync(MpiSync):
+    """Servers first: rank 0, which speaks and writes the checkpoint under every method, is then
+    a rank that holds the weights, so it needs nothing from the workers to save them."""
+
     def __init__(self, name: str):
         super().__init__(name)
         self.ps = self.comm.Dup()  # pushes and pulls only
