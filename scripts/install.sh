@@ -7,16 +7,17 @@
 #
 #   bash scripts/install.sh            # set up (a second run takes seconds)
 #   VENV=/opt/venv bash scripts/install.sh
+#   PYTHON=python3.12 bash scripts/install.sh   # 3.11 (default), 3.12 or 3.13: venv .venv-3.12
 #   HOROVOD_GPU_OPERATIONS=NCCL bash scripts/install.sh   # GPU build (needs CUDA + NCCL)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3.11}"
 WHEEL_CACHE="${HVD_CIFAR_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_cifar/wheels}"
 
 # Pinned versions: torch and torchvision must be a matching pair; horovod 0.28.1 is
-# the last release. Python 3.11 because horovodrun 0.28.1 still imports distutils.
+# the last release. Python 3.11, 3.12 or 3.13 (Fix 4 below: horovod 0.28.1 still imports
+# distutils, which Python 3.12 removed).
 TORCH_VERSION=2.13.0
 TORCHVISION_VERSION=0.28.0
 HOROVOD_VERSION=0.28.1
@@ -30,6 +31,22 @@ APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client opens
 [ -z "${HOROVOD_GPU_OPERATIONS:-}" ] || APT_PACKAGES+=(libnccl2 libnccl-dev)
 
 log() { printf '[install] %s\n' "$*"; }
+
+# --- the interpreter and its venv -------------------------------------------------------
+# PYTHON is a name on PATH or a path. A pyenv shim for a version that is not pyenv's global one
+# is on PATH but fails when run, so a name that does not run is looked up in pyenv's versions.
+if ! "$PYTHON" -c '' 2>/dev/null; then
+  found="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/*/bin/"$PYTHON" 2>/dev/null | sort -V | tail -n 1 || true)"
+  [ -n "$found" ] || { echo "install.sh: $PYTHON not found (on PATH or under pyenv's versions)" >&2; exit 2; }
+  PYTHON="$found"
+fi
+py_version="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+case "$py_version" in
+  3.11|3.12|3.13) ;;
+  *) echo "install.sh: Python $py_version; hvd_cifar supports 3.11, 3.12 and 3.13" >&2; exit 2 ;;
+esac
+# .venv is 3.11's (the default); other versions get their own, side by side: .venv-3.12, .venv-3.13.
+if [ "$py_version" = 3.11 ]; then VENV="${VENV:-$ROOT/.venv}"; else VENV="${VENV:-$ROOT/.venv-$py_version}"; fi
 
 # --- Debian packages --------------------------------------------------------------
 missing=()
@@ -49,6 +66,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
+venv_version="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+if [ "$venv_version" != "$py_version" ]; then
+  echo "install.sh: $VENV holds Python $venv_version, not $PYTHON's $py_version (set VENV to another folder)" >&2
+  exit 2
+fi
 # This machine's pip config points find-links at a folder holding a CPU-only torch wheel,
 # with which PyPI's torchvision fails on import ("operator torchvision::nms does not
 # exist"). Ignore that config so pip takes PyPI's standard build, which runs on CPU too.
@@ -119,6 +141,16 @@ patch("cmake/Modules/FindPytorch.cmake",
       'if(NOT DEFINED ENV{HOROVOD_GPU_OPERATIONS})\n'
       '    set(Pytorch_CUDA FALSE)\n'
       'endif()')
+
+# Fix 4: Python 3.12 removed distutils, which horovod 0.28.1 uses twice: the torch extension's
+# CMake asks it for Python's include folder, and horovodrun imports find_executable from it
+# (through js_run, at every launch). The standard library has both; the result is the same on 3.11.
+patch("horovod/torch/CMakeLists.txt",
+      "from distutils.sysconfig import get_python_inc; print(get_python_inc())",
+      "import sysconfig; print(sysconfig.get_paths()['include'])")
+patch("horovod/runner/js_run.py",
+      "from distutils.spawn import find_executable",
+      "from shutil import which as find_executable")
 PYEOF
     # Fix 3: use the system cmake (3.25; pip's cmake 4 rejects gloo's cmake_minimum_required)
     # and build without isolation so the extension compiles against the torch installed above
