@@ -20,8 +20,9 @@ ENV DEBIAN_FRONTEND=noninteractive \
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Python 3.11 (horovodrun 0.28.1 still imports distutils): the CPU base has it; CUDA bases
-# (Ubuntu) get it from apt. sudo is not installed: the build runs as root until USER below.
+# Python 3.11 (scripts/install.sh also takes 3.12 and 3.13): the CPU base has it; Debian and CUDA
+# (Ubuntu) bases get it from apt. sudo is not installed: the build runs as root until USER below.
+# scripts/check-image.sh builds this file on a debootstrapped Debian bookworm and runs it.
 RUN if ! command -v python3.11 >/dev/null; then \
       apt-get update && apt-get install -y --no-install-recommends \
         python3.11=3.11.* python3.11-venv=3.11.* python3.11-dev=3.11.* && \
