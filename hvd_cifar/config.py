@@ -113,7 +113,7 @@ class Config:
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
         if self.lr < 0:
-            raise ConfigError(f"lr: must be > 0 (or 0 for the model's default), got {self.lr}")
+            raise ConfigError(f"lr: must be > 0, got {self.lr} (or 0 for the model's default)")
         if self.lr == 0:
             self.lr = MODEL_LR[self.model]  # resolved here, so config.yaml holds the rate used
         if not 0 <= self.target_acc <= 1:
