@@ -76,7 +76,8 @@ class Config:
     sync: str = "horovod"              # gradient synchronisation method, one of SYNC_METHODS
     fp16_allreduce: bool = False       # gradients cross the wire as fp16
     accumulation_steps: int = 1        # local forward/backward passes per synchronisation
-    freeze: int = 0                    # leading feature blocks that do not train
+    freeze: int | str = 0              # leading feature blocks that do not train, or auto (hvd_cifar/autofreeze.py)
+    freeze_auto_threshold: float = 0.2  # freeze: auto: a block freezes once its mean gradient norm changes by less than this from one epoch to the next (relative)
     freeze_schedule: dict = field(default_factory=dict)  # {epoch: frozen blocks from that epoch on}
     elastic: bool = False              # Horovod elastic training (horovodrun --min-np/--max-np/--host-discovery-script)
     commit_every: int = 10             # elastic: optimizer updates between commits of the state (work lost at most)
@@ -107,7 +108,7 @@ class Config:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
-        non_negative = ("warmup_epochs", "momentum", "weight_decay", "grad_clip", "freeze", "seed",
+        non_negative = ("warmup_epochs", "momentum", "weight_decay", "grad_clip", "seed",
                         "threads_per_rank", "max_steps_per_epoch", "checkpoint_every", "stop_after")
         for key in non_negative:
             if getattr(self, key) < 0:
@@ -131,16 +132,35 @@ class Config:
                 raise ConfigError(f"freeze_schedule: entries must be 'epoch: blocks' with "
                                   f"non-negative integers, got {epoch!r}: {frozen!r} (write it as "
                                   f"'{{0: 0, 10: 2}}', with a space after each colon)")
+        self._validate_freeze()
         if self.elastic and self.sync != "horovod":
             raise ConfigError(f"elastic: needs sync: horovod (Horovod's elastic driver), got sync: {self.sync}")
-        if self.elastic and self.freeze_schedule:
-            # A worker that joins mid-run builds its optimizer before it learns the epoch.
-            raise ConfigError("freeze_schedule: not with elastic: true (a constant freeze works)")
         if not self.batchnorm and self.model == "resnet18":
             raise ConfigError("batchnorm: resnet18 is only built with BatchNorm")
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
             raise ConfigError(f"run_name: must be a plain folder name, got {self.run_name!r}")
         return self
+
+    def _validate_freeze(self) -> None:
+        if isinstance(self.freeze, str) and self.freeze != "auto":
+            raise ConfigError(f"freeze: expected a number of leading blocks or auto, got {self.freeze!r}")
+        if self.freeze != "auto" and self.freeze < 0:
+            raise ConfigError(f"freeze: must be >= 0, got {self.freeze}")
+        if not self.freeze_auto_threshold > 0:
+            raise ConfigError(f"freeze_auto_threshold: must be > 0, got {self.freeze_auto_threshold} "
+                              f"(a block freezes when its change is below it; no freezing is freeze: 0)")
+        if self.elastic and (self.freeze_schedule or self.freeze == "auto"):
+            # A worker that joins mid-run builds its optimizer before it learns the epoch, or the
+            # policy's decisions.
+            key = "freeze_schedule" if self.freeze_schedule else "freeze: auto"
+            raise ConfigError(f"{key}: not with elastic: true (a constant freeze works)")
+        if self.freeze == "auto" and self.freeze_schedule:
+            raise ConfigError("freeze_schedule: not with freeze: auto (the policy decides what is frozen; "
+                              "give one or the other)")
+        if self.freeze == "auto" and self.sync == "mpi-async-ps":
+            # Its workers' gradients are their own, never averaged: ranks would decide apart.
+            raise ConfigError("freeze: auto needs gradients averaged over the ranks, and sync: "
+                              "mpi-async-ps has none (a constant freeze works)")
 
     def frozen_blocks(self, epoch: int) -> int:
         """Feature blocks frozen during ``epoch`` (0-based): ``freeze``, then the schedule."""
@@ -196,8 +216,10 @@ def _coerce(key: str, value: Any, from_cli: bool) -> Any:
         raise ConfigError(f"{key}: must be a finite number, got {raw!r}")
     if kind is dict and value is None:
         value = {}
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r} ({type(value).__name__})")
+    kinds = typing.get_args(kind) or (kind,)  # freeze: int | str
+    if not isinstance(value, kinds) or (int in kinds and isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {' or '.join(k.__name__ for k in kinds)}, got {value!r} "
+                          f"({type(value).__name__})")
     return value
 
 

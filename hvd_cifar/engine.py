@@ -282,6 +282,7 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
             set_lr(optimizer, run.schedule(update))
             sync.synchronize(optimizer)
             timer.lap("sync")
+            run.freezing.observe(run.scaler)  # freeze: auto's measure, on the averaged gradients before clipping
             guard_gradients(optimizer, cfg.grad_clip, run.scaler, epoch, step)
             sync.step(optimizer, run.scaler)
             optimizer.zero_grad()

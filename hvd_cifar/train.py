@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from hvd_cifar import config as config_mod
-from hvd_cifar import data, engine, lifecycle, netstats, preempt, runlog
+from hvd_cifar import autofreeze, data, engine, lifecycle, netstats, preempt, runlog
 from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.data import DataError
 from hvd_cifar.models import build_model, set_frozen_blocks
@@ -106,6 +106,7 @@ class Training:
     loader: data.ShardedLoader
     model: torch.nn.Module              # the plain model (checkpoints, freezing)
     identity: dict                      # what a checkpoint must match to be resumed here
+    freezing: autofreeze.ConfigFreezing | autofreeze.AutoFreeze  # decides ``frozen`` per epoch
     start_epoch: int = 0
     resume_at: dict | None = None       # a preempted run's place inside start_epoch (checkpoint's "position")
     net: torch.nn.Module = None         # the model as the sync method wrapped it
@@ -196,11 +197,11 @@ def build(cfg: Config, sync: SyncMethod, device: torch.device) -> Training:
     model = build_model(cfg.model, ds.num_classes, cfg.batchnorm).to(device)
     depth = len(model.feature_blocks)
     for frozen in (cfg.freeze, *cfg.freeze_schedule.values()):
-        if frozen > depth:
+        if frozen != "auto" and frozen > depth:
             raise ConfigError(f"freeze: {frozen} blocks asked for but {cfg.model} has {depth}")
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
-    return Training(cfg, sync, device, ds, loader, model,
-                    runlog.checkpoint_identity(cfg, ds.num_classes), scaler=scaler)
+    return Training(cfg, sync, device, ds, loader, model, runlog.checkpoint_identity(cfg, ds.num_classes),
+                    autofreeze.make(cfg, model), scaler=scaler)
 
 
 def resume(run: Training, run_dir: str) -> None:
@@ -213,7 +214,11 @@ def resume(run: Training, run_dir: str) -> None:
         ckpt = load() if sync.elastic else on_main(sync, load)
     run.start_epoch = ckpt["epoch"] if ckpt else 0
     run.resume_at = ckpt.get("position") if ckpt else None
-    run.set_trainable(cfg.frozen_blocks(run.start_epoch))
+    run.freezing.load_state_dict(ckpt.get("freezing", {}) if ckpt else {})
+    # The trainable set the checkpoint's optimizer was saved with; the epoch loop's
+    # follow_freeze_schedule then moves on to the set of start_epoch, as an unbroken run would.
+    saved_frozen = ckpt.get("frozen_blocks") if ckpt else None
+    run.set_trainable(run.freezing.frozen_blocks(run.start_epoch, 0) if saved_frozen is None else saved_frozen)
     if not ckpt:
         return
     mismatch = runlog.state_dict_mismatch(run.model.state_dict(), ckpt["model"])
@@ -318,6 +323,7 @@ def train(run: Training, state) -> None:
         nic.start()
         result = run.sync.epoch_loop(engine.train_one_epoch)(run, state, epoch)
         nic_bytes = nic.stop()
+        run.freezing.end_epoch()  # the epoch's gradient measure, before it is recorded and saved
         record, confusion = evaluate_and_record(run, state, epoch, result, nic, nic_bytes)
         last = epoch == end_epoch - 1
         if (cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0) or last:
@@ -328,14 +334,19 @@ def train(run: Training, state) -> None:
 
 
 def follow_freeze_schedule(run: Training, state, epoch: int) -> None:
-    """A new trainable set needs a new optimizer and new sync hooks."""
-    frozen = run.cfg.frozen_blocks(epoch)
-    if frozen == run.frozen:
+    """The freezing policy's set for ``epoch`` (every rank decides alike); a new trainable set
+    needs a new optimizer and new sync hooks, and is an events.jsonl line."""
+    before = run.frozen
+    frozen = run.freezing.frozen_blocks(epoch, before)
+    if frozen == before:
         return
     run.set_trainable(frozen, old_optimizer=run.optimizer)
     state.optimizer = run.optimizer
     run.sync.broadcast_state(run.model)
     run.log(f"epoch {epoch}: {frozen} feature block(s) frozen, {run.trainable:,} trainable parameters")
+    if run.is_main:
+        runlog.append_metrics(run.run_dir, autofreeze.event(epoch, before, frozen, run.trainable,
+                                                            run.freezing.why()), runlog.EVENTS)
 
 
 def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochResult, nic, nic_bytes):
@@ -371,6 +382,7 @@ def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochRe
         "nic_rx_bytes": {h: rx for h, _, rx, _ in per_host},
         "nic_tx_bytes": {h: tx for h, _, _, tx in per_host},
         "trainable_params": run.trainable, "frozen_blocks": run.frozen, "world_size": sync.size,
+        **run.freezing.record(),  # freeze: auto: its measure per block
         "sync": cfg.sync, "fp16_allreduce": cfg.fp16_allreduce,
         "accumulation_steps": cfg.accumulation_steps, "batch_size": cfg.batch_size,
         **result.extra,  # what only some methods measure (mpi-async-ps: staleness, server updates/s)
@@ -387,7 +399,8 @@ def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochRe
 def save_checkpoint(run: Training, epoch: int, position: dict | None = None) -> None:
     """``epoch`` is done; or, with ``position`` (a preempted run), is under way from there."""
     ckpt = {"epoch": epoch if position else epoch + 1, "identity": run.identity, "config": run.cfg.to_dict(),
-            "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict()}
+            "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+            "frozen_blocks": run.frozen, "freezing": run.freezing.state_dict()}
     if position:
         ckpt["position"] = position
     if run.scaler is not None:
