@@ -1,0 +1,542 @@
+"""Predict step time, img/s, scaling efficiency and bytes per rank at worker counts you do not
+have, from one run's measured phases and a network probe (the equations: docs/SCALING.md).
+
+    python -m hvd_cifar.predict logs/RUN --probe probe.json --np 1 2 4 8 16 32 64 128 256 512 1024
+    python -m hvd_cifar.predict logs/RUN --probe probe.json --np 1 2 4 --sync horovod mpi-gather-scatter \\
+        --fp16-allreduce --accumulation-steps 4 --freeze 2 --measured logs/np2 logs/np4
+    python -m hvd_cifar.predict logs/RUN --bandwidth 1gbit --latency-us 50 --np 2 4 8   # no probe: a link you name
+
+``probe.json`` comes from ``python -m hvd_cifar.probe`` (launched like training, on your hosts).
+``--measured`` run folders (other np, same model) are overlaid on the plot and, where one
+matches a predicted row (sync, np, fp16, accumulation, freeze), put beside it with the error.
+Writes OUT/predict.csv and OUT/predict.png (OUT: --out, default RUN/predict), prints the table.
+Bad input is one ``hvd_cifar: error:`` line and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hvd_cifar import report, runlog
+from hvd_cifar.sync import SyncMethod
+
+# The collective each sync method's gradients take, and the probe transports that time it (the
+# first the probe holds is used). A Horovod job uses MPI or Gloo as its launcher decided.
+TRANSPORTS = {
+    "horovod": ("horovod-mpi", "horovod-gloo"),
+    "horovod-hierarchical": ("horovod-mpi", "horovod-gloo"),
+    "ddp": ("torch-gloo",),
+    "mpi-allreduce": ("mpi-allreduce",),
+    "mpi-gather-scatter": ("mpi-p2p",),
+}
+# Methods whose allreduce starts inside backward (per-parameter hooks, buckets), so part of it
+# can hide there; the mpi4py methods communicate only after backward.
+OVERLAPS = ("horovod", "horovod-hierarchical", "ddp")
+DEFAULT_NP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class PredictError(RuntimeError):
+    """Unusable input; one line."""
+
+
+# ----------------------------------------------------------------------------- the equations
+@dataclass(frozen=True)
+class Link:
+    """One transport between two ranks: latency ``alpha_s`` per message, bandwidth
+    ``beta_bytes_per_s``, and ``reduce_s_per_byte``, one rank's cost of summing a buffer in
+    memory (the root of gather/scatter sums N-1 of them)."""
+    alpha_s: float
+    beta_bytes_per_s: float
+    reduce_s_per_byte: float = 0.0
+    source: str = ""
+
+
+def ring_wire_bytes(n: int, payload: int) -> float:
+    """Bytes one rank sends per ring allreduce: the sync methods' own count (SyncMethod)."""
+    ring = SyncMethod()
+    ring.size = n
+    return ring.wire_bytes_per_sync(payload)
+
+
+def star_wire_bytes(n: int, payload: int) -> float:
+    """Bytes the root of gather/scatter sends per synchronisation (it receives as many):
+    mpi-gather-scatter's own count, from an instance that starts no MPI."""
+    from hvd_cifar.sync.mpi import MpiGatherScatterSync
+    star = object.__new__(MpiGatherScatterSync)
+    star.size = n
+    return star.wire_bytes_per_sync(payload)
+
+
+def wire_bytes(method: str, n: int, payload: int, ranks_per_host: int = 1) -> float:
+    """Bytes one rank sends per synchronisation (the root, for gather/scatter). Hierarchical: what
+    each of a host's L ranks sends across hosts, its S/L slice of the host's ring."""
+    if method == "mpi-gather-scatter":
+        return star_wire_bytes(n, payload)
+    if method == "horovod-hierarchical":
+        per_host = max(1, min(ranks_per_host, n))
+        return ring_wire_bytes(math.ceil(n / per_host), payload) / per_host
+    return ring_wire_bytes(n, payload)
+
+
+def ring_s(n: int, payload: int, link: Link) -> float:
+    """Ring allreduce (reduce-scatter, then allgather): 2(N-1) steps, each one message of S/N
+    on every link at once: 2(N-1)·α + 2(N-1)/N·S/β."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * link.alpha_s + ring_wire_bytes(n, payload) / link.beta_bytes_per_s
+
+
+def gather_scatter_s(n: int, payload: int, link: Link) -> float:
+    """Gather to one root, sum there, send the mean to each: the root's link carries N-1
+    buffers in, then N-1 out, one message each: 2(N-1)·α + 2(N-1)·S/β + (N-1)·S·γ."""
+    if n <= 1:
+        return 0.0
+    wire = star_wire_bytes(n, payload)
+    return 2 * (n - 1) * link.alpha_s + 2 * wire / link.beta_bytes_per_s + wire * link.reduce_s_per_byte
+
+
+def hierarchical_s(n: int, ranks_per_host: int, payload: int, link: Link, local: Link) -> float:
+    """Horovod's hierarchical allreduce, L ranks on each of H = ceil(N/L) hosts: reduce-scatter
+    inside each host, an allreduce across hosts of each local rank's S/L slice (the L slices
+    share the host's link, S in all), allgather inside the host:
+    ring_local(L, S) + 2(H-1)·α + 2(H-1)/H·S/β."""
+    per_host = max(1, min(ranks_per_host, n))
+    hosts = math.ceil(n / per_host)
+    return ring_s(per_host, payload, local) + ring_s(hosts, payload, link)
+
+
+def comm_s(method: str, n: int, payload: int, link: Link, local: Link, ranks_per_host: int) -> float:
+    """Seconds one synchronisation of ``payload`` bytes takes over ``n`` ranks."""
+    if method == "mpi-gather-scatter":
+        return gather_scatter_s(n, payload, link)
+    if method == "horovod-hierarchical":
+        return hierarchical_s(n, ranks_per_host, payload, link, local)
+    return ring_s(n, payload, link)
+
+
+def exposed_s(comm: float, hidden_fraction: float, backward_s: float) -> float:
+    """What the step waits for: the communication not hidden behind backward. At most the
+    measured fraction of it hides, and never more than the backward it hides behind."""
+    return comm - min(hidden_fraction * comm, backward_s)
+
+
+def fit_line(sizes: list[float], seconds: list[float]) -> tuple[float, float]:
+    """Least squares t = a + b·S with a >= 0 (a negative intercept is refitted through 0)."""
+    x, y = np.asarray(sizes, float), np.asarray(seconds, float)
+    b, a = np.polyfit(x, y, 1) if len(set(sizes)) > 1 else (y.mean() / x.mean(), 0.0)
+    if a < 0:
+        a, b = 0.0, float((x * y).sum() / (x * x).sum())
+    return float(a), float(b)
+
+
+def fit_ring(n: int, sizes: list[float], seconds: list[float]) -> Link:
+    """α and β from allreduce times over ``n`` ranks: the ring equation is a line in S,
+    intercept 2(N-1)·α and slope 2(N-1)/(N·β)."""
+    a, b = fit_line(sizes, seconds)
+    return Link(a / (2 * (n - 1)), 2 * (n - 1) / (n * b) if b > 0 else math.inf)
+
+
+def fit_p2p(sizes: list[float], seconds: list[float]) -> Link:
+    """α and β from one-way point-to-point times: t = α + S/β."""
+    a, b = fit_line(sizes, seconds)
+    return Link(a, 1 / b if b > 0 else math.inf)
+
+
+# ----------------------------------------------------------------------------- what the run measured
+@dataclass(frozen=True)
+class Compute:
+    """One rank's step as a run measured it (steady-state epochs), and the settings it ran with."""
+    model: str
+    num_classes: int
+    sync: str
+    world_size: int
+    fp16: bool
+    accumulation_steps: int
+    frozen_blocks: int
+    images_per_step: float      # per rank (a micro-batch)
+    data_s: float               # per micro-batch step
+    forward_s: float
+    backward_s: float
+    other_s: float              # step time the phases do not cover (bookkeeping between steps)
+    optimizer_s: float          # per update
+    sync_s: float               # per update: the wait in synchronize()
+    hidden_fraction: float | None  # measured comm_hidden / (hidden + exposed), None if not recorded
+    step_s: float               # measured wall time per micro-batch step
+
+
+def _total(records: list[dict], key: str) -> float:
+    return sum(report.value(r, key) for r in records)
+
+
+def measure(run: report.Run) -> Compute:
+    """The run's phases over its steady-state epochs (hvd_cifar.report's rule)."""
+    steady = report.steady_epochs(run.metrics)
+    steps, syncs = _total(steady, "steps"), _total(steady, "syncs")
+    if not steps > 0 or not syncs > 0 or any(math.isnan(_total(steady, f"{p}_time_s")) for p in report.PHASES):
+        raise PredictError(f"{run.path}: metrics.jsonl lacks steps, syncs or phase times")
+    per_step = {p: _total(steady, f"{p}_time_s") / steps for p in ("data", "forward", "backward")}
+    step_s = _total(steady, "epoch_time_s") / steps
+    images = sum(report.value(r, "images_per_s") * report.value(r, "epoch_time_s") for r in steady)
+    hidden, exposed = _total(steady, "comm_hidden_s"), _total(steady, "comm_exposed_s")
+    last = run.metrics[-1]
+    world = int(report.setting(run, "world_size") or 1)
+    optimizer_s, sync_s = _total(steady, "optimizer_time_s") / syncs, _total(steady, "sync_time_s") / syncs
+    covered = sum(per_step.values()) + (optimizer_s + sync_s) * syncs / steps
+    return Compute(
+        model=str(report.setting(run, "model")), num_classes=100 if report.setting(run, "dataset") == "cifar100" else 10,
+        sync=str(report.setting(run, "sync")), world_size=world, fp16=bool(report.setting(run, "fp16_allreduce")),
+        accumulation_steps=int(report.setting(run, "accumulation_steps") or 1),
+        frozen_blocks=int(last.get("frozen_blocks", 0)), images_per_step=images / steps / world,
+        **{f"{p}_s": v for p, v in per_step.items()}, other_s=max(step_s - covered, 0.0),
+        optimizer_s=optimizer_s, sync_s=sync_s,
+        hidden_fraction=hidden / (hidden + exposed) if hidden + exposed > 0 else None, step_s=step_s)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model's feature blocks: parameters and forward multiply-adds of each, and of the rest."""
+    block_params: tuple[int, ...]
+    block_macs: tuple[int, ...]
+    head_params: int
+    head_macs: int
+
+    def backward_share(self, frozen: int) -> float:
+        """Share of backward a run with ``frozen`` blocks still does: a frozen block needs no
+        gradient for its weights nor (being first) for its input, so its backward goes; a layer's
+        backward costs about twice its forward, so the share follows forward multiply-adds."""
+        total = sum(self.block_macs) + self.head_macs
+        return 1 - sum(self.block_macs[:frozen]) / total
+
+    def payload_bytes(self, frozen: int, fp16: bool) -> int:
+        """Gradient bytes per synchronisation: the trainable parameters, by SyncMethod's rule."""
+        numel = sum(self.block_params[frozen:]) + self.head_params
+        return SyncMethod().payload_bytes([("trainable", _Numel(numel))], fp16)
+
+
+@dataclass(frozen=True)
+class _Numel:
+    """Stands for a parameter where only its size and fp32 element size matter."""
+    n: int
+
+    def numel(self) -> int:
+        return self.n
+
+    def element_size(self) -> int:
+        return 4
+
+
+def profile(model_name: str, num_classes: int) -> Profile:
+    """Counts parameters and multiply-adds (convolutions, linear layers) per feature block on one
+    32x32 image, with forward hooks on the real model."""
+    import torch
+    from hvd_cifar.models import build_model
+    model = build_model(model_name, num_classes)
+    macs: dict[int, int] = {}
+
+    def count(module, inputs, output):
+        per_out = (module.in_channels // module.groups * math.prod(module.kernel_size)
+                   if isinstance(module, torch.nn.Conv2d) else module.in_features)
+        macs[id(module)] = output.numel() * per_out
+    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    with torch.no_grad():
+        model.eval()(torch.zeros(1, 3, 32, 32))
+    for h in hooks:
+        h.remove()
+    blocks = model.feature_blocks
+    block_macs = tuple(sum(macs.get(id(m), 0) for m in b.modules()) for b in blocks)
+    block_params = tuple(sum(p.numel() for p in b.parameters()) for b in blocks)
+    all_params = sum(p.numel() for p in model.parameters())
+    return Profile(block_params, block_macs, all_params - sum(block_params), sum(macs.values()) - sum(block_macs))
+
+
+# ----------------------------------------------------------------------------- one prediction
+@dataclass(frozen=True)
+class Scenario:
+    """What to predict: a method and the options of docs/COMM_OPTIONS.md."""
+    method: str
+    fp16: bool
+    accumulation_steps: int
+    freeze: int
+
+
+@dataclass(frozen=True)
+class Network:
+    """The links the prediction runs over, per method (from a probe or from --bandwidth)."""
+    links: dict          # method -> Link across hosts
+    local: Link | None   # inside a host (hierarchical allreduce); None: the cross-host link
+    ranks_per_host: int = 1
+    cast_s_per_byte: float = 0.0  # fp32 -> fp16 -> fp32 of the gradients, per fp32 byte
+
+
+def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -> dict:
+    """Seconds per micro-batch step on one rank at ``n`` ranks, and what makes them up."""
+    link = net.links[s.method]
+    backward = c.backward_s * prof.backward_share(s.freeze) / prof.backward_share(c.frozen_blocks)
+    payload = prof.payload_bytes(s.freeze, s.fp16)
+    comm = comm_s(s.method, n, payload, link, net.local or link, net.ranks_per_host)
+    if s.fp16 and n > 1:  # Horovod and DDP cast each gradient to fp16 and back; the MPI methods the buffer
+        comm += 2 * payload * net.cast_s_per_byte
+    hidden = (c.hidden_fraction or 0.0) if s.method in OVERLAPS else 0.0
+    exposed = exposed_s(comm, hidden, backward)
+    compute = c.data_s + c.forward_s + backward + c.other_s
+    step = compute + (c.optimizer_s + exposed) / s.accumulation_steps
+    wire = wire_bytes(s.method, n, payload, net.ranks_per_host)
+    return {"method": s.method, "np": n, "fp16_allreduce": s.fp16, "accumulation_steps": s.accumulation_steps,
+            "freeze": s.freeze, "payload_bytes": payload, "comm_s_per_sync": comm, "exposed_s_per_sync": exposed,
+            "compute_s": compute, "step_s": step, "images_per_s": n * c.images_per_step / step,
+            "bytes_per_rank_per_step": wire / s.accumulation_steps}
+
+
+def predict(c: Compute, prof: Profile, net: Network, scenarios: list[Scenario], nps: list[int]) -> list[dict]:
+    """One row per scenario and world size; efficiency against the same scenario at one rank."""
+    rows = []
+    for s in scenarios:
+        one = predict_step(c, prof, net, s, 1)["step_s"]
+        for n in nps:
+            row = predict_step(c, prof, net, s, n)
+            row["efficiency"] = one / row["step_s"]
+            rows.append(row)
+    return rows
+
+
+def break_even_bandwidth(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -> float | None:
+    """The link bandwidth (bytes/s) below which fp16 compression shortens this step at ``n``
+    ranks (bisection on the model; None if it never does between 1 kbit/s and 10 Tbit/s)."""
+    def gain(beta: float) -> float:
+        slow = replace(net, links={s.method: replace(net.links[s.method], beta_bytes_per_s=beta)})
+        return (predict_step(c, prof, slow, replace(s, fp16=False), n)["step_s"]
+                - predict_step(c, prof, slow, replace(s, fp16=True), n)["step_s"])
+    low, high = 125.0, 1.25e12
+    if gain(low) <= 0:
+        return None
+    if gain(high) > 0:
+        return high
+    for _ in range(200):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if gain(mid) > 0 else (low, mid)
+    return low
+
+
+def gather_scatter_falls_behind(c: Compute, prof: Profile, net: Network, s: Scenario,
+                                factor: float = 2.0, limit: int = 1 << 20) -> int | None:
+    """The smallest world size at which gather/scatter's step takes ``factor`` times ring
+    allreduce's (None up to ``limit``), both over the same cross-host link."""
+    link = net.links.get(s.method) or next(iter(net.links.values()))
+    same = replace(net, links={"mpi-gather-scatter": link, "mpi-allreduce": link})
+    star, ring = replace(s, method="mpi-gather-scatter"), replace(s, method="mpi-allreduce")
+    ratio = lambda n: predict_step(c, prof, same, star, n)["step_s"] / predict_step(c, prof, same, ring, n)["step_s"]  # noqa: E731
+    if ratio(limit) < factor:
+        return None
+    low, high = 1, limit   # the ratio grows with n: the root's bytes grow, the ring's do not
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if ratio(mid) < factor else (low, mid)
+    return high
+
+
+# ----------------------------------------------------------------------------- the network
+def read_probe(path: str) -> dict:
+    try:
+        with open(path) as f:
+            probe = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise PredictError(f"{path}: cannot be read ({str(exc).splitlines()[0]})") from None
+    if not isinstance(probe, dict) or not isinstance(probe.get("transports"), dict):
+        raise PredictError(f"{path}: not a probe.json (no 'transports'; made by python -m hvd_cifar.probe)")
+    return probe
+
+
+def probe_link(probe: dict, name: str, path: str) -> Link:
+    fit = probe["transports"][name]
+    return Link(fit["alpha_s"], fit["beta_bytes_per_s"], probe.get("reduce_s_per_byte", 0.0),
+                f"{os.path.basename(path)}: {name} ({fit.get('scope', '?')}, {probe.get('world_size', '?')} ranks)")
+
+
+def network(methods: list[str], args: argparse.Namespace) -> Network:
+    """Links per method: --bandwidth/--latency-us for all, else the probe's fit of each
+    method's transport (TRANSPORTS)."""
+    if args.bandwidth:
+        from hvd_cifar.netcluster import ClusterError, parse_rate
+        try:
+            beta = parse_rate(args.bandwidth) / 8
+        except ClusterError as exc:
+            raise PredictError(f"--bandwidth: {exc}") from None
+        link = Link(args.latency_us * 1e-6, beta, 0.0, f"--bandwidth {args.bandwidth} --latency-us {args.latency_us:g}")
+        return Network({m: link for m in methods}, None, args.ranks_per_host)
+    if not args.probe:
+        raise PredictError("no network: give --probe probe.json (python -m hvd_cifar.probe) or --bandwidth RATE")
+    probe = read_probe(args.probe)
+    links = {}
+    for m in methods:
+        found = [t for t in TRANSPORTS[m] if t in probe["transports"]]
+        if not found:
+            raise PredictError(f"{args.probe}: no {' or '.join(TRANSPORTS[m])} timings for --sync {m} "
+                               f"(it has: {', '.join(probe['transports']) or 'none'})")
+        links[m] = probe_link(probe, found[0], args.probe)
+    local = probe_link(probe, "mpi-intra-host", args.probe) if "mpi-intra-host" in probe["transports"] else None
+    return Network(links, local, args.ranks_per_host, probe.get("cast_s_per_byte", 0.0))
+
+
+# ----------------------------------------------------------------------------- measured points
+def measured_rows(paths: list[str]) -> list[dict]:
+    """Steady-state step time and img/s of other runs (hvd_cifar.report's summary)."""
+    rows = []
+    for path in paths:
+        run = report.load_run(path)
+        s = report.summarize(run)
+        rows.append({"run": s["run"], "method": s["sync"], "np": s["world_size"],
+                     "fp16_allreduce": bool(s["fp16_allreduce"]), "accumulation_steps": int(s["accumulation_steps"]),
+                     "freeze": int(run.metrics[-1].get("frozen_blocks", 0)),
+                     "step_s": s["step_time_s"], "images_per_s": s["images_per_s"]})
+    return rows
+
+
+SCENARIO_KEYS = ("method", "np", "fp16_allreduce", "accumulation_steps", "freeze")
+
+
+def attach_measured(rows: list[dict], measured: list[dict]) -> None:
+    """Put each measured run beside the predicted row of its scenario: measured step and error."""
+    for row in rows:
+        match = [m for m in measured if all(m[k] == row[k] for k in SCENARIO_KEYS)]
+        if match:
+            row["measured_step_s"] = sum(m["step_s"] for m in match) / len(match)
+            row["error_pct"] = 100 * (row["step_s"] - row["measured_step_s"]) / row["measured_step_s"]
+
+
+# ----------------------------------------------------------------------------- output
+COLUMNS = [
+    report.Column("method", "method"), report.Column("np", "np", numeric=True),
+    report.Column("fp16", "fp16_allreduce"), report.Column("accum", "accumulation_steps", numeric=True),
+    report.Column("freeze", "freeze", numeric=True),
+    report.num("payload (MB/sync)", "payload_bytes", ".2f", report.MB),
+    report.num("comm (ms/sync)", "comm_s_per_sync", ".2f", 1e-3),
+    report.num("exposed (ms/sync)", "exposed_s_per_sync", ".2f", 1e-3),
+    report.num("step (ms)", "step_s", ".2f", 1e-3),
+    report.num("img/s", "images_per_s", ".1f"),
+    report.num("efficiency", "efficiency", ".3f"),
+    report.num("bytes/rank/step (MB)", "bytes_per_rank_per_step", ".3f", report.MB),
+    report.num("measured step (ms)", "measured_step_s", ".2f", 1e-3),
+    report.num("error (%)", "error_pct", "+.1f"),
+]
+
+
+def _series(row: dict) -> tuple:
+    return tuple(row[k] for k in SCENARIO_KEYS if k != "np")
+
+
+def _label(key: tuple) -> str:
+    method, fp16, k, freeze = key
+    return f"{method}{' fp16' if fp16 else ''}{f' accum {k}' if k > 1 else ''}{f' freeze {freeze}' if freeze else ''}"
+
+
+def plot(rows: list[dict], measured: list[dict], path: str, title: str) -> str:
+    """img/s and efficiency against np, log axes; measured runs as points in their series' colour."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(11.0, 4.4), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_ips, ax_eff = fig.subplots(1, 2)
+    colours = {}
+    for key in dict.fromkeys(_series(r) for r in rows):
+        series = [r for r in rows if _series(r) == key]
+        line, = ax_ips.plot([r["np"] for r in series], [r["images_per_s"] for r in series], "-", label=f"{_label(key)} (predicted)")
+        ax_eff.plot([r["np"] for r in series], [r["efficiency"] for r in series], "-", color=line.get_color())
+        colours[key] = line.get_color()
+    for m in measured:
+        key = _series(m)
+        ax_ips.plot([m["np"]], [m["images_per_s"]], "o", color=colours.get(key, "k"), markersize=7,
+                    label=f"{m['run']} (measured)")
+    for ax, ylabel in ((ax_ips, "images per second (all ranks)"), (ax_eff, "scaling efficiency (step at np=1 / step)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks (np)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, which="both")
+    ax_ips.set_yscale("log")
+    ax_eff.set_ylim(0, 1.05)
+    ax_ips.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    runlog.atomic_write(path, lambda f: fig.savefig(f, format="png"))
+    return path
+
+
+# ----------------------------------------------------------------------------- command line
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = report.OneLineParser(prog="python -m hvd_cifar.predict", description=__doc__.split("\n\n")[0],
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", metavar="RUN_DIR", help="run folder whose phases are the compute (best: np=1)")
+    p.add_argument("--probe", help="probe.json from python -m hvd_cifar.probe")
+    p.add_argument("--bandwidth", help="instead of a probe: link rate, tc syntax (1gbit, 100mbit)")
+    p.add_argument("--latency-us", type=float, default=50.0, help="with --bandwidth: α in µs (default 50)")
+    p.add_argument("--np", type=int, nargs="+", default=list(DEFAULT_NP), help="world sizes")
+    p.add_argument("--sync", nargs="+", choices=list(TRANSPORTS), help="methods (default: the run's)")
+    p.add_argument("--fp16-allreduce", action="store_true", help="predict with fp16 gradients too")
+    p.add_argument("--accumulation-steps", type=int, help="predict with k micro-batches per sync too")
+    p.add_argument("--freeze", type=int, help="predict with n leading blocks frozen too")
+    p.add_argument("--ranks-per-host", type=int, default=1, help="for horovod-hierarchical (default 1)")
+    p.add_argument("--measured", nargs="*", default=[], metavar="RUN_DIR", help="runs to overlay and compare")
+    p.add_argument("--out", help="output folder (default RUN_DIR/predict)")
+    args = p.parse_args(argv)
+    if min(args.np) < 1 or args.ranks_per_host < 1 or (args.accumulation_steps or 1) < 1 or (args.freeze or 0) < 0:
+        p.error("--np, --ranks-per-host and --accumulation-steps must be >= 1, --freeze >= 0")
+    return args
+
+
+def scenarios(c: Compute, args: argparse.Namespace, depth: int) -> list[Scenario]:
+    """Each method as the run ran, then with each option asked for, then with all of them."""
+    if args.freeze is not None and args.freeze > depth:
+        raise PredictError(f"--freeze: {args.freeze} blocks asked for but {c.model} has {depth}")
+    fp16, k, frozen = as_run = (c.fp16, c.accumulation_steps, c.frozen_blocks)
+    options = [as_run]
+    if args.fp16_allreduce:
+        options.append((True, k, frozen))
+    if args.accumulation_steps:
+        options.append((fp16, args.accumulation_steps, frozen))
+    if args.freeze is not None:
+        options.append((fp16, k, args.freeze))
+    options.append((args.fp16_allreduce or fp16, args.accumulation_steps or k,
+                    frozen if args.freeze is None else args.freeze))  # every option asked for at once
+    unique = list(dict.fromkeys(options))
+    return [Scenario(m, f, k, z) for m in (args.sync or [c.sync]) for f, k, z in unique]
+
+
+def run(args: argparse.Namespace) -> tuple[list[dict], str]:
+    c = measure(report.load_run(args.run))
+    if c.sync not in TRANSPORTS and not args.sync:
+        raise PredictError(f"{args.run}: sync {c.sync} has no model here; pick --sync from {', '.join(TRANSPORTS)}")
+    prof = profile(c.model, c.num_classes)
+    wanted = scenarios(c, args, len(prof.block_params))
+    net = network(list(dict.fromkeys(s.method for s in wanted)), args)
+    rows = predict(c, prof, net, wanted, sorted(set(args.np)))
+    measured = measured_rows(args.measured)
+    attach_measured(rows, measured)
+    out = args.out or os.path.join(args.run, "predict")
+    os.makedirs(out, exist_ok=True)
+    report.write_csv(os.path.join(out, "predict.csv"), COLUMNS, rows)
+    sources = "; ".join(sorted({link.source for link in net.links.values()}))
+    plot(rows, measured, os.path.join(out, "predict.png"), f"{c.model}, compute from {os.path.basename(os.path.normpath(args.run))} "
+         f"(np={c.world_size}); network: {sources}")
+    head = (f"compute from {args.run} (np={c.world_size}, {c.sync}): {c.step_s * 1e3:.2f} ms/step measured, "
+            f"hidden fraction {'not recorded (0)' if c.hidden_fraction is None else f'{c.hidden_fraction:.2f}'}; "
+            f"network: {sources}\n")
+    return rows, head + report.markdown_table(COLUMNS, rows) + f"\nwritten to {out}/predict.csv and predict.png"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        _, text = run(args)
+    except (PredictError, report.ReportError, runlog.RunError) as exc:
+        print(f"hvd_cifar: error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
