@@ -1,0 +1,118 @@
+"""hvd_cifar.predict: the model's equations on hand-computed cases, the fits recovering known
+α/β, one whole prediction worked by hand, and the command on a real run folder."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, read_csv, run_train
+from hvd_cifar import predict as p
+
+LINK = p.Link(alpha_s=1e-3, beta_bytes_per_s=1000.0, reduce_s_per_byte=1e-6)
+
+
+def test_ring_is_2_n_minus_1_latencies_plus_2_n_minus_1_over_n_payloads():
+    assert p.ring_s(1, 1000, LINK) == 0.0
+    assert p.ring_s(2, 1000, LINK) == pytest.approx(2e-3 + 1.0)        # 2 latencies, S/β
+    assert p.ring_s(4, 1000, LINK) == pytest.approx(6e-3 + 1.5)        # 6 latencies, 1.5 S/β
+
+
+def test_gather_scatter_moves_n_minus_1_buffers_each_way_through_the_root():
+    assert p.gather_scatter_s(1, 1000, LINK) == 0.0
+    # 6 messages of 1 ms, 3 buffers in + 3 out of 1 s each, 3 buffers of 1000 bytes summed at 1 µs/byte
+    assert p.gather_scatter_s(4, 1000, LINK) == pytest.approx(6e-3 + 6.0 + 3e-3)
+
+
+def test_hierarchical_is_a_local_ring_plus_a_ring_across_hosts():
+    local = p.Link(1e-5, 1e5)
+    # 8 ranks, 4 per host: ring of 4 inside (6e-5 + 1500/1e5), ring of 2 hosts across (2e-3 + 1000/1000)
+    assert p.hierarchical_s(8, 4, 1000, LINK, local) == pytest.approx(6e-5 + 0.015 + 2e-3 + 1.0)
+    assert p.hierarchical_s(8, 1, 1000, LINK, local) == pytest.approx(p.ring_s(8, 1000, LINK))
+    assert p.wire_bytes("horovod-hierarchical", 8, 1000, 4) == pytest.approx(1000 / 4)  # each rank's slice
+    assert p.wire_bytes("mpi-gather-scatter", 8, 1000) == 7000
+
+
+def test_only_what_backward_can_hide_is_hidden():
+    assert p.exposed_s(1.0, 0.5, backward_s=0.3) == pytest.approx(0.7)   # capped by backward
+    assert p.exposed_s(1.0, 0.5, backward_s=2.0) == pytest.approx(0.5)   # the measured fraction
+    assert p.exposed_s(1.0, 0.0, backward_s=2.0) == pytest.approx(1.0)   # no overlap: all exposed
+
+
+def test_fits_recover_alpha_and_beta_from_exact_times():
+    sizes = [4e3, 64e3, 1e6, 16e6]
+    ring = p.fit_ring(4, sizes, [p.ring_s(4, s, p.Link(2e-4, 1.25e8)) for s in sizes])
+    assert (ring.alpha_s, ring.beta_bytes_per_s) == (pytest.approx(2e-4), pytest.approx(1.25e8))
+    p2p = p.fit_p2p(sizes, [3e-5 + s / 5e8 for s in sizes])
+    assert (p2p.alpha_s, p2p.beta_bytes_per_s) == (pytest.approx(3e-5), pytest.approx(5e8))
+    # A negative intercept (noise at small sizes) is no latency: refitted through the origin.
+    through_0 = p.fit_p2p([1.0, 2.0, 3.0], [0.0, 2.5, 4.0])
+    assert through_0.alpha_s == 0.0 and through_0.beta_bytes_per_s == pytest.approx(14 / 17)  # 1/b, b = Σxy/Σx² = 17/14
+
+
+def compute(**changes) -> p.Compute:
+    c = p.Compute(model="x", num_classes=10, sync="horovod", world_size=1, fp16=False, accumulation_steps=1,
+                  frozen_blocks=0, images_per_step=32, data_s=0.01, forward_s=0.1, backward_s=0.2, other_s=0.0,
+                  optimizer_s=0.05, sync_s=0.0, hidden_fraction=0.5, step_s=0.36)
+    return p.Compute(**{**c.__dict__, **changes})
+
+
+PROFILE = p.Profile(block_params=(100, 900), block_macs=(300, 700), head_params=0, head_macs=0)
+
+
+def test_one_step_worked_by_hand():
+    net = p.Network({"horovod": p.Link(0.0, 3600.0), "mpi-gather-scatter": p.Link(0.0, 3600.0)}, None)
+    s = p.Scenario("horovod", fp16=False, accumulation_steps=2, freeze=1)
+    row = p.predict_step(compute(), PROFILE, net, s, 4)
+    # freeze 1: 900 params x 4 bytes; backward 0.2 x 0.7 (block 1 had 30 % of the multiply-adds)
+    assert row["payload_bytes"] == 3600
+    assert row["comm_s_per_sync"] == pytest.approx(1.5)                 # 2·3/4 · 3600 / 3600
+    assert row["exposed_s_per_sync"] == pytest.approx(1.5 - 0.14)       # half would hide; backward is 0.14
+    assert row["step_s"] == pytest.approx(0.01 + 0.1 + 0.14 + (0.05 + 1.36) / 2)
+    assert row["images_per_s"] == pytest.approx(4 * 32 / row["step_s"])
+    assert row["bytes_per_rank_per_step"] == pytest.approx(1.5 * 3600 / 2)
+    star = p.predict_step(compute(), PROFILE, net, p.Scenario("mpi-gather-scatter", True, 1, 0), 4)
+    assert star["payload_bytes"] == 2000 and star["exposed_s_per_sync"] == pytest.approx(2 * 3 * 2000 / 3600)
+
+
+def test_fp16_pays_below_a_bandwidth_and_gather_scatter_falls_behind_at_a_worker_count():
+    net = p.Network({"mpi-allreduce": p.Link(0.0, 1e6)}, None, cast_s_per_byte=1e-9)
+    s = p.Scenario("mpi-allreduce", False, 1, 0)
+    beta = p.break_even_bandwidth(compute(), PROFILE, net, s, 4)
+    # saving 1.5·2000/β equals the cast 2·2000·1e-9 at β = 7.5e8 bytes/s
+    assert beta == pytest.approx(7.5e8, rel=1e-6)
+    n = p.gather_scatter_falls_behind(compute(), PROFILE, net, s)
+    ratio = lambda k: (p.predict_step(compute(), PROFILE, p.Network({"mpi-gather-scatter": net.links["mpi-allreduce"]}, None), p.Scenario("mpi-gather-scatter", False, 1, 0), k)["step_s"]  # noqa: E731
+                       / p.predict_step(compute(), PROFILE, net, s, k)["step_s"])
+    assert ratio(n) >= 2 > ratio(n - 1)
+
+
+def test_predict_on_a_real_run_folder(tmp_path, tiny_args):
+    run_train(tiny_args + ["--sync", "mpi-allreduce"])
+    run_dir = tmp_path / "logs" / "run"
+    out = tmp_path / "pred"
+    proc = subprocess.run([sys.executable, "-m", "hvd_cifar.predict", str(run_dir), "--bandwidth", "100mbit",
+                           "--np", "1", "2", "8", "--sync", "mpi-allreduce", "mpi-gather-scatter", "--fp16-allreduce",
+                           "--measured", str(run_dir), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = read_csv(out / "predict.csv")
+    assert len(rows) == 2 * 2 * 3 and (out / "predict.png").stat().st_size > 10_000
+    by = {(r["method"], r["fp16_allreduce"], r["np"]): r for r in rows}
+    smallcnn_bytes = 94_986 * 4
+    assert int(by["mpi-allreduce", "false", "1"]["payload_bytes"]) == smallcnn_bytes
+    assert int(by["mpi-allreduce", "true", "1"]["payload_bytes"]) == smallcnn_bytes // 2
+    # np=1 predicts the run itself back (only its near-zero sync wait is left out)
+    assert abs(float(by["mpi-allreduce", "false", "1"]["error_pct"])) < 5
+    assert float(by["mpi-gather-scatter", "false", "8"]["comm_s_per_sync"]) == pytest.approx(
+        14 * 50e-6 + 2 * 7 * smallcnn_bytes / 12.5e6)
+    assert "| mpi-gather-scatter | 8 |" in proc.stdout
+
+
+def test_no_network_is_one_line_and_status_2(tmp_path, tiny_args):
+    run_train(tiny_args)
+    proc = subprocess.run([sys.executable, "-m", "hvd_cifar.predict", str(tmp_path / "logs" / "run"), "--np", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--probe" in proc.stderr
