@@ -159,6 +159,34 @@ def steady_per_step(records: list[dict], key: str) -> float:
     return _ratio((value(r, key) for r in steady), (value(r, "steps") for r in steady))
 
 
+def run_bytes(records: list[dict]) -> dict:
+    """Gradient bytes per rank over the whole run (every epoch, the first included): ``bytes``
+    as the sync method counted them, ``unfrozen_bytes`` what the same synchronisations would
+    have sent with nothing frozen, ``saved_fraction`` the share freezing saved (NaN for one
+    rank or runs older than ``comm_bytes_per_sync_unfrozen``), and the NIC's measured
+    ``nic_tx_bytes`` / ``nic_rx_bytes`` (mean over the hosts; NaN without counters)."""
+    sent = sum(value(r, "comm_bytes_per_rank") for r in records)
+    unfrozen = sum(value(r, "comm_bytes_per_sync_unfrozen") * value(r, "syncs") for r in records)
+
+    def nic(key: str) -> float:
+        return sum(sum(r[key].values()) / len(r[key]) if r.get(key) else math.nan for r in records)
+    return {"bytes": sent, "unfrozen_bytes": unfrozen,
+            "saved_fraction": 1 - sent / unfrozen if unfrozen else math.nan,
+            "nic_tx_bytes": nic("nic_tx_bytes"), "nic_rx_bytes": nic("nic_rx_bytes")}
+
+
+def bytes_items(run: Run) -> list[tuple[str, str]]:
+    """The summary's lines on what the whole run sent, and what freezing saved of it."""
+    b = run_bytes(run.metrics)
+    saved = (f"{fmt_number(b['unfrozen_bytes'] - b['bytes'], '.3f', MB)} of {fmt_number(b['unfrozen_bytes'], '.3f', MB)} "
+             f"({fmt_number(b['saved_fraction'], '.2f', 0.01)} %)" if not math.isnan(b["saved_fraction"]) else "-")
+    return [("frozen blocks per epoch", " ".join(str(r.get("frozen_blocks", "-")) for r in run.metrics)),
+            ("gradient bytes over the run per rank (MB, analytic, all epochs)", fmt_number(b["bytes"], ".3f", MB)),
+            ("NIC bytes over the run per host (MB, tx / rx measured, mean over hosts)",
+             f"{fmt_number(b['nic_tx_bytes'], '.3f', MB)} / {fmt_number(b['nic_rx_bytes'], '.3f', MB)}"),
+            ("saved by freezing over the run (MB per rank, analytic, against nothing frozen)", saved)]
+
+
 def setting(run: Run, key: str) -> Any:
     """A run's setting: config.yaml first, then what the last epoch record says."""
     last = run.metrics[-1]
@@ -641,6 +669,7 @@ def summary_items(run: Run, s: dict) -> list[tuple[str, Any]]:
          f"{s['mean_epoch_time_s']:.3f}"),
         ("throughput (img/s, same epochs)", fmt_number(s["images_per_s"], ".1f")),
         ("bytes per epoch per rank (MB, same epochs)", fmt_number(s["bytes_per_epoch_per_rank"], ".3f", MB)),
+        *bytes_items(run),
         ("final train accuracy (%)", fmt_number(s["final_train_acc"], ".2f", 0.01)),
         ("final test accuracy (%)", fmt_number(s["final_test_acc"], ".2f", 0.01)),
         ("wall time (s, set-up, training and evaluation)", fmt_number(s["elapsed_s"], ".3f")),

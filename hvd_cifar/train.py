@@ -112,6 +112,7 @@ class Training:
     net: torch.nn.Module = None         # the model as the sync method wrapped it
     optimizer: torch.optim.Optimizer = None
     payload_bytes: int = 0              # gradient bytes per synchronisation
+    unfrozen_payload_bytes: int = 0     # ... were nothing frozen: what freezing saves is measured against it
     trainable: int = 0
     frozen: int = 0
     scaler: torch.amp.GradScaler | None = None
@@ -156,6 +157,7 @@ class Training:
         self.net, self.optimizer = self.sync.wrap(self.model, opt, named, cfg.accumulation_steps,
                                                   cfg.fp16_allreduce)
         self.payload_bytes = self.sync.payload_bytes(named, cfg.fp16_allreduce)
+        self.unfrozen_payload_bytes = self.sync.payload_bytes(list(self.model.named_parameters()), cfg.fp16_allreduce)
         self.trainable = sum(p.numel() for _, p in named)
 
 
@@ -378,6 +380,7 @@ def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochRe
         "step_time_s": result.time_s / (result.steps - result.first_step),
         **{f"{phase}_time_s": phase_times[j].item() for j, phase in enumerate(engine.PHASES)},
         "comm_bytes_per_sync": wire, "comm_bytes_per_rank": wire * result.syncs,
+        "comm_bytes_per_sync_unfrozen": sync.wire_bytes_per_sync(run.unfrozen_payload_bytes),
         "nic_interface": {h: iface for h, iface, _, _ in per_host},
         "nic_rx_bytes": {h: rx for h, _, rx, _ in per_host},
         "nic_tx_bytes": {h: tx for h, _, _, tx in per_host},

@@ -1,0 +1,129 @@
+"""freeze: auto against no freezing, side by side on the namespace cluster: final test accuracy,
+and the gradient bytes each rank sent over the whole run, analytic (metrics.jsonl) and measured
+at each host's NIC.
+
+    .venv/bin/python benchmarks/autofreeze.py          # as root; about 10 minutes on 2 shared cores
+        [--np 2] [--model vgg11] [--epochs 6] [--threshold 0.2] [--rate 1gbit]
+        [--out logs/bench-autofreeze-YYYYmmdd-HHMMSS]
+
+Two jobs, ``freeze: 0`` and ``freeze: auto`` (``--freeze-auto-threshold``), on one cluster of
+--np hosts (``hvd_cifar.netcluster``: one rank per host, links shaped to --rate), each
+``horovodrun --gloo`` on digits with every other key at its default (batch 32 per rank, the
+model's lr, one epoch of warm-up, onecycle). Bytes over the run are sums over all epochs, the
+first included: what a run costs, not a steady state. Each job's run folder lands in
+OUT/runs/NAME and its output in OUT/logs/NAME.log; the table is made from the runs'
+metrics.jsonl and events.jsonl alone, written to OUT/autofreeze.json and OUT/autofreeze.md,
+then printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hvd_cifar import report  # noqa: E402
+from hvd_cifar.netcluster import ClusterError, NetCluster  # noqa: E402
+
+COMMON = ["--dataset", "digits", "--seed", "0", "--checkpoint-every", "0", "--progress", "false",
+          "--threads-per-rank", "1",  # one core per rank is all there is
+          "--nic", "eth0"]            # each host's link to the switch
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=int, default=2, help="ranks, one per host")
+    p.add_argument("--model", default="vgg11")
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--threshold", type=float, default=0.2, help="freeze_auto_threshold of the auto job")
+    p.add_argument("--rate", default="1gbit", help="link rate, tc syntax")
+    p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-autofreeze-%Y%m%d-%H%M%S")))
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per job")
+    return p.parse_args(argv)
+
+
+def run_job(cluster: NetCluster, name: str, flags: list[str], args) -> str:
+    """One training job; its run folder. Raises RuntimeError naming the log if it fails."""
+    runs = os.path.join(args.out, "runs")
+    train = [*COMMON, "--model", args.model, "--epochs", str(args.epochs), *flags,
+             "--log-dir", runs, "--run-name", name]
+    log_path = os.path.join(args.out, "logs", f"{name}.log")
+    start = time.perf_counter()
+    result = cluster.run_horovodrun(args.np, train, gloo=True, timeout=args.timeout)
+    with open(log_path, "w") as log:
+        log.write(result.stdout or "")
+    if result.returncode != 0:
+        raise RuntimeError(f"{name}: exit status {result.returncode}; see {log_path}")
+    print(f"{name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return os.path.join(runs, name)
+
+
+def summarize(run_dir: str) -> dict:
+    """One job's row: bytes over the run from hvd_cifar.report, the freezes from events.jsonl."""
+    run = report.load_run(run_dir)
+    events_path = os.path.join(run_dir, "events.jsonl")
+    events = [json.loads(line) for line in open(events_path)] if os.path.exists(events_path) else []
+    return {**report.run_bytes(run.metrics),
+            "test_acc": run.metrics[-1]["test_acc"],
+            "test_acc_per_epoch": [r["test_acc"] for r in run.metrics],
+            "frozen_blocks_per_epoch": [r["frozen_blocks"] for r in run.metrics],
+            "training_time_s": sum(r["epoch_time_s"] for r in run.metrics),
+            "freezes": [{k: e[k] for k in ("epoch", "frozen_blocks", "trainable_params", "block_grad_norm_change")}
+                        for e in events if e.get("event") == "freeze"]}
+
+
+def markdown(results: dict, args) -> str:
+    none, auto = results["none"], results["auto"]
+    lines = [f"{args.model} on digits, {args.epochs} epochs, np={args.np} (horovodrun --gloo, links {args.rate}); "
+             f"auto: freeze_auto_threshold {args.threshold}. Bytes are per rank over the whole run; "
+             f"measured = eth0 counters, mean over the hosts.", "",
+             "| freeze | final test acc | test acc per epoch | frozen blocks per epoch | analytic MB | "
+             "measured tx MB | measured rx MB | training time (s) |",
+             "|---|---:|---|---|---:|---:|---:|---:|"]
+    for name, row in (("none", none), ("auto", auto)):
+        lines.append(f"| {name} | {row['test_acc']:.4f} | {' '.join(f'{a:.4f}' for a in row['test_acc_per_epoch'])} | "
+                     f"{' '.join(map(str, row['frozen_blocks_per_epoch']))} | {row['bytes'] / 1e6:.1f} | "
+                     f"{row['nic_tx_bytes'] / 1e6:.1f} | {row['nic_rx_bytes'] / 1e6:.1f} | "
+                     f"{row['training_time_s']:.1f} |")
+    lines += ["", f"- accuracy, auto - none: {100 * (auto['test_acc'] - none['test_acc']):+.2f} points",
+              f"- bytes saved by auto: analytic {1 - auto['bytes'] / none['bytes']:.4f}, "
+              f"measured tx {1 - auto['nic_tx_bytes'] / none['nic_tx_bytes']:.4f}, "
+              f"rx {1 - auto['nic_rx_bytes'] / none['nic_rx_bytes']:.4f}",
+              f"- auto's own record of its saving (report.run_bytes, against its model unfrozen): "
+              f"{auto['saved_fraction']:.4f}"]
+    for event in auto["freezes"]:
+        changes = ", ".join("-" if c is None else f"{c:.3f}" for c in event["block_grad_norm_change"])
+        lines.append(f"- freeze at the start of epoch {event['epoch']}: {event['frozen_blocks']} blocks, "
+                     f"{event['trainable_params']:,} trainable parameters; changes per block: {changes}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    results = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                           "platform": platform.platform()}, "args": vars(args)}
+    jobs = {"none": ["--freeze", "0"], "auto": ["--freeze", "auto", "--freeze-auto-threshold", str(args.threshold)]}
+    try:
+        with NetCluster(n_hosts=args.np, rate=args.rate) as cluster:
+            for name, flags in jobs.items():
+                results[name] = summarize(run_job(cluster, name, flags, args))
+    except (ClusterError, RuntimeError) as exc:
+        print(f"autofreeze: error: {exc}", file=sys.stderr)
+        return 1
+    with open(os.path.join(args.out, "autofreeze.json"), "w") as f:
+        json.dump(results, f, indent=2)  # data first, table second
+    table = markdown(results, args)
+    with open(os.path.join(args.out, "autofreeze.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
