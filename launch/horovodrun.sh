@@ -13,6 +13,8 @@
 #   --gloo | --mpi         controller (default: horovodrun's choice, MPI when mpirun exists)
 #   -p PORT                ssh port on the remote hosts
 #   --network-interfaces IF, --start-timeout S, --verbose   passed to horovodrun
+#   --probe                run python -m hvd_cifar.probe instead (times the network; its flags follow)
+#   --probe                run python -m hvd_cifar.probe instead (times the network; its flags follow)
 # Everything else goes to python -m hvd_cifar.train.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,12 +24,14 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 np=0
 hostfile="$ROOT/hostfiles/localhost"
 hvd_args=()
+module=hvd_cifar.train
 while (($#)); do
   case "$1" in
     -np|--num-proc) np="$2"; shift 2 ;;
     -hostfile|--hostfile|-H|--hosts) hostfile="$2"; shift 2 ;;
     --gloo|--mpi|--verbose) hvd_args+=("$1"); shift ;;
     -p|--ssh-port|--network-interfaces|--start-timeout) hvd_args+=("$1" "$2"); shift 2 ;;
+    --probe) module=hvd_cifar.probe; shift ;;  # time the network instead (python -m hvd_cifar.probe)
     --) shift; break ;;
     *) break ;;
   esac
@@ -44,4 +48,4 @@ fi
 # the launcher (exec), which stops every rank; and it stops them when this script's parent dies
 # ($PPID, checked by hvd_cifar.launchers.die_with_parent). Arguments go through as an array:
 # nothing from the command line is ever re-parsed by a shell.
-HVD_CIFAR_LAUNCH_PARENT="$PPID" exec "$PY" -m hvd_cifar.horovodrun -np "$np" -H "$hosts" ${hvd_args[@]+"${hvd_args[@]}"} "$PY" -m hvd_cifar.train "$@"
+HVD_CIFAR_LAUNCH_PARENT="$PPID" exec "$PY" -m hvd_cifar.horovodrun -np "$np" -H "$hosts" ${hvd_args[@]+"${hvd_args[@]}"} "$PY" -m "$module" "$@"

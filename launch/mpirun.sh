@@ -9,7 +9,8 @@
 # (-bind-to none -map-by slot, -x for the environment remote ranks need, -mca pml ob1 -mca btl
 # ^openib), listed once, with why, in hvd_cifar/launchers.py, which prints them here.
 # Options before the training flags (or before --): -np N, -hostfile FILE | -H FILE,
-# --oversubscribe (more ranks than cores), -p PORT (ssh port of the remote hosts).
+# --oversubscribe (more ranks than cores), -p PORT (ssh port of the remote hosts), --probe (run
+# python -m hvd_cifar.probe instead: times the network; its flags follow).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
@@ -18,12 +19,14 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 np=0
 hostfile="$ROOT/hostfiles/localhost"
 mpi_args=()
+module=hvd_cifar.train
 while (($#)); do
   case "$1" in
     -np|-n) np="$2"; shift 2 ;;
     -hostfile|--hostfile|-H) hostfile="$2"; shift 2 ;;
     --oversubscribe) mpi_args+=(--oversubscribe); shift ;;
     -p|--ssh-port) mpi_args+=(-mca plm_rsh_args "-p $2"); shift 2 ;;
+    --probe) module=hvd_cifar.probe; shift ;;  # time the network instead (python -m hvd_cifar.probe)
     --) shift; break ;;
     *) break ;;
   esac
@@ -47,4 +50,4 @@ mapfile -t horovod_flags <<< "$flags"
 HVD_CIFAR_LAUNCH_PARENT="$PPID" exec "$PY" -m hvd_cifar.launchers exec \
   mpirun -np "$np" -H "$hosts" "${horovod_flags[@]}" \
   ${mpi_args[@]+"${mpi_args[@]}"} \
-  "$PY" -m hvd_cifar.train "$@"
+  "$PY" -m "$module" "$@"
