@@ -27,12 +27,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from comm_options import COMMON, horovodrun_job, write_results  # noqa: E402 - this folder's sibling
 from hvd_cifar import report  # noqa: E402
 from hvd_cifar.netcluster import ClusterError, NetCluster  # noqa: E402
-
-COMMON = ["--dataset", "digits", "--seed", "0", "--checkpoint-every", "0", "--progress", "false",
-          "--threads-per-rank", "1",  # one core per rank is all there is
-          "--nic", "eth0"]            # each host's link to the switch
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,18 +45,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run_job(cluster: NetCluster, name: str, flags: list[str], args) -> str:
-    """One training job; its run folder. Raises RuntimeError naming the log if it fails."""
+    """One training job; its run folder."""
     runs = os.path.join(args.out, "runs")
     train = [*COMMON, "--model", args.model, "--epochs", str(args.epochs), *flags,
              "--log-dir", runs, "--run-name", name]
-    log_path = os.path.join(args.out, "logs", f"{name}.log")
-    start = time.perf_counter()
-    result = cluster.run_horovodrun(args.np, train, gloo=True, timeout=args.timeout)
-    with open(log_path, "w") as log:
-        log.write(result.stdout or "")
-    if result.returncode != 0:
-        raise RuntimeError(f"{name}: exit status {result.returncode}; see {log_path}")
-    print(f"{name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    horovodrun_job(cluster, args.np, train, os.path.join(args.out, "logs", f"{name}.log"), name, args.timeout)
     return os.path.join(runs, name)
 
 
@@ -116,12 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ClusterError, RuntimeError) as exc:
         print(f"autofreeze: error: {exc}", file=sys.stderr)
         return 1
-    with open(os.path.join(args.out, "autofreeze.json"), "w") as f:
-        json.dump(results, f, indent=2)  # data first, table second
-    table = markdown(results, args)
-    with open(os.path.join(args.out, "autofreeze.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+    write_results(args.out, "autofreeze", results, markdown(results, args))
     return 0
 
 

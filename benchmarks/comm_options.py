@@ -77,20 +77,35 @@ def slug(option: str, np: int) -> str:
     return f"{re.sub(r'[^a-z0-9]+', '-', option.lower()).strip('-')}-np{np}"
 
 
-def run_job(cluster: NetCluster, pass_name: str, option: str, np: int, flags: list[str], args) -> str:
-    """One training job; its run folder. Raises RuntimeError naming the log if it fails."""
-    name = slug(option, np)
-    runs = os.path.join(args.out, "runs", pass_name)
-    train = [*COMMON, *flags, *OPTIONS[option], "--lr", str(args.lr), "--log-dir", runs, "--run-name", name]
-    log_path = os.path.join(args.out, "logs", f"{pass_name}-{name}.log")
+def horovodrun_job(cluster: NetCluster, np: int, train: list[str], log_path: str, label: str, timeout: int) -> None:
+    """One ``horovodrun --gloo`` training job on the cluster, its output in ``log_path``.
+    Raises RuntimeError naming the log if it fails. (benchmarks/autofreeze.py uses it too.)"""
     start = time.perf_counter()
-    result = cluster.run_horovodrun(np, train, gloo=True, timeout=args.timeout)
+    result = cluster.run_horovodrun(np, train, gloo=True, timeout=timeout)
     with open(log_path, "w") as log:
         log.write(result.stdout or "")
     if result.returncode != 0:
-        raise RuntimeError(f"{pass_name} {option} np={np}: exit status {result.returncode}; see {log_path}")
-    print(f"{pass_name} {option} np={np}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        raise RuntimeError(f"{label}: exit status {result.returncode}; see {log_path}")
+    print(f"{label}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def run_job(cluster: NetCluster, pass_name: str, option: str, np: int, flags: list[str], args) -> str:
+    """One training job; its run folder."""
+    name = slug(option, np)
+    runs = os.path.join(args.out, "runs", pass_name)
+    train = [*COMMON, *flags, *OPTIONS[option], "--lr", str(args.lr), "--log-dir", runs, "--run-name", name]
+    horovodrun_job(cluster, np, train, os.path.join(args.out, "logs", f"{pass_name}-{name}.log"),
+                   f"{pass_name} {option} np={np}", args.timeout)
     return os.path.join(runs, name)
+
+
+def write_results(out: str, stem: str, results: dict, table: str) -> None:
+    """OUT/STEM.json (data first), OUT/STEM.md (the table made from it), then the table printed."""
+    with open(os.path.join(out, f"{stem}.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(out, f"{stem}.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
 
 
 def summarize(run_dir: str) -> dict:
@@ -198,12 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ClusterError, RuntimeError) as exc:
         print(f"comm_options: error: {exc}", file=sys.stderr)
         return 1
-    with open(os.path.join(args.out, "comm_options.json"), "w") as f:
-        json.dump(results, f, indent=2)  # data first, table second
-    table = markdown(results, args)
-    with open(os.path.join(args.out, "comm_options.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+    write_results(args.out, "comm_options", results, markdown(results, args))
     return 0
 
 

@@ -172,3 +172,13 @@ def test_resume_keeps_the_measure_history_and_what_is_frozen(tmp_path):
         records = read_metrics(tmp_path / name)
         assert [r["frozen_blocks"] for r in records] == [0, 0, 3, 3], name
         assert [(e["epoch"], e["frozen_blocks"]) for e in events(tmp_path / name)] == [(2, 3)], name
+
+
+@pytest.mark.parametrize("sync", ["ddp", "mpi-allreduce", "mpi-gather-scatter"])
+def test_every_averaging_method_freezes_alike(tmp_path, sync):
+    """The measure is read from whatever the method leaves in .grad after synchronize."""
+    run_train([*AUTO, "--sync", sync, "--log-dir", str(tmp_path), "--run-name", sync], launcher="mpirun", np=2)
+    records = read_metrics(tmp_path / sync)
+    assert [r["frozen_blocks"] for r in records] == [0, 0, 3, 3]
+    assert records[2]["comm_bytes_per_sync"] < records[1]["comm_bytes_per_sync"]
+    assert json.loads((tmp_path / sync / "eval.json").read_text())["parameters_identical_across_ranks"]
