@@ -82,6 +82,7 @@ class Config:
     elastic: bool = False              # Horovod elastic training (horovodrun --min-np/--max-np/--host-discovery-script)
     commit_every: int = 10             # elastic: optimizer updates between commits of the state (work lost at most)
     ps_servers: int = 1                # sync: mpi-async-ps: the first this many ranks hold the weights, the rest train
+    comm_timeline: bool = False        # record when communication ran (horovod: its timeline, RUN/timeline.json; ddp: a comm hook): comm_hidden_s / comm_exposed_s per epoch
     nic: str = "auto"                  # interface whose byte counters are recorded per host; auto = busiest non-loopback; a named one must exist
     # --- run control ---
     seed: int = 0

@@ -19,6 +19,7 @@ import contextlib
 import gc
 import os
 import socket
+import time
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from hvd_cifar import overlap
 from hvd_cifar.lifecycle import launched_by_mpi
 from hvd_cifar.sync import SyncMethod, openmpi
 
@@ -78,6 +80,12 @@ class DdpSync(SyncMethod):
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size)
         self.ddp = None
+        self.timeline = False
+        self.comm: list[tuple[float, float]] = []   # this epoch's buckets: (gradients ready, allreduce done)
+        self.waits: list[tuple[float, float]] = []  # per update: (last bucket ready, backward returned)
+
+    def configure(self, cfg):
+        self.timeline = cfg.comm_timeline
 
     # --- model and optimizer -------------------------------------------------------
     def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
@@ -95,16 +103,53 @@ class DdpSync(SyncMethod):
             # at every forward pass. (The older name of this flag is broadcast_buffers.)
             forward_sync_buffers=False,
         )
-        if fp16:
-            # Gradients are cast to fp16 (and pre-divided by the world size) before allreduce,
-            # and back to fp32 after.
-            self.ddp.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+        # fp16: gradients are cast to fp16 (and pre-divided by the world size) before allreduce,
+        # and back to fp32 after. comm_timeline: DDP's own allreduce, as a hook, to time it.
+        hook = default_hooks.fp16_compress_hook if fp16 else default_hooks.allreduce_hook
+        if fp16 or self.timeline:
+            self.ddp.register_comm_hook(state=None, hook=self.timed(hook) if self.timeline else hook)
         return self.ddp, optimizer
+
+    def timed(self, hook):
+        """``hook`` recording, per bucket, when its gradients were ready (the hook is called) and
+        when its allreduce finished (its future completes)."""
+        def timed_hook(state, bucket):
+            ready = time.perf_counter()
+
+            def done(fut):
+                self.comm.append((ready, time.perf_counter()))
+                return fut.value()
+            return hook(state, bucket).then(done)
+        return timed_hook
+
+    @contextlib.contextmanager
+    def update_window(self):
+        """Around an update's last backward: from its last bucket's readiness (autograd has no
+        gradient left to compute) to backward's return, backward only waits for the allreduce."""
+        first = len(self.comm)
+        yield
+        if len(self.comm) > first:
+            self.waits.append((max(ready for ready, _ in self.comm[first:]), time.perf_counter()))
+
+    def epoch_loop(self, train_one_epoch):
+        """With ``comm_timeline: true``: the epoch's allreduce time, split into what ran while
+        backward still computed (hidden) and what backward waited for at its end (exposed)."""
+        if not self.timeline:
+            return train_one_epoch
+
+        def timed(run, state, epoch):
+            self.comm, self.waits = [], []
+            result = train_one_epoch(run, state, epoch)
+            result.extra.update(overlap.hidden_and_exposed(self.comm, self.waits))
+            return result
+        return timed
 
     def accumulate(self, model, sync_now):
         # no_sync(): backward only accumulates into .grad; the update's last backward
         # allreduces the accumulated sum, so k micro-batches cost one synchronisation.
-        return contextlib.nullcontext() if sync_now else model.no_sync()
+        if not sync_now:
+            return model.no_sync()
+        return self.update_window() if self.timeline else contextlib.nullcontext()
 
     def synchronize(self, optimizer):
         # Nothing left to do: DDP's allreduce already ran, overlapped, inside the last backward

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
 import horovod.torch as hvd
 import torch
 
+from hvd_cifar import overlap
 from hvd_cifar.config import ConfigError
 from hvd_cifar.sync import SyncMethod, openmpi
 
@@ -27,6 +29,9 @@ class HorovodSync(SyncMethod):
         # cores the training threads already fill, and 5 to 50 ms did equally well. 5 ms it is,
         # unless the launcher says otherwise (horovodrun --cycle-time-ms sets HOROVOD_CYCLE_TIME).
         os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+        # A timeline can be started once a run's folder exists (comm_timeline: true) only if Horovod was
+        # initialised with this set; DYNAMIC records nothing until then (its cost: docs/SCALING.md).
+        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
         started_elastic = os.environ.get("HOROVOD_ELASTIC") == "1"  # set by horovodrun's elastic driver
         if elastic and not started_elastic:
             raise ConfigError("elastic: needs Horovod's elastic launcher: horovodrun -np N --min-np MIN "
@@ -54,6 +59,8 @@ class HorovodSync(SyncMethod):
         openmpi.apply_defaults()  # Horovod runs its collectives on MPI unless launched with --gloo
         hvd.init()
         self.optimizer = None
+        self.timeline = False
+        self.waits: list[tuple[float, float]] = []  # this epoch's synchronize() calls, wall time
 
     # Ranks and sizes can change under elastic training (hvd.init() again after a reset).
     rank = property(lambda self: hvd.rank())
@@ -110,7 +117,40 @@ class HorovodSync(SyncMethod):
         # Waits for the allreduces the backward hooks started. Called explicitly (rather than
         # inside step()) so that the wait is measured as sync time and so that an update with
         # fewer than k micro-batches (an epoch's tail) still gets its gradients allreduced.
+        began = time.time()  # wall time: the timeline's clock
         optimizer.synchronize()
+        self.waits.append((began, time.time()))
+
+    def configure(self, cfg):
+        self.timeline = cfg.comm_timeline
+
+    def epoch_loop(self, train_one_epoch):
+        """With ``comm_timeline: true``: record Horovod's timeline (rank 0 writes RUN/timeline.json,
+        cycles marked) and split the epoch's allreduce time into what ran while synchronize()
+        waited (exposed) and what ran during backward (hidden)."""
+        if not self.timeline:
+            return train_one_epoch
+
+        def recorded(run, state, epoch):
+            path = os.path.join(run.run_dir, "timeline.json")
+            if self.rank == 0 and not os.path.exists(path):
+                hvd.start_timeline(path, mark_cycles=True)
+            self.waits, began = [], time.time()
+            result = train_one_epoch(run, state, epoch)
+            if self.rank == 0:
+                result.extra.update(self.epoch_overlap(path, (began, time.time())))
+            return result
+        return recorded
+
+    def epoch_overlap(self, path: str, window: tuple[float, float], settle_s: float = 2.0) -> dict:
+        """comm_hidden_s and comm_exposed_s of the epoch in ``window``. Horovod's writer thread
+        lags the collectives: wait (at most ``settle_s``) until the file holds an event (a cycle
+        mark) from after the epoch."""
+        deadline = time.time() + settle_s
+        while overlap.last_event_s(path) < window[1] and time.time() < deadline:
+            time.sleep(0.05)
+        comm = overlap.clip(overlap.collective_intervals(path), window)
+        return overlap.hidden_and_exposed(comm, self.waits)
 
     def step(self, optimizer, scaler=None):
         with optimizer.skip_synchronize():  # synchronize() already ran

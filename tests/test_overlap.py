@@ -1,0 +1,72 @@
+"""Communication hidden behind backward and exposed: the interval arithmetic on hand-computed
+cases, a Horovod timeline file read by hand, and real 2-rank runs writing comm_hidden_s /
+comm_exposed_s per epoch (Horovod's timeline in the run folder, DDP's timed hook, mpi4py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import read_metrics, run_train
+from hvd_cifar import overlap
+
+
+def test_time_inside_the_waits_is_exposed_and_the_rest_hidden():
+    assert overlap.union([(3, 6), (0, 4), (8, 9), (9, 9)]) == [(0, 6), (8, 9)]   # merged; empty dropped
+    assert overlap.inside([(0, 10)], [(2, 3), (5, 7), (9, 12)]) == 4
+    assert overlap.hidden_and_exposed([(0, 4), (3, 6)], [(5, 10)]) == {"comm_hidden_s": 5, "comm_exposed_s": 1}
+    assert overlap.hidden_and_exposed([(0, 2)], []) == {"comm_hidden_s": 2, "comm_exposed_s": 0}
+    assert overlap.clip([(0, 4), (5, 6), (9, 12)], (3, 10)) == [(3, 4), (5, 6), (9, 10)]
+
+
+def test_a_timeline_is_read_up_to_its_last_whole_event(tmp_path):
+    # Two tensors; negotiation is waiting, not communication; nested activities count once;
+    # the file is still being written (no closing bracket, half an event at the end).
+    start_us = 1_000_000_000_000_000
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": start_us}},
+              {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 100, "pid": 1}, {"ph": "E", "ts": 400, "pid": 1},
+              {"ph": "B", "name": "ALLREDUCE", "ts": 500, "pid": 1},
+              {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 510, "pid": 1}, {"ph": "E", "ts": 900, "pid": 1},
+              {"ph": "E", "ts": 1000, "pid": 1},
+              {"ph": "B", "name": "ALLREDUCE", "ts": 800, "pid": 2}, {"ph": "E", "ts": 1500, "pid": 2},
+              {"ph": "i", "name": "CYCLE_START", "ts": 2000, "s": "g"}]
+    path = tmp_path / "timeline.json"
+    path.write_text("[\n" + ",".join(json.dumps(e) for e in events) + ',{"ph": "B", "na')
+    start = start_us / 1e6
+    spans = overlap.collective_intervals(str(path))
+    assert spans == [pytest.approx((start + 500e-6, start + 1000e-6)), pytest.approx((start + 800e-6, start + 1500e-6))]
+    assert overlap.length(spans) == pytest.approx(1000e-6, abs=1e-6)  # seconds since 1970 in a double: sub-µs
+    assert overlap.last_event_s(str(path)) == pytest.approx(start + 2000e-6)
+
+
+def check_epochs(run_dir, hidden_possible: bool) -> list[dict]:
+    records = read_metrics(run_dir)
+    for r in records:
+        assert r["comm_hidden_s"] >= 0 and r["comm_exposed_s"] > 0
+        assert r["comm_hidden_s"] + r["comm_exposed_s"] < r["epoch_time_s"]
+        if not hidden_possible:
+            assert r["comm_hidden_s"] == 0
+    return records
+
+
+@pytest.mark.timeout(600)
+def test_horovod_records_its_timeline_and_splits_allreduce_time(tmp_path, tiny_args):
+    run_train(tiny_args + ["--comm-timeline", "true"], launcher="horovodrun", np=2)
+    run_dir = tmp_path / "logs" / "run"
+    records = check_epochs(run_dir, hidden_possible=True)
+    spans = overlap.collective_intervals(str(run_dir / "timeline.json"))
+    assert len(spans) >= 2 * 6  # every step's gradients, and the metrics' sums
+    # Both epochs' figures come from the file: their sum is its allreduce time within the epochs.
+    assert sum(r["comm_hidden_s"] + r["comm_exposed_s"] for r in records) <= overlap.length(spans) + 1e-6
+
+
+@pytest.mark.timeout(600)
+def test_ddp_times_its_buckets_and_mpi_exposes_everything(tmp_path, tiny_args):
+    run_train(tiny_args + ["--sync", "ddp", "--comm-timeline", "true", "--fp16-allreduce"], launcher="mpirun", np=2)
+    check_epochs(tmp_path / "logs" / "run", hidden_possible=True)
+    run_train(tiny_args + ["--sync", "mpi-gather-scatter", "--run-name", "mpi"], launcher="mpirun", np=2)
+    check_epochs(tmp_path / "logs" / "mpi", hidden_possible=False)
+    off = run_train(tiny_args + ["--run-name", "off"], launcher="horovodrun", np=2)
+    assert off.returncode == 0
+    assert "comm_hidden_s" not in read_metrics(tmp_path / "logs" / "off")[0]
+    assert not (tmp_path / "logs" / "off" / "timeline.json").exists()
