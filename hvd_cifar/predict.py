@@ -168,6 +168,8 @@ class Compute:
     sync_s: float               # per update: the wait in synchronize()
     hidden_fraction: float | None  # measured comm_hidden / (hidden + exposed), None if not recorded
     step_s: float               # measured wall time per micro-batch step
+    comm_s: float | None = None     # per update: comm_hidden_s + comm_exposed_s, if recorded
+    exposed_s: float | None = None  # per micro-batch step: comm_exposed_s, if recorded
 
 
 def _total(records: list[dict], key: str) -> float:
@@ -195,7 +197,9 @@ def measure(run: report.Run) -> Compute:
         frozen_blocks=int(last.get("frozen_blocks", 0)), images_per_step=images / steps / world,
         **{f"{p}_s": v for p, v in per_step.items()}, other_s=max(step_s - covered, 0.0),
         optimizer_s=optimizer_s, sync_s=sync_s,
-        hidden_fraction=hidden / (hidden + exposed) if hidden + exposed > 0 else None, step_s=step_s)
+        hidden_fraction=hidden / (hidden + exposed) if hidden + exposed > 0 else None, step_s=step_s,
+        comm_s=(hidden + exposed) / syncs if hidden + exposed > 0 else None,
+        exposed_s=exposed / steps if hidden + exposed > 0 else None)
 
 
 @dataclass(frozen=True)
@@ -407,6 +411,56 @@ def attach_measured(rows: list[dict], measured: list[dict]) -> None:
         if match:
             row["measured_step_s"] = sum(m["step_s"] for m in match) / len(match)
             row["error_pct"] = 100 * (row["step_s"] - row["measured_step_s"]) / row["measured_step_s"]
+
+
+# ----------------------------------------------------------------------------- where the time went
+def effective_link(method: str, n: int, payload: int, comm: float) -> Link:
+    """The link a run's own communication implies, latency taken as 0: the β at which the
+    method's equation gives the measured ``comm`` seconds per synchronisation."""
+    at_one_byte_per_s = comm_s(method, n, payload, Link(0.0, 1.0), Link(0.0, 1.0), 1)
+    return Link(0.0, at_one_byte_per_s / comm if comm > 0 else math.inf, source=f"effective, from the np={n} run")
+
+
+def step_parts(c: Compute) -> dict:
+    """One micro-batch step of a run in the report's four parts (seconds): compute (forward,
+    backward, optimizer), exposed communication (the wait in synchronize(), or the recorded
+    comm_exposed_s), data, and idle (the rest: bookkeeping, a wait that moved no bytes)."""
+    k = c.accumulation_steps
+    exposed = c.sync_s / k if c.exposed_s is None else c.exposed_s
+    parts = {"compute": c.forward_s + c.backward_s + c.optimizer_s / k, "exposed communication": exposed, "data": c.data_s}
+    parts["idle"] = c.step_s - sum(parts.values())
+    return parts
+
+
+def explain(multi: report.Run, single: report.Run, probe_path: str | None = None) -> dict:
+    """Ideal against measured img/s of ``multi`` (np=N) with the np=1 run ``single`` of the same
+    configuration beside it, the gap split by step_parts, and the model's two answers: the link
+    bandwidth below which fp16 would shorten this run's step, and the worker count at which
+    gather/scatter takes twice ring allreduce's step."""
+    cn, c1 = measure(multi), measure(single)
+    n = cn.world_size
+    ideal, measured = n * c1.images_per_step / c1.step_s, n * cn.images_per_step / cn.step_s
+    parts_n, parts_1 = step_parts(cn), step_parts(c1)
+    gap_s = cn.step_s - c1.step_s
+    rows = [{"part": k, "np1_ms": parts_1[k] * 1e3, "npN_ms": parts_n[k] * 1e3, "delta_ms": (parts_n[k] - parts_1[k]) * 1e3,
+             "img_s_lost": (ideal - measured) * (parts_n[k] - parts_1[k]) / gap_s if gap_s else 0.0} for k in parts_n]
+    prof = profile(cn.model, cn.num_classes)
+    s = Scenario(cn.sync if cn.sync in TRANSPORTS else "horovod", False, cn.accumulation_steps, cn.frozen_blocks)
+    payload = prof.payload_bytes(s.freeze, False)
+    if probe_path:
+        probe = read_probe(probe_path)
+        name = next((t for t in TRANSPORTS[s.method] if t in probe["transports"]), None)
+        if name is None:
+            raise PredictError(f"{probe_path}: no {' or '.join(TRANSPORTS[s.method])} timings for {s.method}")
+        link = probe_link(probe, name, probe_path)
+    else:
+        comm = (cn.comm_s if cn.comm_s is not None else cn.sync_s)
+        link = effective_link(s.method, n, payload, comm)
+    net = Network({s.method: link}, None, 1, read_probe(probe_path).get("cast_s_per_byte", 0.0) if probe_path else 0.0)
+    base = replace(c1, hidden_fraction=cn.hidden_fraction)  # compute as at np=1, overlap as measured at N
+    return {"np": n, "ideal_images_per_s": ideal, "measured_images_per_s": measured, "parts": rows, "link": link,
+            "fp16_break_even_bytes_per_s": break_even_bandwidth(base, prof, net, s, n),
+            "gather_scatter_2x_np": gather_scatter_falls_behind(base, prof, net, s)}
 
 
 # ----------------------------------------------------------------------------- output

@@ -714,6 +714,48 @@ def compare_rows(runs: list[Run]) -> list[dict]:
     return rows
 
 
+TIME_WENT_COLUMNS = [
+    Column("part of the step", "part"), num("np=1 (ms/step)", "np1_ms", ".2f"), num("np=N (ms/step)", "npN_ms", ".2f"),
+    num("difference (ms/step)", "delta_ms", "+.2f"), num("img/s it cost", "img_s_lost", "+.1f"),
+]
+
+
+def fp16_bandwidth_text(bytes_per_s: float | None) -> str:
+    if bytes_per_s is None:
+        return "on no link (the casts cost more than the halved bytes save)"
+    if bytes_per_s >= 1.25e12:  # the search's upper end: nothing in the model offsets the halved bytes
+        return "on any link up to 10 Tbit/s (nothing measured offsets the halved bytes)"
+    return f"on links below {bytes_per_s * 8 / 1e9:.3g} Gbit/s"
+
+
+def time_went_section(runs: list[Run], rows: list[dict]) -> list[str]:
+    """"Where the time went" for each multi-rank run with an np=1 run of its configuration among
+    ``runs`` (hvd_cifar.predict.explain: the split, and the model's fp16 and gather/scatter answers)."""
+    from hvd_cifar import predict  # predict reads runs through this module
+    singles = {config_key(r): run for run, r in zip(runs, rows) if r.get("world_size") == 1}
+    lines = []
+    for run, row in zip(runs, rows):
+        single = singles.get(config_key(row))
+        if not single or not isinstance(row.get("world_size"), int) or row["world_size"] < 2:
+            continue
+        try:
+            e = predict.explain(run, single)
+        except (predict.PredictError, KeyError, ValueError) as exc:  # e.g. a run older than the phase times
+            lines.append(f"{row['run']}: not explained ({str(exc).splitlines()[0]})\n")
+            continue
+        fp16 = e["fp16_break_even_bytes_per_s"]
+        star = e["gather_scatter_2x_np"]
+        lines += [f"### {row['run']} (np={e['np']}) against {single.name}\n",
+                  f"Ideal {e['ideal_images_per_s']:.1f} img/s (np x the np=1 run's), measured "
+                  f"{e['measured_images_per_s']:.1f}. Per step on one rank, by part (a negative cost: faster than at np=1):\n",
+                  markdown_table(TIME_WENT_COLUMNS, e["parts"]),
+                  f"From the model (docs/SCALING.md) on this run's own link ({e['link'].beta_bytes_per_s * 8 / 1e9:.3g} Gbit/s "
+                  f"effective, latency taken as 0; `python -m hvd_cifar.predict --probe` for a measured one): fp16 "
+                  f"compression would shorten this step {fp16_bandwidth_text(fp16)}; gather/scatter's step "
+                  f"would take twice ring allreduce's from {'- (never up to 2^20)' if star is None else f'np={star}'}.\n"]
+    return ["## Where the time went\n", *lines] if lines else []
+
+
 def compare_report(runs: list[Run], out: str) -> str:
     """compare.md, compare.csv and the overlaid figures in ``out``; returns compare.md's path."""
     os.makedirs(out, exist_ok=True)
@@ -728,7 +770,7 @@ def compare_report(runs: list[Run], out: str) -> str:
             "sync, fp16 allreduce, accumulation steps and freeze among these runs; efficiency = "
             "speedup / np; '-' where there is no such run. Bytes: gradient bytes sent per rank.\n",
             *([TARGET_NOTE] if any(r["target_acc"] for r in rows) else []),
-            markdown_table(with_target_columns(COMPARE_COLUMNS, rows), rows), "## Figures\n",
+            markdown_table(with_target_columns(COMPARE_COLUMNS, rows), rows), *time_went_section(runs, rows), "## Figures\n",
             *[f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures],
             "## Run folders\n", *[f"- {row['run']}: `{row['path']}`" for row in rows], ""]
     path = os.path.join(out, "compare.md")

@@ -2,13 +2,14 @@
 α/β, one whole prediction worked by hand, and the command on a real run folder."""
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, read_csv, run_train
+from conftest import ROOT, md_table, read_csv, run_train
 from hvd_cifar import predict as p
 
 LINK = p.Link(alpha_s=1e-3, beta_bytes_per_s=1000.0, reduce_s_per_byte=1e-6)
@@ -116,3 +117,35 @@ def test_no_network_is_one_line_and_status_2(tmp_path, tiny_args):
     proc = subprocess.run([sys.executable, "-m", "hvd_cifar.predict", str(tmp_path / "logs" / "run"), "--np", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--probe" in proc.stderr
+
+
+def write_run(path, world_size: int, epoch_time_s: float, phases: dict, **extra) -> None:
+    """A run folder as the trainer writes it: config.yaml and two epochs in metrics.jsonl."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text("model: smallcnn\ndataset: digits\nbatch_size: 32\nsync: horovod\n"
+                                      "fp16_allreduce: false\naccumulation_steps: 1\nfreeze: 0\n")
+    epoch = {"steps": 10, "syncs": 10, "epoch_time_s": epoch_time_s, "world_size": world_size,
+             "images_per_s": world_size * 32 * 10 / epoch_time_s, "frozen_blocks": 0,
+             **{f"{p}_time_s": v for p, v in phases.items()}, **extra}
+    (path / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, **epoch}) + "\n" for e in range(2)))
+
+
+def test_report_says_where_the_time_went(tmp_path):
+    # np=1: 100 ms steps (compute 90, data 10); np=2: 150 ms (compute 110, 20 of its 30 ms sync
+    # wait moved bytes, data 10, so 10 ms idle). Ideal 640 img/s, measured 426.7: 213.3 lost.
+    write_run(tmp_path / "np1", 1, 1.0, {"data": 0.1, "forward": 0.2, "backward": 0.5, "sync": 0.0, "optimizer": 0.2})
+    write_run(tmp_path / "np2", 2, 1.5, {"data": 0.1, "forward": 0.2, "backward": 0.7, "sync": 0.3, "optimizer": 0.2},
+              comm_exposed_s=0.2, comm_hidden_s=0.1)
+    proc = subprocess.run([sys.executable, "-m", "hvd_cifar.report", str(tmp_path / "np1"), str(tmp_path / "np2"),
+                           "--out", str(tmp_path / "cmp")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "Ideal 640.0 img/s (np x the np=1 run's), measured 426.7" in text
+    parts = {r["part of the step"]: r for r in md_table(text, "Ideal 640.0")}
+    assert [parts[k]["difference (ms/step)"] for k in ("compute", "exposed communication", "data", "idle")] == \
+        ["+20.00", "+20.00", "+0.00", "+10.00"]
+    assert [parts[k]["img/s it cost"] for k in ("compute", "exposed communication", "idle")] == ["+85.3", "+85.3", "+42.7"]
+    # the run's own link: 30 ms of allreduce per sync moved smallcnn's 379,944 bytes (ring, np=2)
+    assert f"({379_944 / 0.03 * 8 / 1e9:.3g} Gbit/s effective" in text
+    assert "gather/scatter's step would take twice ring allreduce's from np=" in text
+
