@@ -127,11 +127,14 @@ def exposed_s(comm: float, hidden_fraction: float, backward_s: float) -> float:
 
 
 def fit_line(sizes: list[float], seconds: list[float]) -> tuple[float, float]:
-    """Least squares t = a + b·S with a >= 0 (a negative intercept is refitted through 0)."""
+    """Least squares t = a + b·S with a >= 0 (a negative intercept is refitted through 0), on
+    relative errors (weights 1/t): the sizes span orders of magnitude, and unweighted, the
+    largest messages' noise would leave the small ones, which set the latency, no say."""
     x, y = np.asarray(sizes, float), np.asarray(seconds, float)
-    b, a = np.polyfit(x, y, 1) if len(set(sizes)) > 1 else (y.mean() / x.mean(), 0.0)
+    w = 1 / np.maximum(y, y[y > 0].min() if (y > 0).any() else 1.0)
+    b, a = np.polyfit(x, y, 1, w=w) if len(set(sizes)) > 1 else (y.mean() / x.mean(), 0.0)
     if a < 0:
-        a, b = 0.0, float((x * y).sum() / (x * x).sum())
+        a, b = 0.0, float((w * w * x * y).sum() / (w * w * x * x).sum())
     return float(a), float(b)
 
 

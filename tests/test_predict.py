@@ -49,8 +49,10 @@ def test_fits_recover_alpha_and_beta_from_exact_times():
     p2p = p.fit_p2p(sizes, [3e-5 + s / 5e8 for s in sizes])
     assert (p2p.alpha_s, p2p.beta_bytes_per_s) == (pytest.approx(3e-5), pytest.approx(5e8))
     # A negative intercept (noise at small sizes) is no latency: refitted through the origin.
-    through_0 = p.fit_p2p([1.0, 2.0, 3.0], [0.0, 2.5, 4.0])
-    assert through_0.alpha_s == 0.0 and through_0.beta_bytes_per_s == pytest.approx(14 / 17)  # 1/b, b = Σxy/Σx² = 17/14
+    # Weights 1/t: 1/2 for the zero (the smallest positive time's), 1/2, 1/4, so
+    # b = Σw²xy/Σw²x² = (4/4 + 12/16) / (1/4 + 4/4 + 9/16) = 1.75 / 1.8125.
+    through_0 = p.fit_p2p([1.0, 2.0, 3.0], [0.0, 2.0, 4.0])
+    assert through_0.alpha_s == 0.0 and through_0.beta_bytes_per_s == pytest.approx(1.8125 / 1.75)
 
 
 def compute(**changes) -> p.Compute:
