@@ -145,6 +145,14 @@ def fit_ring(n: int, sizes: list[float], seconds: list[float]) -> Link:
     return Link(a / (2 * (n - 1)), 2 * (n - 1) / (n * b) if b > 0 else math.inf)
 
 
+def fit_gather_scatter(n: int, sizes: list[float], seconds: list[float], reduce_s_per_byte: float) -> Link:
+    """α and β from gather/scatter times over ``n`` ranks, the root's sums taken out: intercept
+    2(N-1)·α, slope (N-1)·(2/β + γ)."""
+    a, b = fit_line(sizes, seconds)
+    per_byte = b / (n - 1) - reduce_s_per_byte
+    return Link(a / (2 * (n - 1)), 2 / per_byte if per_byte > 0 else math.inf, reduce_s_per_byte)
+
+
 def fit_p2p(sizes: list[float], seconds: list[float]) -> Link:
     """α and β from one-way point-to-point times: t = α + S/β."""
     a, b = fit_line(sizes, seconds)

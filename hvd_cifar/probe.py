@@ -74,16 +74,20 @@ def time_sizes(operation, barrier, sizes: list[int], iters: int) -> list[list[fl
     return out
 
 
-def result(kind: str, ranks: int, scope: str, sizes: list[int], seconds: list[list[float]]) -> dict:
-    """One transport's raw timings and its fit (allreduce: the ring equation; p2p: α + S/β)."""
+def result(kind: str, ranks: int, scope: str, sizes: list[int], seconds: list[list[float]],
+           reduce_s_per_byte: float = 0.0) -> dict:
+    """One transport's raw timings and its fit (allreduce: the ring equation; p2p: α + S/β;
+    gather-scatter: its own equation, the root's sums at ``reduce_s_per_byte``)."""
     medians = [statistics.median(s) for s in seconds]
-    link = predict.fit_ring(ranks, sizes, medians) if kind == "allreduce" else predict.fit_p2p(sizes, medians)
+    fits = {"allreduce": lambda: predict.fit_ring(ranks, sizes, medians), "p2p": lambda: predict.fit_p2p(sizes, medians),
+            "gather-scatter": lambda: predict.fit_gather_scatter(ranks, sizes, medians, reduce_s_per_byte)}
+    link = fits[kind]()
     return {"kind": kind, "ranks": ranks, "scope": scope, "sizes_bytes": sizes, "seconds": seconds,
             "median_s": medians, "alpha_s": link.alpha_s, "beta_bytes_per_s": link.beta_bytes_per_s}
 
 
 # ----------------------------------------------------------------------------- the transports
-def probe_mpi(sizes: list[int], iters: int):
+def probe_mpi(sizes: list[int], iters: int, reduce_s_per_byte: float):
     """mpi4py's Allreduce over all ranks and inside each host, and point-to-point."""
     from hvd_cifar.sync import make
     mpi = make("mpi-allreduce")
@@ -101,12 +105,28 @@ def probe_mpi(sizes: list[int], iters: int):
             comm.Send(t.numpy(), dest=0)
     round_trips = time_sizes(ping_pong, comm.Barrier, sizes, iters)
     out["mpi-p2p"] = result("p2p", 2, _scope(hosts), sizes, [[s / 2 for s in r] for r in round_trips])
+    gather_scatter = gather_scatter_op()
+    out["mpi-gather-scatter"] = result("gather-scatter", mpi.size, _scope(hosts), sizes,
+                                       time_sizes(gather_scatter, comm.Barrier, sizes, iters), reduce_s_per_byte)
     if 1 < mpi.local_size < mpi.size:
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         out["mpi-intra-host"] = result("allreduce", mpi.local_size, "intra-host", sizes, time_sizes(
             lambda t: node.Allreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM), comm.Barrier, sizes, iters))
         node.Free()
     return mpi, out
+
+
+def gather_scatter_op():
+    """mpi-gather-scatter's own averaging of a buffer the size of the tensor given (its buffers
+    laid out once per size, as wrap() does per trainable set)."""
+    from hvd_cifar.sync import make
+    gs = make("mpi-gather-scatter")
+
+    def average(t):
+        if not gs.params or gs.params[0].numel() != t.numel():
+            gs.wrap(None, None, [("probe", torch.nn.Parameter(t))], 1, False)
+        gs.average()
+    return average
 
 
 def probe_torch_gloo(sizes: list[int], iters: int):
@@ -172,7 +192,8 @@ def run_probe(args: argparse.Namespace) -> tuple[dict, object]:
         raise ValueError("probe: needs 2 or more ranks; launch it like training (see python -m hvd_cifar.probe --help)")
     sizes = message_sizes(args)
     costs = local_costs(sizes[-1])  # before any transport's threads compete for the cores
-    steps = ([probe_mpi] if lifecycle.launched_by_mpi() else []) + [probe_torch_gloo, probe_horovod]
+    mpi = lambda sizes, iters: probe_mpi(sizes, iters, costs["reduce_s_per_byte"])  # noqa: E731
+    steps = ([mpi] if lifecycle.launched_by_mpi() else []) + [probe_torch_gloo, probe_horovod]
     transports, started = {}, []
     for step in steps:
         sync, found = step(sizes, args.iters)

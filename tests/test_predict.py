@@ -46,6 +46,9 @@ def test_fits_recover_alpha_and_beta_from_exact_times():
     sizes = [4e3, 64e3, 1e6, 16e6]
     ring = p.fit_ring(4, sizes, [p.ring_s(4, s, p.Link(2e-4, 1.25e8)) for s in sizes])
     assert (ring.alpha_s, ring.beta_bytes_per_s) == (pytest.approx(2e-4), pytest.approx(1.25e8))
+    star_link = p.Link(1e-4, 2e8, 1e-10)
+    star = p.fit_gather_scatter(4, sizes, [p.gather_scatter_s(4, s, star_link) for s in sizes], 1e-10)
+    assert (star.alpha_s, star.beta_bytes_per_s) == (pytest.approx(1e-4), pytest.approx(2e8))
     p2p = p.fit_p2p(sizes, [3e-5 + s / 5e8 for s in sizes])
     assert (p2p.alpha_s, p2p.beta_bytes_per_s) == (pytest.approx(3e-5), pytest.approx(5e8))
     # A negative intercept (noise at small sizes) is no latency: refitted through the origin.

@@ -26,11 +26,12 @@ def probe(argv: list[str], out) -> dict:
     return json.loads(out.read_text())
 
 
-def check_transport(t: dict, sizes: list[int]) -> None:
+def check_transport(t: dict, sizes: list[int], reduce_s_per_byte: float) -> None:
     assert t["sizes_bytes"] == sizes and len(t["seconds"]) == len(sizes)
     assert all(len(s) == 2 and all(0 < x < 10 for x in s) for s in t["seconds"])
-    fit = (predict.fit_ring(t["ranks"], sizes, t["median_s"]) if t["kind"] == "allreduce"
-           else predict.fit_p2p(sizes, t["median_s"]))
+    fit = {"allreduce": lambda: predict.fit_ring(t["ranks"], sizes, t["median_s"]),
+           "p2p": lambda: predict.fit_p2p(sizes, t["median_s"]),
+           "gather-scatter": lambda: predict.fit_gather_scatter(t["ranks"], sizes, t["median_s"], reduce_s_per_byte)}[t["kind"]]()
     assert (t["alpha_s"], t["beta_bytes_per_s"]) == (fit.alpha_s, fit.beta_bytes_per_s)
     assert t["alpha_s"] >= 0 and t["beta_bytes_per_s"] > 0
 
@@ -40,15 +41,15 @@ def test_probe_under_mpi_and_under_gloo_times_every_transport_there(tmp_path):
     got = probe([str(ROOT / "launch" / "mpirun.sh"), "-np", "2", "--oversubscribe", "--probe"], tmp_path / "mpi.json")
     sizes = got["sizes_bytes"]
     assert sizes == [4096, 28620, 200000] and got["world_size"] == 2 and got["hosts"] and got["iters"] == 2
-    assert list(got["transports"]) == ["mpi-allreduce", "mpi-p2p", "torch-gloo", "horovod-mpi"]
+    assert list(got["transports"]) == ["mpi-allreduce", "mpi-p2p", "mpi-gather-scatter", "torch-gloo", "horovod-mpi"]
     assert got["transports"]["mpi-p2p"]["kind"] == "p2p" and got["transports"]["mpi-allreduce"]["scope"] == "intra-host"
     for t in got["transports"].values():
-        check_transport(t, sizes)
+        check_transport(t, sizes, got["reduce_s_per_byte"])
     assert got["reduce_s_per_byte"] > 0 and got["cast_s_per_byte"] > 0
     gloo = probe(launchers.argv("horovodrun-gloo", 2, [PYTHON, "-m", "hvd_cifar.probe"]), tmp_path / "gloo.json")
     assert list(gloo["transports"]) == ["torch-gloo", "horovod-gloo"] and gloo["launcher"] == "horovodrun-gloo"
     for t in gloo["transports"].values():
-        check_transport(t, sizes)
+        check_transport(t, sizes, gloo["reduce_s_per_byte"])
 
 
 def test_predict_takes_each_methods_link_from_the_probe(tmp_path):
