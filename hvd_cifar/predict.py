@@ -49,12 +49,14 @@ class PredictError(RuntimeError):
 @dataclass(frozen=True)
 class Link:
     """One transport between two ranks: latency ``alpha_s`` per message, bandwidth
-    ``beta_bytes_per_s``, and ``reduce_s_per_byte``, one rank's cost of summing a buffer in
-    memory (the root of gather/scatter sums N-1 of them)."""
+    ``beta_bytes_per_s``, ``reduce_s_per_byte``, one rank's cost of summing a buffer in memory
+    (the root of gather/scatter sums N-1 of them), and ``per_op_s``, a wait once per collective
+    whatever N (Horovod's: one negotiation cycle, HOROVOD_CYCLE_TIME)."""
     alpha_s: float
     beta_bytes_per_s: float
     reduce_s_per_byte: float = 0.0
     source: str = ""
+    per_op_s: float = 0.0
 
 
 def ring_wire_bytes(n: int, payload: int) -> float:
@@ -86,10 +88,10 @@ def wire_bytes(method: str, n: int, payload: int, ranks_per_host: int = 1) -> fl
 
 def ring_s(n: int, payload: int, link: Link) -> float:
     """Ring allreduce (reduce-scatter, then allgather): 2(N-1) steps, each one message of S/N
-    on every link at once: 2(N-1)·α + 2(N-1)/N·S/β."""
+    on every link at once: τ + 2(N-1)·α + 2(N-1)/N·S/β (τ: the link's per-collective wait)."""
     if n <= 1:
         return 0.0
-    return 2 * (n - 1) * link.alpha_s + ring_wire_bytes(n, payload) / link.beta_bytes_per_s
+    return link.per_op_s + 2 * (n - 1) * link.alpha_s + ring_wire_bytes(n, payload) / link.beta_bytes_per_s
 
 
 def gather_scatter_s(n: int, payload: int, link: Link) -> float:
@@ -127,22 +129,24 @@ def exposed_s(comm: float, hidden_fraction: float, backward_s: float) -> float:
 
 
 def fit_line(sizes: list[float], seconds: list[float]) -> tuple[float, float]:
-    """Least squares t = a + b·S with a >= 0 (a negative intercept is refitted through 0), on
-    relative errors (weights 1/t): the sizes span orders of magnitude, and unweighted, the
-    largest messages' noise would leave the small ones, which set the latency, no say."""
+    """t = a + b·S: the slope by least squares over all sizes (the large messages, which
+    gradients are, weigh most), the intercept from the smallest message, t_0 - b·S_0, at least 0.
+    One least-squares line fits neither end: over sizes spanning orders of magnitude the large
+    messages' noise sets its intercept (a 1.5 ms latency for a 21 µs link), and weighted by 1/t
+    the small messages set its slope, which shaped links let pass in a burst (a 100 Mbit/s
+    link fitted at 110 MB/s)."""
     x, y = np.asarray(sizes, float), np.asarray(seconds, float)
-    w = 1 / np.maximum(y, y[y > 0].min() if (y > 0).any() else 1.0)
-    b, a = np.polyfit(x, y, 1, w=w) if len(set(sizes)) > 1 else (y.mean() / x.mean(), 0.0)
-    if a < 0:
-        a, b = 0.0, float((w * w * x * y).sum() / (w * w * x * x).sum())
-    return float(a), float(b)
+    b = float(np.polyfit(x, y, 1)[0]) if len(set(sizes)) > 1 else float(y.mean() / x.mean())
+    smallest = int(np.argmin(x))
+    return max(float(y[smallest] - b * x[smallest]), 0.0), b
 
 
-def fit_ring(n: int, sizes: list[float], seconds: list[float]) -> Link:
+def fit_ring(n: int, sizes: list[float], seconds: list[float], per_op_s: float = 0.0) -> Link:
     """α and β from allreduce times over ``n`` ranks: the ring equation is a line in S,
-    intercept 2(N-1)·α and slope 2(N-1)/(N·β)."""
+    intercept τ + 2(N-1)·α (τ = ``per_op_s``, known) and slope 2(N-1)/(N·β)."""
     a, b = fit_line(sizes, seconds)
-    return Link(a / (2 * (n - 1)), 2 * (n - 1) / (n * b) if b > 0 else math.inf)
+    return Link(max(a - per_op_s, 0.0) / (2 * (n - 1)), 2 * (n - 1) / (n * b) if b > 0 else math.inf,
+                per_op_s=per_op_s)
 
 
 def fit_gather_scatter(n: int, sizes: list[float], seconds: list[float], reduce_s_per_byte: float) -> Link:
@@ -151,6 +155,16 @@ def fit_gather_scatter(n: int, sizes: list[float], seconds: list[float], reduce_
     a, b = fit_line(sizes, seconds)
     per_byte = b / (n - 1) - reduce_s_per_byte
     return Link(a / (2 * (n - 1)), 2 / per_byte if per_byte > 0 else math.inf, reduce_s_per_byte)
+
+
+def fit_transport(kind: str, ranks: int, sizes: list[float], seconds: list[float],
+                  reduce_s_per_byte: float = 0.0, per_op_s: float = 0.0) -> Link:
+    """A probe transport's link from its timings, by the equation of its ``kind``."""
+    if kind == "allreduce":
+        return fit_ring(ranks, sizes, seconds, per_op_s)
+    if kind == "gather-scatter":
+        return fit_gather_scatter(ranks, sizes, seconds, reduce_s_per_byte)
+    return fit_p2p(sizes, seconds)
 
 
 def fit_p2p(sizes: list[float], seconds: list[float]) -> Link:
@@ -286,7 +300,7 @@ class Network:
     links: dict          # method -> Link across hosts
     local: Link | None   # inside a host (hierarchical allreduce); None: the cross-host link
     ranks_per_host: int = 1
-    cast_s_per_byte: float = 0.0  # fp32 -> fp16 -> fp32 of the gradients, per fp32 byte
+    cast_s_per_byte: float = 0.0  # fp32 -> fp16 -> fp32 of the gradients, both casts, per fp16 byte
 
 
 def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -> dict:
@@ -370,7 +384,8 @@ def read_probe(path: str) -> dict:
 def probe_link(probe: dict, name: str, path: str) -> Link:
     fit = probe["transports"][name]
     return Link(fit["alpha_s"], fit["beta_bytes_per_s"], probe.get("reduce_s_per_byte", 0.0),
-                f"{os.path.basename(path)}: {name} ({fit.get('scope', '?')}, {probe.get('world_size', '?')} ranks)")
+                f"{os.path.basename(path)}: {name} ({fit.get('scope', '?')}, {probe.get('world_size', '?')} ranks)",
+                fit.get("per_op_s", 0.0))
 
 
 def network(methods: list[str], args: argparse.Namespace) -> Network:

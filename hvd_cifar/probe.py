@@ -19,7 +19,7 @@ the probe once with each launcher and pass either file to predict.
 Each message size (geometric, --min-bytes to --max-bytes, default the model's fp32 gradient) is
 timed --iters times after one warm-up, each time after a 1-element allreduce that starts the
 ranks together; rank 0's times are recorded. The fit is least squares on the medians
-(hvd_cifar.predict.fit_ring / fit_p2p). Also timed on rank 0: summing two buffers
+(hvd_cifar.predict.fit_transport). Also timed on rank 0: summing two buffers
 (``reduce_s_per_byte``) and fp32 -> fp16 -> fp32 (``cast_s_per_byte``).
 """
 from __future__ import annotations
@@ -75,15 +75,14 @@ def time_sizes(operation, barrier, sizes: list[int], iters: int) -> list[list[fl
 
 
 def result(kind: str, ranks: int, scope: str, sizes: list[int], seconds: list[list[float]],
-           reduce_s_per_byte: float = 0.0) -> dict:
+           reduce_s_per_byte: float = 0.0, per_op_s: float = 0.0) -> dict:
     """One transport's raw timings and its fit (allreduce: the ring equation; p2p: α + S/β;
     gather-scatter: its own equation, the root's sums at ``reduce_s_per_byte``)."""
     medians = [statistics.median(s) for s in seconds]
-    fits = {"allreduce": lambda: predict.fit_ring(ranks, sizes, medians), "p2p": lambda: predict.fit_p2p(sizes, medians),
-            "gather-scatter": lambda: predict.fit_gather_scatter(ranks, sizes, medians, reduce_s_per_byte)}
-    link = fits[kind]()
+    link = predict.fit_transport(kind, ranks, sizes, medians, reduce_s_per_byte, per_op_s)
     return {"kind": kind, "ranks": ranks, "scope": scope, "sizes_bytes": sizes, "seconds": seconds,
-            "median_s": medians, "alpha_s": link.alpha_s, "beta_bytes_per_s": link.beta_bytes_per_s}
+            "median_s": medians, "alpha_s": link.alpha_s, "beta_bytes_per_s": link.beta_bytes_per_s,
+            "per_op_s": link.per_op_s}
 
 
 # ----------------------------------------------------------------------------- the transports
@@ -149,7 +148,11 @@ def probe_horovod(sizes: list[int], iters: int):
     name = "horovod-mpi" if hvd.mpi_enabled() else "horovod-gloo"
     op = lambda t: hvd.allreduce_(t, op=hvd.Sum, name=f"probe.{t.numel()}")  # noqa: E731
     barrier = lambda: horovod.allreduce_sum(torch.zeros(1))  # noqa: E731
-    return horovod, {name: result("allreduce", horovod.size, _scope(hosts), sizes, time_sizes(op, barrier, sizes, iters))}
+    # Every collective waits for a negotiation cycle, however many ranks: a constant of its own,
+    # not latency per ring step (fitted as such, it made np=3 twice as slow as measured).
+    cycle_s = float(os.environ.get("HOROVOD_CYCLE_TIME", "5")) / 1000
+    return horovod, {name: result("allreduce", horovod.size, _scope(hosts), sizes, time_sizes(op, barrier, sizes, iters),
+                                  per_op_s=cycle_s)}
 
 
 def _hosts(sync) -> int:

@@ -19,6 +19,8 @@ def test_ring_is_2_n_minus_1_latencies_plus_2_n_minus_1_over_n_payloads():
     assert p.ring_s(1, 1000, LINK) == 0.0
     assert p.ring_s(2, 1000, LINK) == pytest.approx(2e-3 + 1.0)        # 2 latencies, S/β
     assert p.ring_s(4, 1000, LINK) == pytest.approx(6e-3 + 1.5)        # 6 latencies, 1.5 S/β
+    cycle = p.Link(1e-3, 1000.0, per_op_s=5e-3)                         # Horovod: one cycle per collective
+    assert p.ring_s(4, 1000, cycle) == pytest.approx(5e-3 + 6e-3 + 1.5)
 
 
 def test_gather_scatter_moves_n_minus_1_buffers_each_way_through_the_root():
@@ -46,16 +48,21 @@ def test_fits_recover_alpha_and_beta_from_exact_times():
     sizes = [4e3, 64e3, 1e6, 16e6]
     ring = p.fit_ring(4, sizes, [p.ring_s(4, s, p.Link(2e-4, 1.25e8)) for s in sizes])
     assert (ring.alpha_s, ring.beta_bytes_per_s) == (pytest.approx(2e-4), pytest.approx(1.25e8))
+    cycled = p.Link(2e-4, 1.25e8, per_op_s=5e-3)
+    ring = p.fit_ring(4, sizes, [p.ring_s(4, s, cycled) for s in sizes], per_op_s=5e-3)
+    assert (ring.alpha_s, ring.beta_bytes_per_s, ring.per_op_s) == (pytest.approx(2e-4), pytest.approx(1.25e8), 5e-3)
     star_link = p.Link(1e-4, 2e8, 1e-10)
     star = p.fit_gather_scatter(4, sizes, [p.gather_scatter_s(4, s, star_link) for s in sizes], 1e-10)
     assert (star.alpha_s, star.beta_bytes_per_s) == (pytest.approx(1e-4), pytest.approx(2e8))
     p2p = p.fit_p2p(sizes, [3e-5 + s / 5e8 for s in sizes])
     assert (p2p.alpha_s, p2p.beta_bytes_per_s) == (pytest.approx(3e-5), pytest.approx(5e8))
-    # A negative intercept (noise at small sizes) is no latency: refitted through the origin.
-    # Weights 1/t: 1/2 for the zero (the smallest positive time's), 1/2, 1/4, so
-    # b = Σw²xy/Σw²x² = (4/4 + 12/16) / (1/4 + 4/4 + 9/16) = 1.75 / 1.8125.
+    # The slope from all sizes, the intercept from the smallest: t = 0, 2, 4 at S = 1, 2, 3 is
+    # slope 2 (β 0.5) and intercept 0 - 2·1, which is no latency: 0.
     through_0 = p.fit_p2p([1.0, 2.0, 3.0], [0.0, 2.0, 4.0])
-    assert through_0.alpha_s == 0.0 and through_0.beta_bytes_per_s == pytest.approx(1.8125 / 1.75)
+    assert through_0.alpha_s == 0.0 and through_0.beta_bytes_per_s == pytest.approx(0.5)
+    # 10 % noise on the largest message moves β, not the latency the small messages show.
+    noisy = p.fit_p2p(sizes, [3e-5 + s / 5e8 * (1.1 if s == sizes[-1] else 1.0) for s in sizes])
+    assert noisy.alpha_s == pytest.approx(3e-5, rel=0.15) and noisy.beta_bytes_per_s == pytest.approx(5e8 / 1.1, rel=0.05)
 
 
 def compute(**changes) -> p.Compute:

@@ -1,0 +1,116 @@
+"""The model's network equations checked where they can be here: α and β fitted by the probe at
+np=2 on the namespace cluster predict the allreduce and gather/scatter times the probe measures
+at np=3 and 4 (one rank per host, links shaped), per transport and message size.
+
+    .venv/bin/python benchmarks/network_validation.py [--rates 1gbit 100mbit none] [--iters 4]
+        [--min-bytes 1000000] [--max-bytes 0] [--out logs/bench-netval-YYYYmmdd-HHMMSS]
+
+As root (network namespaces). Per rate: one hvd_cifar.netcluster cluster of 4 hosts, and
+``python -m hvd_cifar.probe`` under mpirun at np 2, 3 and 4 (mpi-allreduce, mpi-p2p,
+mpi-gather-scatter, torch-gloo, horovod-mpi). Predicted: hvd_cifar.predict's equation of each
+transport with the np=2 probe's fit (gather/scatter: the mpi-p2p link and the root's measured
+sum cost, as predict uses them); measured: the np=3/4 probe's median. Only the network: the
+training step's compute is not in it (4 ranks on this machine's 2 cores would not have the
+compute an np=1 run measured; see docs/SCALING.md). Writes OUT/network_validation.json (every
+probe whole) and .md, then prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hvd_cifar import predict  # noqa: E402
+
+# transport whose time is predicted -> (the np=2 transport whose fit predicts it, equation)
+CHECKS = {"mpi-allreduce": ("mpi-allreduce", "ring"), "horovod-mpi": ("horovod-mpi", "ring"),
+          "torch-gloo": ("torch-gloo", "ring"), "mpi-gather-scatter": ("mpi-p2p", "gather-scatter")}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", nargs="+", default=["1gbit", "100mbit", "none"], help="link rates, tc syntax; none: unshaped")
+    p.add_argument("--nps", type=int, nargs="+", default=[3, 4], help="world sizes predicted from np=2")
+    p.add_argument("--iters", type=int, default=4)
+    p.add_argument("--sizes", type=int, default=6)
+    p.add_argument("--min-bytes", type=int, default=4096)
+    p.add_argument("--max-bytes", type=int, default=0, help="default: vgg11's fp32 gradient")
+    p.add_argument("--report-from", type=int, default=1_000_000, help="table rows: sizes from this many bytes")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per probe job")
+    p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-netval-%Y%m%d-%H%M%S")))
+    return p.parse_args(argv)
+
+
+def run_probe(cluster, n: int, args, out: str) -> dict:
+    flags = ["--iters", str(args.iters), "--sizes", str(args.sizes), "--min-bytes", str(args.min_bytes),
+             *(["--max-bytes", str(args.max_bytes)] if args.max_bytes else []), "--out", out]
+    result = cluster.exec(0, cluster.mpirun_argv(n, [], program=[cluster.python, "-m", "hvd_cifar.probe", *flags]),
+                          timeout=args.timeout)
+    if result.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"probe at np={n}: exit status {result.returncode}\n{(result.stdout or '')[-3000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def compare(rate: str, probes: dict[int, dict], args) -> list[dict]:
+    """One row per (transport, np, size): the np=2 fit's prediction against the measured median."""
+    base, rows = probes[2], []
+    for name, (source, equation) in CHECKS.items():
+        fit = base["transports"][source]
+        link = predict.Link(fit["alpha_s"], fit["beta_bytes_per_s"], base["reduce_s_per_byte"], per_op_s=fit["per_op_s"])
+        for n in args.nps:
+            measured = probes[n]["transports"][name]
+            for size, median in zip(measured["sizes_bytes"], measured["median_s"]):
+                if size < args.report_from:
+                    continue
+                model = predict.ring_s if equation == "ring" else predict.gather_scatter_s
+                predicted = model(n, size, link)
+                rows.append({"rate": rate, "transport": name, "np": n, "bytes": size, "predicted_s": predicted,
+                             "measured_s": median, "error_pct": 100 * (predicted - median) / median})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| rate | transport | np | message (MB) | predicted (ms) | measured (ms, median) | error (%) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['rate']} | {r['transport']} | {r['np']} | {r['bytes'] / 1e6:.2f} | {r['predicted_s'] * 1e3:.1f} | "
+              f"{r['measured_s'] * 1e3:.1f} | {r['error_pct']:+.1f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from hvd_cifar.netcluster import ClusterError, NetCluster
+    os.makedirs(args.out, exist_ok=True)
+    started, load = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), os.getloadavg()[0]
+    rows, probes_by_rate = [], {}
+    try:
+        for rate in args.rates:
+            with NetCluster(max(args.nps), rate=None if rate == "none" else rate) as cluster:
+                probes = {n: run_probe(cluster, n, args, os.path.join(args.out, f"probe-{rate}-np{n}.json"))
+                          for n in [2, *args.nps]}
+            probes_by_rate[rate] = probes
+            rows += compare(rate, probes, args)
+            print(f"{rate}: done", file=sys.stderr, flush=True)
+    except (ClusterError, RuntimeError) as exc:
+        print(f"hvd_cifar: error: {exc}", file=sys.stderr)
+        return 1
+    meta = {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "load_average_start": load, "load_average_end": os.getloadavg()[0], "args": vars(args)}
+    with open(os.path.join(args.out, "network_validation.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    text = table(rows)
+    with open(os.path.join(args.out, "network_validation.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    print(f"\n{started} to {meta['finished']}; load average {load:.2f} -> {meta['load_average_end']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
