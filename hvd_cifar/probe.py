@@ -218,10 +218,10 @@ def summary(probe: dict) -> str:
     lines = [f"{probe['world_size']} ranks on {len(probe['hosts'])} host(s) ({probe['launcher']}); "
              f"{len(probe['sizes_bytes'])} sizes {probe['sizes_bytes'][0]:,} to {probe['sizes_bytes'][-1]:,} bytes, "
              f"median of {probe['iters']}", "",
-             "| transport | kind | ranks | scope | α (µs) | β (MB/s) | β (Gbit/s) | largest message (ms, median) |",
-             "|---|---|---:|---|---:|---:|---:|---:|"]
+             "| transport | kind | ranks | scope | τ (ms) | α (µs) | β (MB/s) | β (Gbit/s) | largest message (ms, median) |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     for name, t in probe["transports"].items():
-        lines.append(f"| {name} | {t['kind']} | {t['ranks']} | {t['scope']} | {t['alpha_s'] * 1e6:.1f} | "
+        lines.append(f"| {name} | {t['kind']} | {t['ranks']} | {t['scope']} | {t['per_op_s'] * 1e3:g} | {t['alpha_s'] * 1e6:.1f} | "
                      f"{t['beta_bytes_per_s'] / 1e6:.1f} | {t['beta_bytes_per_s'] * 8 / 1e9:.3f} | {t['median_s'][-1] * 1e3:.2f} |")
     lines.append(f"\nsum: {probe['reduce_s_per_byte'] * 1e9:.3f} ns/byte; fp32->fp16->fp32: "
                  f"{probe['cast_s_per_byte'] * 1e9:.3f} ns/byte")
