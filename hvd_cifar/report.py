@@ -132,8 +132,12 @@ def load_run(path: str) -> Run:
 
 # ----------------------------------------------------------------------------- numbers
 def value(record: dict, key: str) -> float:
-    """A numeric metric, or NaN when the record lacks it (older runs, optional keys)."""
+    """A numeric metric, or NaN when the record lacks it (older runs, optional keys). A per-host
+    figure (``{host: bytes}``, the NIC counters) reads as its mean over the hosts."""
     v = record.get(key)
+    if isinstance(v, dict):
+        numbers = [value(v, host) for host in v]
+        return sum(numbers) / len(numbers) if numbers else math.nan
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
@@ -167,12 +171,10 @@ def run_bytes(records: list[dict]) -> dict:
     ``nic_tx_bytes`` / ``nic_rx_bytes`` (mean over the hosts; NaN without counters)."""
     sent = sum(value(r, "comm_bytes_per_rank") for r in records)
     unfrozen = sum(value(r, "comm_bytes_per_sync_unfrozen") * value(r, "syncs") for r in records)
-
-    def nic(key: str) -> float:
-        return sum(sum(r[key].values()) / len(r[key]) if r.get(key) else math.nan for r in records)
     return {"bytes": sent, "unfrozen_bytes": unfrozen,
             "saved_fraction": 1 - sent / unfrozen if unfrozen else math.nan,
-            "nic_tx_bytes": nic("nic_tx_bytes"), "nic_rx_bytes": nic("nic_rx_bytes")}
+            "nic_tx_bytes": sum(value(r, "nic_tx_bytes") for r in records),
+            "nic_rx_bytes": sum(value(r, "nic_rx_bytes") for r in records)}
 
 
 def bytes_items(run: Run) -> list[tuple[str, str]]:

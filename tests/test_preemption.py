@@ -31,7 +31,8 @@ FLAGS = ["--config", TINY, "--epochs", "3", "--max-steps-per-epoch", "12", "--ac
 def measured(key: str) -> bool:
     """Fields that differ between two runs of the same training: times, rates, interface counters,
     and where a resumed epoch's pass began (its times cover only that pass)."""
-    return key.endswith("_time_s") or key in ("images_per_s", "elapsed_s", "resumed_at_step") or key.startswith("nic_")
+    return (key.endswith("_time_s") or key in ("images_per_s", "elapsed_s", "resumed_at_step")
+            or key.startswith(("nic_", "comm_hidden", "comm_exposed")))
 
 
 def assert_same_training(resumed: Path, straight: Path) -> None:

@@ -235,7 +235,8 @@ def test_missing_and_unknown_keys_are_tolerated(runs, tmp_path, capsys):
     for i, rec in enumerate(records):
         for key in ("eval_time_s", "data_time_s", "comm_bytes_per_rank"):
             rec.pop(key)
-        rec.update(nic_rx_bytes=1_000_000 * (i + 1), nic_tx_bytes=2_000_000 * (i + 1), a_future_key="x")
+        rec.update(nic_rx_bytes={"a": 1_000_000 * (i + 1), "b": 5_000_000 * (i + 1)},
+                   nic_tx_bytes={"a": 2_000_000 * (i + 1), "b": 2_000_000 * (i + 1)}, a_future_key="x")
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     code, err = run_main([str(run), "--out", str(tmp_path / "out")], capsys)
     assert code == 0, err
@@ -244,6 +245,10 @@ def test_missing_and_unknown_keys_are_tolerated(runs, tmp_path, capsys):
     assert all(r["data (ms/step)"] == "-" and r["bytes/rank (MB)"] == "-" for r in rows)
     shown(rows[0]["forward (ms/step)"], records[0]["forward_time_s"] / records[0]["steps"] * 1000, 2)
     assert "Classification report" not in text
+    # Per-host NIC counters: each epoch's mean over the hosts, summed over the run's epochs.
+    epochs = sum(range(1, len(records) + 1))
+    assert summary_of(text)["NIC bytes over the run per host (MB, tx / rx measured, mean over hosts)"] == \
+        f"{2 * epochs:.3f} / {3 * epochs:.3f}"
     for figure in RUN_FIGURES:
         assert_png(tmp_path / "out" / figure)
 
