@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import ctypes
 import json
 import os
 import shutil
@@ -19,6 +20,25 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent
 TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+# Set in the C environment by MPI_Init (mpi4py.MPI's import, hvd.init() under no launcher):
+# every process this test process starts afterwards inherits them and believes it is a rank of
+# that one-process MPI job, so mpirun and horovodrun in later tests exit 1 without a word.
+MPI_INIT_MARKS = (b"PMIX_RANK", b"OMPI_MCA_orte_launch")
+
+
+@pytest.fixture(autouse=True)
+def no_mpi_in_the_test_process():
+    """Fail the test that initialised MPI in the pytest process, not the later ones it breaks.
+    Python's os.environ does not see these variables (MPI sets them below it): ask libc."""
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    before = {m for m in MPI_INIT_MARKS if getenv(m) is not None}
+    yield
+    after = {m.decode() for m in MPI_INIT_MARKS if m not in before and getenv(m) is not None}
+    assert not after, (f"this test initialised MPI in the pytest process ({', '.join(sorted(after))} now set): "
+                       "every launcher a later test starts would inherit its environment; run it in a subprocess")
 
 
 def launch_argv(launcher: str, np: int) -> list[str]:
