@@ -60,6 +60,7 @@ class HorovodSync(SyncMethod):
         hvd.init()
         self.optimizer = None
         self.timeline = False
+        self.timeline_path: str | None = None  # rank 0's, once recording started
         self.waits: list[tuple[float, float]] = []  # this epoch's synchronize() calls, wall time
 
     # Ranks and sizes can change under elastic training (hvd.init() again after a reset).
@@ -132,15 +133,25 @@ class HorovodSync(SyncMethod):
             return train_one_epoch
 
         def recorded(run, state, epoch):
-            path = os.path.join(run.run_dir, "timeline.json")
-            if self.rank == 0 and not os.path.exists(path):
-                hvd.start_timeline(path, mark_cycles=True)
+            if self.rank == 0 and self.timeline_path is None:
+                self.timeline_path = self.new_timeline(run.run_dir)
             self.waits, began = [], time.time()
             result = train_one_epoch(run, state, epoch)
             if self.rank == 0:
-                result.extra.update(self.epoch_overlap(path, (began, time.time())))
+                result.extra.update(self.epoch_overlap(self.timeline_path, (began, time.time())))
             return result
         return recorded
+
+    @staticmethod
+    def new_timeline(run_dir: str) -> str:
+        """Start recording into the run folder: timeline.json, or, when a resumed run finds one
+        (Horovod would truncate it), timeline-1.json, timeline-2.json, ..."""
+        path, n = os.path.join(run_dir, "timeline.json"), 0
+        while os.path.exists(path):
+            n += 1
+            path = os.path.join(run_dir, f"timeline-{n}.json")
+        hvd.start_timeline(path, mark_cycles=True)
+        return path
 
     def epoch_overlap(self, path: str, window: tuple[float, float], settle_s: float = 2.0) -> dict:
         """comm_hidden_s and comm_exposed_s of the epoch in ``window``. Horovod's writer thread
