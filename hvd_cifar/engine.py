@@ -120,6 +120,7 @@ class Diverged(RuntimeError):
     def __init__(self, what: str, epoch: int, step: int, lr: float):
         super().__init__(f"{what} at epoch {epoch + 1}, step {step + 1} (lr {lr:.4g})")
         self.what, self.epoch, self.step, self.lr = what, epoch, step, lr
+        self.alone = False  # raised on this rank only (SyncMethod.diverges_together is False)
 
     @classmethod
     def check_epoch(cls, train_loss: float, test_loss: float, classes: int, epoch: int, steps: int,
@@ -135,9 +136,10 @@ class Diverged(RuntimeError):
             raise cls(f"training loss {train_loss:.3g} (over {DIVERGED_LOSS_X:g}x chance level)",
                       epoch, steps - 1, lr)
 
-    def event(self) -> dict:
+    def event(self, rank: int | None = None) -> dict:
+        """The events.jsonl line; ``rank``: the rank that saw it, when it saw it alone."""
         return {"event": "diverged", "time": time.time(), "what": self.what, "epoch": self.epoch,
-                "step": self.step, "lr": self.lr}
+                "step": self.step, "lr": self.lr, **({} if rank is None else {"rank": rank})}
 
 
 def guard_gradients(optimizer: torch.optim.Optimizer, clip: float, scaler, epoch: int, step: int) -> None:

@@ -490,9 +490,10 @@ def run(cfg: Config) -> tuple[SyncMethod, preempt.Preempted | None]:
     stopped = None
     try:
         sync.run_elastic(lambda state: train(training, state))(state)
-    except engine.Diverged as exc:  # every rank raised it at the same update
-        if training.is_main:
-            runlog.append_metrics(training.run_dir, exc.event(), runlog.EVENTS)
+    except engine.Diverged as exc:  # every rank raised it at the same update, or this one alone
+        exc.alone = not sync.diverges_together
+        if training.is_main or exc.alone:
+            runlog.append_metrics(training.run_dir, exc.event(sync.rank if exc.alone else None), runlog.EVENTS)
         raise
     except preempt.Preempted as exc:  # every rank raised it after the same update
         # No rank may exit before rank 0 has saved: the launcher ends the job at the first exit.
@@ -534,9 +535,13 @@ def main(argv: list[str] | None = None) -> tuple[int, bool]:
         # Bad input is seen by every rank alike (or handed to all by on_main): one line, from rank 0.
         return say_once(rank, f"hvd_cifar: error: {exc}", 2), False
     except engine.Diverged as exc:
-        return say_once(rank, f"hvd_cifar: diverged: {exc}; the last checkpoint (if any) is from "
-                        f"before it and untouched. Try a lower lr, lr_scaling: sqrt, a longer "
-                        f"warmup_epochs or grad_clip (e.g. 1.0)", EXIT_DIVERGED), False
+        line = (f"hvd_cifar: diverged: {exc}{f' on rank {rank}' if exc.alone else ''}; the last checkpoint "
+                f"(if any) is from before it and untouched. Try a lower lr, lr_scaling: sqrt, a longer "
+                f"warmup_epochs or grad_clip (e.g. 1.0)")
+        if exc.alone:  # no other rank knows: say it here, and end the job (its ranks wait on this one)
+            sys.stderr.write(line + "\n")
+            lifecycle.abort_job(EXIT_DIVERGED)
+        return say_once(rank, line, EXIT_DIVERGED), False
     except KeyboardInterrupt:
         lifecycle.abort_job(130)
     except Exception as exc:

@@ -113,6 +113,27 @@ def test_settings_it_cannot_honour_are_one_line(tmp_path):
         "hvd_cifar: error: fp16_allreduce: not with sync: mpi-async-ps (pushes and pulls are fp32)"]
 
 
+@pytest.mark.timeout(300)
+def test_a_diverging_worker_ends_the_job_with_status_3_and_says_so(tmp_path):
+    """A worker's guard sees a gradient no other rank sees: that worker says it diverged (naming
+    itself), writes the event and ends the job with status 3, instead of waiting in MPI's
+    shutdown for a server that waits for its push (the hang this replaced)."""
+    run = tmp_path / "run"
+    run_train(["--config", TINY, *PS, "--epochs", "1", "--log-dir", str(tmp_path), "--run-name", "run"],
+              launcher="mpirun", np=3)
+    before = (run / "checkpoint_last.pt").read_bytes()
+    proc = run_train(["--resume", str(run), *PS, "--epochs", "3", "--lr", "1e30"], launcher="mpirun", np=3,
+                     timeout=120, check=False)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    ours = [line for line in proc.stderr.splitlines() if "hvd_cifar" in line]
+    assert ours and all(line.startswith("hvd_cifar: diverged: non-finite gradients at epoch 2") and " on rank " in line
+                        for line in ours), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert events and all(e["event"] == "diverged" and e["rank"] >= 1 for e in events)  # workers only
+    assert (run / "checkpoint_last.pt").read_bytes() == before
+
+
 def _accuracy_of(checkpoint: dict, model_name: str) -> float:
     """The test accuracy of a checkpoint's model, computed here in one process."""
     ds = data.load("digits", "data")

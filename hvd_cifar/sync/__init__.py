@@ -34,6 +34,10 @@ class SyncMethod:
     # Whether close() leaves native communication threads running, so that the process must end
     # without the interpreter's shutdown (hvd_cifar.lifecycle.exit_process says why).
     leaves_threads_running = False
+    # Whether every rank sees a divergence at the same update (the averaged gradients are the
+    # same everywhere), so all stop together and rank 0 speaks. False where a rank checks a
+    # gradient no other rank sees (mpi-async-ps's workers): that rank says so and ends the job.
+    diverges_together = True
     rank = 0
     size = 1
     local_rank = 0

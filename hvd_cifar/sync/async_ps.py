@@ -84,6 +84,8 @@ class AsyncPsSync(MpiSync):
     """Servers first: rank 0, which speaks and writes the checkpoint under every method, is then
     a rank that holds the weights, so it needs nothing from the workers to save them."""
 
+    diverges_together = False  # a worker's guard checks its own gradient, which no other rank sees
+
     def __init__(self, name: str):
         super().__init__(name)
         self.ps = self.comm.Dup()  # pushes and pulls only
