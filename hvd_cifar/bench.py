@@ -99,6 +99,16 @@ def integer(minimum: int):
 positive, non_negative = integer(1), integer(0)
 
 
+def freeze_value(text: str) -> int | str:
+    """A freeze setting: a number of leading frozen blocks, or auto (config's freeze: auto)."""
+    if text == "auto":
+        return text
+    try:
+        return non_negative(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a number of blocks (>= 0) or auto, got {text!r}") from None
+
+
 def fraction(text: str) -> float:
     try:
         x = float(text)
@@ -119,7 +129,8 @@ def add_sweep_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--batch-size", nargs="+", type=positive, default=d([32]), help="images per rank per step")
     p.add_argument("--fp16-allreduce", nargs="+", type=boolean, default=d([False]))
     p.add_argument("--accumulation-steps", nargs="+", type=positive, default=d([1]))
-    p.add_argument("--freeze", nargs="+", type=non_negative, default=d([0]), help="leading frozen blocks")
+    p.add_argument("--freeze", nargs="+", type=freeze_value, default=d([0]),
+                   help="leading frozen blocks, or auto (freeze_auto_threshold from --extra)")
 
 
 class AlsoParser(argparse.ArgumentParser):

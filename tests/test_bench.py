@@ -254,11 +254,14 @@ def test_also_adds_sweeps_with_the_main_options_for_the_rest(capsys):
                            "--also", "--np 2 --sync horovod --fp16-allreduce true",
                            "--also", "--np 2 --accumulation-steps 4 --sync horovod",
                            "--also=--np=2 --sync horovod --freeze 2",  # "--also", "--np=2 ..." would be two options
+                           "--also", "--np 2 --freeze auto",
                            "--also", "--np 2 1"], capsys)  # only configurations already asked for
     assert names == [f"vgg11-synthetic-{sync}-np{n}-b32-fp16off-acc1-frz0" for sync in ("horovod", "ddp")
                      for n in (1, 2, 4)] + ["vgg11-synthetic-horovod-np2-b32-fp16on-acc1-frz0",
                                             "vgg11-synthetic-horovod-np2-b32-fp16off-acc4-frz0",
-                                            "vgg11-synthetic-horovod-np2-b32-fp16off-acc1-frz2"]
+                                            "vgg11-synthetic-horovod-np2-b32-fp16off-acc1-frz2"] + [
+                                            f"vgg11-synthetic-{sync}-np2-b32-fp16off-acc1-frzauto"
+                                            for sync in ("horovod", "ddp")]
 
 
 def test_target_and_whole_epochs_reach_the_trainer(capsys):
@@ -278,6 +281,8 @@ def test_target_and_whole_epochs_reach_the_trainer(capsys):
     (["--also", "--np 0"], "--also: argument --np: must be >= 1"),
     (["--also", "--epochs 3"], "--also: unrecognized arguments: --epochs 3"),
     (["--also", "--sync nccl"], "--also: argument --sync: invalid choice: 'nccl'"),
+    (["--freeze", "some"], "--freeze: expected a number of blocks (>= 0) or auto, got 'some'"),
+    (["--freeze", "-1"], "--freeze: expected a number of blocks (>= 0) or auto, got '-1'"),
     (["--fp16-allreduce", "maybe"], "expected true or false"),
     (["--extra", "--log-dir /tmp/x"], "--extra: --log-dir is set by the bench itself"),
     (["--extra", "--batch-size 8"], "--extra: --batch-size is set by the bench itself"),
