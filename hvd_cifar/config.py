@@ -95,6 +95,7 @@ class Config:
     stop_after: int = 0                # end the run after this many epochs (0 = all); the schedule still spans `epochs`
     resume: str = ""                   # run folder (or run name under log_dir) to continue
     progress: bool = True              # tqdm bar on rank 0
+    tensorboard: bool = True           # rank 0 also writes each metrics line into TensorBoard event files in the run folder
 
     # ------------------------------------------------------------------
     def validate(self) -> "Config":

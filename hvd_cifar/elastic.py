@@ -15,7 +15,7 @@ import horovod.torch as hvd
 import torch
 from horovod.common.elastic import ObjectState
 
-from hvd_cifar import runlog
+from hvd_cifar import engine, runlog
 
 
 class ElasticState(hvd.elastic.TorchState):
@@ -75,6 +75,6 @@ class ElasticState(hvd.elastic.TorchState):
         return reduced + torch.tensor(self.totals, dtype=torch.float64)  # and before a reset
 
     def end_epoch(self, last: bool) -> None:
-        self.epoch, self.step, self.position, self.totals = self.epoch + 1, 0, 0, [0.0, 0.0, 0.0]
+        self.epoch, self.step, self.position, self.totals = self.epoch + 1, 0, 0, engine.no_sums()
         if not last:
             self.commit()

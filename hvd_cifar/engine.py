@@ -21,6 +21,11 @@ from hvd_cifar import data, preempt
 
 # The phases of a step, in order; each is timed separately and reported as ``<phase>_time_s``.
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
+# An epoch's running sums, per rank, summed over the ranks by the epoch-end allreduce: the loss
+# times images, images right at top-1 and at top-5, images. (Top-5 is last so that the others
+# keep the places that checkpoints of preempted epochs from before it hold them in.)
+SUMS = ("loss", "correct", "images", "correct5")
+TOP_K = 5  # top-5 accuracy; with fewer classes than this every prediction is right (1.0)
 
 
 # ----------------------------------------------------------------------------- learning rate
@@ -202,17 +207,40 @@ class TrainingState:
         return reduced + torch.tensor(self.totals, dtype=torch.float64)
 
     def end_epoch(self, last: bool) -> None:
-        self.epoch, self.step, self.position, self.totals = self.epoch + 1, 0, 0, [0.0, 0.0, 0.0]
+        self.epoch, self.step, self.position, self.totals = self.epoch + 1, 0, 0, no_sums()
         self.stop_vote.settle()
 
     def commit(self) -> None:
         """Nothing to save between updates without elasticity."""
 
 
+def no_sums() -> list[float]:
+    """The SUMS before any step."""
+    return [0.0] * len(SUMS)
+
+
+def zero_sums(device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.zeros(len(SUMS), dtype=torch.float64, device=device)
+
+
+def batch_sums(loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One batch's SUMS: its mean loss times its images, the images right at top-1 and top-5."""
+    images = torch.tensor(len(y), dtype=torch.float64, device=y.device)
+    return torch.stack([loss.detach().double() * images, (out.argmax(1) == y).sum().double(), images,
+                        top_k_correct(out, y).double()])
+
+
+def top_k_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Images whose label is among the TOP_K highest scores. With fewer classes than TOP_K
+    every label is among them (top-5 accuracy 1.0)."""
+    top = out.topk(min(TOP_K, out.shape[1]), dim=1).indices
+    return (top == y[:, None]).any(1).sum()
+
+
 @dataclass
 class EpochResult:
     """One rank's view of one pass over an epoch (elastic: the pass since the last reset)."""
-    sums: torch.Tensor                 # float64 [loss x images, correct, images], this rank, this pass
+    sums: torch.Tensor                 # float64 SUMS, this rank, this pass
     phase_times: dict[str, float]      # seconds per phase, this rank
     steps: int                         # the epoch's steps in all
     first_step: int                    # where this pass began (0 unless continued)
@@ -261,7 +289,7 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
     first, start = state.step, state.position     # 0, 0 unless an interrupted epoch continues
     steps = first + run.loader.steps_left(start, first)
     groups = UpdateGroups(cfg.accumulation_steps, steps)
-    sums = torch.zeros(3, dtype=torch.float64, device=run.device)
+    sums = zero_sums(run.device)
     timer, syncs = PhaseTimer(run.device), first // cfg.accumulation_steps  # a pass begins at an update boundary
     bar = progress_bar(steps, first, f"epoch {epoch + 1}/{cfg.epochs}", run.is_main and cfg.progress)
     batches = run.loader.epoch(epoch, start, first)
@@ -291,9 +319,7 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
             syncs += 1
             timer.lap("optimizer")
         with torch.no_grad():
-            sums[0] += loss.detach().double() * len(y)
-            sums[1] += (out.argmax(1) == y).sum()
-            sums[2] += len(y)
+            sums += batch_sums(loss, out, y)
         state.after_step(step, run.loader.step_images(step - first, start))
         if ends_update:
             state.after_update(sums, step // cfg.accumulation_steps + 1, more_steps=step + 1 < steps)
@@ -321,22 +347,34 @@ def average_buffers(model: torch.nn.Module, sync) -> None:
             offset += b.numel()
 
 
-def evaluate(run) -> tuple[float, float, torch.Tensor]:
-    """Loss, accuracy and confusion matrix over the whole test set, sharded across ranks."""
+@dataclass
+class Evaluation:
+    """The test set's figures after an epoch, the same on every rank."""
+    loss: float
+    acc: float                         # top-1
+    acc5: float                        # top-5 (TOP_K)
+    confusion: torch.Tensor            # [true class, predicted class] counts
+
+
+def evaluate(run) -> Evaluation:
+    """Loss, accuracy (top-1 and top-5) and confusion matrix over the whole test set, sharded
+    across ranks; one allreduce."""
     ds, sync = run.dataset, run.sync
     run.net.eval()
     k = ds.num_classes
     confusion = torch.zeros(k, k, dtype=torch.float64)
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    loss_sum, correct5 = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
         for x, y in data.eval_batches(ds.test_images, ds.test_labels, run.cfg.eval_batch_size,
                                       sync.rank, sync.size, run.loader.normalize):
             with run.autocast():
                 out = run.net(x)
             loss_sum += F.cross_entropy(out.float(), y, reduction="sum").double().cpu()
+            correct5 += top_k_correct(out, y).double().cpu()
             pairs = (y * k + out.argmax(1)).cpu()
             confusion += torch.bincount(pairs, minlength=k * k).view(k, k).double()
-    totals = sync.allreduce_sum(torch.cat([confusion.flatten(), loss_sum.view(1)]))
-    confusion = totals[:-1].view(k, k)
+    totals = sync.allreduce_sum(torch.cat([confusion.flatten(), loss_sum.view(1), correct5.view(1)]))
+    confusion = totals[:-2].view(k, k)
     n = confusion.sum().item()
-    return totals[-1].item() / n, confusion.diag().sum().item() / n, confusion.long()
+    return Evaluation(totals[-2].item() / n, confusion.diag().sum().item() / n, totals[-1].item() / n,
+                      confusion.long())

@@ -1,6 +1,6 @@
 """Reports, tables and figures made from run folders (metrics.jsonl, config.yaml, eval.json).
 
-One run: a Markdown report and five figures, written to RUN_DIR/report/ unless --out says
+One run: a Markdown report and six figures, written to RUN_DIR/report/ unless --out says
 otherwise::
 
     python -m hvd_cifar.report logs/RUN
@@ -23,6 +23,9 @@ How the numbers are made (the same for every table and for ``hvd_cifar.bench``):
     among the inputs (the first one given, if several); efficiency = speedup / world size.
     Throughput rather than epoch time, because with --max-steps-per-epoch each rank runs the
     same number of steps whatever the world size, so an epoch holds N times more images.
+  * per-rank and per-host figures (``{rank or host: value}`` in metrics.jsonl: CPU, memory, NIC
+    counters) read as their mean over the ranks or hosts in the tables; the resources figure
+    draws each rank's own line.
   * bytes are the gradient bytes one rank sends (``comm_bytes_per_rank`` in metrics.jsonl,
     counted by the sync method), 1 MB = 10^6 bytes.
   * time to target = ``elapsed_s`` (wall time since the run started: set-up, training and
@@ -157,6 +160,19 @@ def steady_mean(records: list[dict], key: str) -> float:
     return sum(value(r, key) for r in steady) / len(steady)
 
 
+def present_mean(records: list[dict], key: str) -> float:
+    """Mean of a metric over the epochs that have it (checkpoint_time_s: those that wrote one);
+    NaN when none has."""
+    present = [value(r, key) for r in records if not math.isnan(value(r, key))]
+    return sum(present) / len(present) if present else math.nan
+
+
+def rank_max(records: list[dict], key: str) -> float:
+    """The largest per-rank figure (``{rank: value}``) of any rank in any epoch; NaN when none."""
+    figures = [value(r[key], rank) for r in records if isinstance(r.get(key), dict) for rank in r[key]]
+    return max(figures, default=math.nan)
+
+
 def steady_per_step(records: list[dict], key: str) -> float:
     """A metric summed over the steady-state epochs, per training step of those epochs."""
     steady = steady_epochs(records)
@@ -228,7 +244,9 @@ def summarize(run: Run) -> dict:
         "bytes_per_epoch_per_rank": steady_mean(m, "comm_bytes_per_rank"),
         "bytes_per_step_per_rank": steady_per_step(m, "comm_bytes_per_rank"),
         "final_test_acc": value(m[-1], "test_acc"),
+        "final_test_acc5": value(m[-1], "test_acc5"),
         "final_train_acc": value(m[-1], "train_acc"),
+        "final_train_acc5": value(m[-1], "train_acc5"),
         "elapsed_s": value(m[-1], "elapsed_s"),
         **time_to_target(run),
         "path": run.path,
@@ -364,12 +382,21 @@ EPOCH_COLUMNS = [
     num("train acc (%)", "train_acc", ".2f", 0.01),
     num("test loss", "test_loss", ".4f"),
     num("test acc (%)", "test_acc", ".2f", 0.01),
+    num("train acc@5 (%)", "train_acc5", ".2f", 0.01),
+    num("test acc@5 (%)", "test_acc5", ".2f", 0.01),
     num("lr", "lr", ".4g"),
     num("epoch time (s)", "epoch_time_s", ".3f"),
+    num("eval (s)", "eval_time_s", ".3f"),
+    num("checkpoint (s)", "checkpoint_time_s", ".3f"),
     num("elapsed (s)", "elapsed_s", ".1f"),
     num("img/s", "images_per_s", ".1f"),
     *[num(f"{p} (ms/step)", f"{p}_ms_per_step", ".2f") for p in PHASES],
     num("bytes/rank (MB)", "comm_bytes_per_rank", ".3f", MB),
+    num("CPU/rank (%)", "cpu_percent", ".0f"),
+    num("host CPU (%)", "host_cpu_percent", ".0f"),
+    num("RSS/rank (MB)", "rss_bytes", ".0f", MB),
+    num("peak RSS/rank (MB)", "rss_peak_bytes", ".0f", MB),
+    num("peak GPU mem/rank (MB)", "gpu_mem_peak_bytes", ".0f", MB),
 ]
 
 CONFIG_COLUMNS = [
@@ -413,7 +440,7 @@ def with_target_columns(columns: list[Column], rows: list[dict]) -> list[Column]
 def epoch_rows(run: Run) -> list[dict]:
     rows = []
     for r in run.metrics:
-        row = dict(r)
+        row = {key: value(r, key) if isinstance(v, dict) else v for key, v in r.items()}  # per rank/host: the mean
         for p in PHASES:
             row[f"{p}_ms_per_step"] = value(r, f"{p}_time_s") / value(r, "steps") * 1000
         rows.append(row)
@@ -478,6 +505,8 @@ def _plot_accuracy(run: Run, epochs: list[int]):
     fig, ax = _figure("Accuracy by epoch", "epoch (from 0)", "accuracy (%)", run_name=run.name)
     ax.plot(epochs, [100 * value(r, "train_acc") for r in m], "o-", label="train (running, augmented)")
     ax.plot(epochs, [100 * value(r, "test_acc") for r in m], "s-", label="test (after the epoch)")
+    if any("test_acc5" in r for r in m):
+        ax.plot(epochs, [100 * value(r, "test_acc5") for r in m], "^--", label="test top-5")
     ax.legend()
     return fig, ax
 
@@ -542,13 +571,53 @@ def _plot_comm_bytes(run: Run, epochs: list[int]):
     return fig, ax
 
 
+def per_name(records: list[dict], key: str) -> dict[str, list[float]]:
+    """A per-rank or per-host figure as {rank or host: its value per epoch} (NaN in epochs
+    without it), ranks in numeric order."""
+    names = sorted({n for r in records if isinstance(r.get(key), dict) for n in r[key]}, key=lambda n: (len(n), n))
+    return {n: [value(r.get(key) or {}, n) for r in records] for n in names}
+
+
+def _plot_resources(run: Run, epochs: list[int]):
+    """CPU (each rank's process, each host's CPUs) and memory (each rank's RSS, its peak, its
+    peak GPU memory) per epoch's training."""
+    m = run.metrics
+    fig = Figure(figsize=(11.0, 4.4), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_cpu, ax_mem = fig.subplots(1, 2)
+    _fit_title(fig, "Resource use during training", run.name)
+    for rank, series in per_name(m, "cpu_percent").items():
+        ax_cpu.plot(epochs, series, "o-", label=f"rank {rank}")
+    for host, series in per_name(m, "host_cpu_percent").items():
+        ax_cpu.plot(epochs, series, "--", label=f"host {host} (all CPUs)")
+    peaks, gpu = per_name(m, "rss_peak_bytes"), per_name(m, "gpu_mem_peak_bytes")
+    for rank, series in per_name(m, "rss_bytes").items():
+        line, = ax_mem.plot(epochs, [v / MB for v in series], "o-", label=f"rank {rank} RSS")
+        if rank in peaks:
+            ax_mem.plot(epochs, [v / MB for v in peaks[rank]], "--", color=line.get_color(), label=f"rank {rank} peak RSS")
+        if rank in gpu:
+            ax_mem.plot(epochs, [v / MB for v in gpu[rank]], ":", color=line.get_color(), label=f"rank {rank} peak GPU")
+    for ax, ylabel, title in ((ax_cpu, "CPU (%, 100 = one core busy)", "CPU"), (ax_mem, "MB (10^6 bytes)", "Memory")):
+        ax.set_xlabel("epoch (from 0)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        _epoch_axis(ax)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not recorded (a run older than these figures)", transform=ax.transAxes, ha="center")
+    return fig, ax_cpu
+
+
 RUN_PLOTS = (("acc_train_test.png", _plot_accuracy), ("loss.png", _plot_loss),
              ("training_time.png", _plot_epoch_time), ("step_breakdown.png", _plot_step_breakdown),
-             ("comm_bytes.png", _plot_comm_bytes))
+             ("comm_bytes.png", _plot_comm_bytes), ("resources.png", _plot_resources))
 
 
 def plot_run(run: Run, out: str) -> list[str]:
-    """The five figures of one run; returns their paths."""
+    """The figures of one run (RUN_PLOTS); returns their paths."""
     epochs = [r["epoch"] for r in run.metrics]
     paths = []
     for file_name, plot in RUN_PLOTS:
@@ -674,6 +743,11 @@ def summary_items(run: Run, s: dict) -> list[tuple[str, Any]]:
         *bytes_items(run),
         ("final train accuracy (%)", fmt_number(s["final_train_acc"], ".2f", 0.01)),
         ("final test accuracy (%)", fmt_number(s["final_test_acc"], ".2f", 0.01)),
+        ("final train top-5 accuracy (%)", fmt_number(s["final_train_acc5"], ".2f", 0.01)),
+        ("final test top-5 accuracy (%)", fmt_number(s["final_test_acc5"], ".2f", 0.01)),
+        ("mean checkpoint write (s, epochs with one)", fmt_number(present_mean(run.metrics, "checkpoint_time_s"), ".3f")),
+        ("peak RSS of any rank (MB)", fmt_number(rank_max(run.metrics, "rss_peak_bytes"), ".0f", MB)),
+        ("peak GPU memory of any rank (MB)", fmt_number(rank_max(run.metrics, "gpu_mem_peak_bytes"), ".0f", MB)),
         ("wall time (s, set-up, training and evaluation)", fmt_number(s["elapsed_s"], ".3f")),
         *target_items(s),
     ]
@@ -694,7 +768,8 @@ def run_report(run: Run, out: str) -> str:
             markdown_table(EPOCH_COLUMNS, epoch_rows(run))]
     if run.evaluation:
         lines += ["## Final evaluation (test set)\n",
-                 f"Test accuracy {run.evaluation.get('test_acc', math.nan):.4f}, "
+                 f"Test accuracy {run.evaluation.get('test_acc', math.nan):.4f} "
+                 f"(top-5 {fmt_number(run.evaluation.get('test_acc5'), '.4f')}), "
                  f"test loss {run.evaluation.get('test_loss', math.nan):.4f} (eval.json).\n",
                  "### Classification report\n", classification_table(run.evaluation)]
         if run.evaluation.get("confusion_matrix"):

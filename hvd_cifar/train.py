@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from hvd_cifar import config as config_mod
-from hvd_cifar import autofreeze, data, engine, lifecycle, netstats, preempt, runlog
+from hvd_cifar import autofreeze, data, engine, lifecycle, netstats, preempt, resources, runlog, tboard
 from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.data import DataError
 from hvd_cifar.models import build_model, set_frozen_blocks
@@ -109,6 +109,7 @@ class Training:
     freezing: autofreeze.ConfigFreezing | autofreeze.AutoFreeze  # decides ``frozen`` per epoch
     start_epoch: int = 0
     resume_at: dict | None = None       # a preempted run's place inside start_epoch (checkpoint's "position")
+    resume_record: dict | None = None   # the metrics line of the checkpoint's epoch, as the checkpoint holds it
     net: torch.nn.Module = None         # the model as the sync method wrapped it
     optimizer: torch.optim.Optimizer = None
     payload_bytes: int = 0              # gradient bytes per synchronisation
@@ -118,6 +119,7 @@ class Training:
     scaler: torch.amp.GradScaler | None = None
     run_dir: str = ""
     log: runlog.RankLog | None = None
+    board: tboard.Board | None = None   # rank 0, tensorboard: true: opened at the first epoch recorded
     hostnames: tuple = ()
     schedule: engine.LrSchedule | None = None
     updates_per_epoch: int = 1
@@ -216,6 +218,7 @@ def resume(run: Training, run_dir: str) -> None:
         ckpt = load() if sync.elastic else on_main(sync, load)
     run.start_epoch = ckpt["epoch"] if ckpt else 0
     run.resume_at = ckpt.get("position") if ckpt else None
+    run.resume_record = ckpt.get("record") if ckpt else None
     run.freezing.load_state_dict(ckpt.get("freezing", {}) if ckpt else {})
     # The trainable set the checkpoint's optimizer was saved with; the epoch loop's
     # follow_freeze_schedule then moves on to the set of start_epoch, as an unbroken run would.
@@ -289,6 +292,11 @@ def write_start_files(run: Training) -> float:
     if run.resume_at:  # preempted mid-epoch: the time until then
         return run.resume_at["elapsed_s"]
     kept = runlog.read_metrics(run_dir)
+    saved = run.resume_record
+    if saved and (not kept or kept[-1]["epoch"] < saved["epoch"]):
+        # Killed after the checkpoint was written and before its metrics line was (record_epoch).
+        runlog.append_metrics(run_dir, saved)
+        kept.append(saved)
     return kept[-1].get("elapsed_s", 0.0) if kept else 0.0
 
 
@@ -314,8 +322,11 @@ def train(run: Training, state) -> None:
     cfg = run.cfg
     begin(run, state)
     end_epoch = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
-    # One rank per host reads that host's interface counters around each epoch's training.
-    nic = netstats.NicMeter(netstats.pick_interface(cfg.nic) if run.sync.local_rank == 0 else None)
+    # Every rank measures its own process, and one rank per host that host's interface counters
+    # and CPUs, around each epoch's training.
+    host_rank = run.sync.local_rank == 0
+    nic = netstats.NicMeter(netstats.pick_interface(cfg.nic) if host_rank else None)
+    usage = resources.ResourceMeter(run.device, host=host_rank)
     confusion = record = None
     while state.epoch < end_epoch:
         epoch = state.epoch
@@ -323,15 +334,17 @@ def train(run: Training, state) -> None:
         run.net.train()
         set_frozen_blocks(run.model, run.frozen)  # train() switched frozen BatchNorm back to batch stats
         nic.start()
+        usage.start()
         result = run.sync.epoch_loop(engine.train_one_epoch)(run, state, epoch)
-        nic_bytes = nic.stop()
+        measured = Measured(nic.interface, nic.stop(), *usage.stop())
         run.freezing.end_epoch()  # the epoch's gradient measure, before it is recorded and saved
-        record, confusion = evaluate_and_record(run, state, epoch, result, nic, nic_bytes)
         last = epoch == end_epoch - 1
-        if (cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0) or last:
-            on_main(run.sync, lambda: save_checkpoint(run, epoch))  # rank 0's write error stops all
+        checkpoint = bool(cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0) or last
+        record, confusion = evaluate_and_record(run, state, epoch, result, measured, checkpoint)
         state.end_epoch(last)
     finish(run, confusion if end_epoch == cfg.epochs else None, record)
+    if run.board:
+        run.board.close()
     run.log.close()
 
 
@@ -351,39 +364,65 @@ def follow_freeze_schedule(run: Training, state, epoch: int) -> None:
                                                             run.freezing.why()), runlog.EVENTS)
 
 
-def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochResult, nic, nic_bytes):
-    """Sums and phase times over all ranks, the test set, one metrics line (written, then printed)."""
-    sync, cfg = run.sync, run.cfg
-    gathered = sync.allgather_object((socket.gethostname(), nic.interface, *nic_bytes) if nic.interface else None)
-    per_host = [entry for entry in gathered if entry]  # (host, interface, rx, tx)
+@dataclass
+class Measured:
+    """What this rank's meters read around one epoch's training."""
+    interface: str | None                # the NIC counted (one rank per host), else None
+    nic_bytes: tuple[int, int]           # (received, sent) on it
+    rank_figures: list[float]            # resources.RANK_FIELDS of this process
+    host_cpu_percent: float | None       # the host's CPUs (one rank per host), else None
+
+
+def reduce_epoch(run: Training, state, result: engine.EpochResult, measured: Measured):
+    """The epoch's figures over all ranks, by the epoch end's collectives: one allgather (each
+    host's NIC bytes and CPU), the sums' allreduce, and one allreduce of every rank's phase times
+    with its resource figures in its own slot. Returns (the epoch's SUMS, images of this pass,
+    the metrics line's measured figures)."""
+    sync = run.sync
+    host = (socket.gethostname(), measured.interface, *measured.nic_bytes, measured.host_cpu_percent)
+    per_host = [entry for entry in sync.allgather_object(host if measured.host_cpu_percent is not None else None)
+                if entry]  # (host, interface, rx, tx, cpu %)
+    nic = [entry for entry in per_host if entry[1]]
     reduced = sync.allreduce_sum(result.sums.cpu())
-    pass_images = reduced[2].item()  # trained since this pass over the epoch began
-    sums = state.epoch_sums(reduced)
     # Each rank timed its own phases (0 where a rank does not train); report the mean over the
     # ranks that train, which adds up to the step time.
-    phase_times = sync.allreduce_sum(torch.tensor([result.phase_times[p] for p in engine.PHASES],
-                                                  dtype=torch.float64)) / sync.workers
+    own = torch.cat([torch.tensor([result.phase_times[p] for p in engine.PHASES], dtype=torch.float64),
+                     resources.pack(measured.rank_figures, sync.rank, sync.size)])
+    summed = sync.allreduce_sum(own)
+    phase_times = summed[:len(engine.PHASES)] / sync.workers
+    return state.epoch_sums(reduced), reduced[2].item(), {
+        **{f"{phase}_time_s": phase_times[j].item() for j, phase in enumerate(engine.PHASES)},
+        "nic_interface": {h: iface for h, iface, *_ in nic},
+        "nic_rx_bytes": {h: rx for h, _, rx, _, _ in nic},
+        "nic_tx_bytes": {h: tx for h, _, _, tx, _ in nic},
+        **resources.record(summed[len(engine.PHASES):], sync.size, run.device.type == "cuda",
+                           {h: cpu for h, *_, cpu in per_host}),
+    }
+
+
+def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochResult, measured: Measured,
+                        checkpoint: bool):
+    """Sums, phase and resource figures over all ranks, the test set, the checkpoint when
+    ``checkpoint``, one metrics line (written, then printed)."""
+    sync, cfg = run.sync, run.cfg
+    sums, pass_images, figures = reduce_epoch(run, state, result, measured)  # pass: since this pass over the epoch began
     eval_start = time.perf_counter()
     sync.consolidate(run.model, run.optimizer)  # one model on every rank (BatchNorm statistics averaged)
-    test_loss, test_acc, confusion = engine.evaluate(run)
-    images = sums[2].item()
-    engine.Diverged.check_epoch(sums[0].item() / images, test_loss, run.dataset.num_classes, epoch,
-                                result.steps, result.lr)
+    test = engine.evaluate(run)
+    loss, correct, images, correct5 = sums.tolist()
+    engine.Diverged.check_epoch(loss / images, test.loss, run.dataset.num_classes, epoch, result.steps, result.lr)
     wire = sync.wire_bytes_per_sync(run.payload_bytes)
     record = {
         "epoch": epoch, "lr": result.lr,
-        "train_loss": sums[0].item() / images, "train_acc": sums[1].item() / images,
-        "test_loss": test_loss, "test_acc": test_acc,
+        "train_loss": loss / images, "train_acc": correct / images, "train_acc5": correct5 / images,
+        "test_loss": test.loss, "test_acc": test.acc, "test_acc5": test.acc5,
         "epoch_time_s": result.time_s, "eval_time_s": time.perf_counter() - eval_start,
         "elapsed_s": run.elapsed_s(),
         "images_per_s": pass_images / result.time_s, "steps": result.steps, "syncs": result.syncs,
         "step_time_s": result.time_s / (result.steps - result.first_step),
-        **{f"{phase}_time_s": phase_times[j].item() for j, phase in enumerate(engine.PHASES)},
         "comm_bytes_per_sync": wire, "comm_bytes_per_rank": wire * result.syncs,
         "comm_bytes_per_sync_unfrozen": sync.wire_bytes_per_sync(run.unfrozen_payload_bytes),
-        "nic_interface": {h: iface for h, iface, _, _ in per_host},
-        "nic_rx_bytes": {h: rx for h, _, rx, _ in per_host},
-        "nic_tx_bytes": {h: tx for h, _, _, tx in per_host},
+        **figures,  # phase times, NIC bytes, resources
         "trainable_params": run.trainable, "frozen_blocks": run.frozen, "world_size": sync.size,
         **run.freezing.record(),  # freeze: auto: its measure per block
         "sync": cfg.sync, "fp16_allreduce": cfg.fp16_allreduce,
@@ -392,20 +431,40 @@ def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochRe
     }
     if result.first_step:  # elastic: the epoch was continued after a reset at step `first`
         record["resumed_at_step"] = result.first_step
-    on_main(sync, lambda: runlog.record_epoch(run.run_dir, record))  # data first, print second
+    # Data first, print second; rank 0's write error stops every rank.
+    record = on_main(sync, lambda: checkpoint_and_record(run, epoch, record, checkpoint))
     run.log(f"epoch {epoch + 1}/{cfg.epochs}  train loss {record['train_loss']:.4f} acc {record['train_acc']:.4f}"
-            f"  test loss {test_loss:.4f} acc {test_acc:.4f}  {result.time_s:.1f} s  "
+            f"  test loss {test.loss:.4f} acc {test.acc:.4f}  {result.time_s:.1f} s  "
             f"{record['images_per_s']:.0f} img/s  lr {record['lr']:.4g}")
-    return record, confusion
+    return record, test.confusion
 
 
-def save_checkpoint(run: Training, epoch: int, position: dict | None = None) -> None:
-    """``epoch`` is done; or, with ``position`` (a preempted run), is under way from there."""
+def checkpoint_and_record(run: Training, epoch: int, record: dict, checkpoint: bool) -> dict:
+    """Rank 0: the epoch's checkpoint when one is due, then its metrics line, then TensorBoard's
+    copy of the line. The checkpoint goes first so that the line can say what writing it took
+    (``checkpoint_time_s``, absent in epochs without one); it carries the line (without that
+    figure), so that a job killed between the two gets the line back on resume."""
+    if checkpoint:
+        began = time.perf_counter()
+        save_checkpoint(run, epoch, record=record)
+        record = {**record, "checkpoint_time_s": time.perf_counter() - began}
+    runlog.record_epoch(run.run_dir, record)
+    if run.cfg.tensorboard:
+        run.board = run.board or tboard.Board(run.run_dir, first_epoch=epoch)
+        run.board.epoch(record)
+    return record
+
+
+def save_checkpoint(run: Training, epoch: int, position: dict | None = None, record: dict | None = None) -> None:
+    """``epoch`` is done, and ``record`` its metrics line; or, with ``position`` (a preempted
+    run), is under way from there."""
     ckpt = {"epoch": epoch if position else epoch + 1, "identity": run.identity, "config": run.cfg.to_dict(),
             "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
             "frozen_blocks": run.frozen, "freezing": run.freezing.state_dict()}
     if position:
         ckpt["position"] = position
+    if record:
+        ckpt["record"] = record
     if run.scaler is not None:
         ckpt["scaler"] = run.scaler.state_dict()
     runlog.save_checkpoint(run.run_dir, ckpt)
@@ -433,12 +492,15 @@ def finish(run: Training, confusion, record: dict | None) -> None:
     report_text, report = classification_summary(confusion)
     test_acc = confusion.diag().sum().item() / confusion.sum().item()
     runlog.write_json(os.path.join(run.run_dir, "eval.json"), {
-        "test_acc": test_acc, "test_loss": record["test_loss"], "classes": run.dataset.num_classes,
+        "test_acc": test_acc, "test_acc5": record["test_acc5"], "test_loss": record["test_loss"],
+        "classes": run.dataset.num_classes,
         **time_to_target(runlog.read_metrics(run.run_dir), run.cfg.target_acc),
         "confusion_matrix": confusion.tolist(), "classification_report": report,
         "parameters_identical_across_ranks": ranks_agree})
     run.log("classification report (test set):\n" + report_text)
     run.log("confusion matrix (rows: true class, columns: predicted):\n" + format_matrix(confusion))
+    if run.board:  # this process recorded epochs into TensorBoard: the config, with the final accuracy
+        run.board.hparams(run.cfg.to_dict())
     run.log(f"final test accuracy {test_acc:.4f}; run folder {run.run_dir}")
 
 
@@ -483,7 +545,7 @@ def run(cfg: Config) -> tuple[SyncMethod, preempt.Preempted | None]:
     training = build(cfg, sync, device)
     training.started = started
     resume(training, run_dir)
-    at = training.resume_at or {"step": 0, "position": 0, "totals": [0.0, 0.0, 0.0]}
+    at = training.resume_at or {"step": 0, "position": 0, "totals": engine.no_sums()}
     state = sync.training_state(training.model, training.optimizer, commit_every=cfg.commit_every,
                                 run_dir=run_dir, epoch=training.start_epoch, step=at["step"],
                                 position=at["position"], totals=list(at["totals"]))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hvd_cifar import launchers
+from hvd_cifar import launchers, resources
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -60,6 +60,19 @@ def run_train(args: list[str], launcher: str = "single", np: int = 1, timeout: i
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def measured(key: str) -> bool:
+    """Fields of a metrics line that differ between two runs of the same training: times, rates,
+    interface counters, resource use, and where a resumed epoch's pass began (its times cover only
+    that pass)."""
+    return (key.endswith("_time_s") or key in ("images_per_s", "elapsed_s", "resumed_at_step", *resources.FIELDS)
+            or key.startswith(("nic_", "comm_hidden", "comm_exposed")))
+
+
+def unmeasured(records: list[dict]) -> list[dict]:
+    """Metrics lines without their ``measured`` fields: what two runs of one training share."""
+    return [{k: v for k, v in r.items() if not measured(k)} for r in records]
 
 
 @pytest.fixture

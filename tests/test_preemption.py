@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import ROOT, TINY, launch_argv, read_metrics, run_train
+from conftest import ROOT, TINY, launch_argv, read_metrics, run_train, unmeasured
 from hvd_cifar import preempt, slurm_resume
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -26,13 +26,6 @@ import reliability  # noqa: E402
 # 3 epochs of 12 steps in updates of 2 micro-batches: a stop asked for mid-update waits for its end.
 FLAGS = ["--config", TINY, "--epochs", "3", "--max-steps-per-epoch", "12", "--accumulation-steps", "2",
          "--threads-per-rank", "1"]
-
-
-def measured(key: str) -> bool:
-    """Fields that differ between two runs of the same training: times, rates, interface counters,
-    and where a resumed epoch's pass began (its times cover only that pass)."""
-    return (key.endswith("_time_s") or key in ("images_per_s", "elapsed_s", "resumed_at_step")
-            or key.startswith(("nic_", "comm_hidden", "comm_exposed")))
 
 
 def assert_same_training(resumed: Path, straight: Path) -> None:
@@ -45,8 +38,7 @@ def assert_same_training(resumed: Path, straight: Path) -> None:
         assert torch.equal(a["model"][key], tensor), key
     for i, state in b["optimizer"]["state"].items():
         assert torch.equal(a["optimizer"]["state"][i]["momentum_buffer"], state["momentum_buffer"]), i
-    untimed = lambda records: [{k: v for k, v in r.items() if not measured(k)} for r in records]  # noqa: E731
-    assert untimed(read_metrics(resumed)) == untimed(read_metrics(straight))
+    assert unmeasured(read_metrics(resumed)) == unmeasured(read_metrics(straight))
 
 
 def events(run: Path) -> list[dict]:

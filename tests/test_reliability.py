@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, TINY, launch_argv, read_metrics, run_train
+from conftest import ROOT, TINY, launch_argv, read_metrics, run_train, unmeasured
 
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -72,9 +72,7 @@ def test_a_job_killed_while_writing_a_checkpoint_keeps_the_last_good_one(tmp_pat
     assert resumed["epoch"] == straight["epoch"] == 3
     for key, tensor in straight["model"].items():
         assert torch.equal(resumed["model"][key], tensor), key
-    measured = lambda k: k.endswith("_time_s") or k in ("images_per_s", "elapsed_s") or k.startswith("nic_")  # noqa: E731
-    untimed = lambda records: [{k: v for k, v in r.items() if not measured(k)} for r in records]  # noqa: E731
-    assert untimed(read_metrics(run)) == untimed(read_metrics(tmp_path / "straight"))
+    assert unmeasured(read_metrics(run)) == unmeasured(read_metrics(tmp_path / "straight"))
 
 
 def test_a_torn_last_metrics_line_is_not_a_record(tmp_path):

@@ -19,7 +19,8 @@ from hvd_cifar import report
 from hvd_cifar.engine import PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_FIGURES = ("acc_train_test.png", "loss.png", "training_time.png", "step_breakdown.png", "comm_bytes.png")
+RUN_FIGURES = ("acc_train_test.png", "loss.png", "training_time.png", "step_breakdown.png", "comm_bytes.png",
+               "resources.png")
 
 
 # ----------------------------------------------------------------------------- helpers

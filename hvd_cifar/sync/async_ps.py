@@ -42,7 +42,7 @@ import torch
 
 from hvd_cifar import preempt
 from hvd_cifar.config import ConfigError
-from hvd_cifar.engine import PHASES, EpochResult, LrSchedule, TrainingState, progress_bar
+from hvd_cifar.engine import PHASES, EpochResult, LrSchedule, TrainingState, progress_bar, zero_sums
 from hvd_cifar.sync import SyncMethod
 from hvd_cifar.sync.mpi import MpiSync
 
@@ -193,7 +193,7 @@ class AsyncPsSync(MpiSync):
         self.MPI.Request.Waitall(replies)
         bar.close()
         seconds = time.perf_counter() - began
-        return EpochResult(torch.zeros(3, dtype=torch.float64, device=run.device), dict.fromkeys(PHASES, 0.0),
+        return EpochResult(zero_sums(run.device), dict.fromkeys(PHASES, 0.0),
                            len(run.loader), 0, per_worker, seconds, lr, self.serving_figures(staleness, seconds))
 
     def receive(self, k: int):
