@@ -546,9 +546,11 @@ def run(cfg: Config) -> tuple[SyncMethod, preempt.Preempted | None]:
     training.started = started
     resume(training, run_dir)
     at = training.resume_at or {"step": 0, "position": 0, "totals": engine.no_sums()}
+    # A checkpoint from before top-5 was counted holds fewer sums: that epoch's top-5 is unknown.
+    totals = [*at["totals"], *[math.nan] * (len(engine.SUMS) - len(at["totals"]))]
     state = sync.training_state(training.model, training.optimizer, commit_every=cfg.commit_every,
                                 run_dir=run_dir, epoch=training.start_epoch, step=at["step"],
-                                position=at["position"], totals=list(at["totals"]))
+                                position=at["position"], totals=totals)
     stopped = None
     try:
         sync.run_elastic(lambda state: train(training, state))(state)

@@ -3,6 +3,7 @@ metrics line, and how the run report shows them (also for runs older than these 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -108,3 +109,16 @@ def test_the_report_shows_resources_and_top5_and_tolerates_runs_without_them(tmp
         assert {row[c] for c in ("test acc@5 (%)", "checkpoint (s)", "CPU/rank (%)", "RSS/rank (MB)")} == {"-"}
     assert {r["item"]: r["value"] for r in md_table(text, "## Summary")}["final test top-5 accuracy (%)"] == "-"
     assert (tmp_path / "old-report" / "resources.png").exists()
+
+
+def test_a_preempted_checkpoint_from_before_top5_resumes_with_that_epochs_top5_unknown(tmp_path, tiny_args):
+    """Its epoch's running sums lack the top-5 count: the epoch's train_acc5 is NaN, not a guess."""
+    run = tmp_path / "logs" / "run"
+    run_train([*tiny_args, "--max-steps-per-epoch", "2", "--stop-after", "1"])
+    ckpt = torch.load(run / "checkpoint_last.pt", weights_only=True)  # epoch 1 next: as if stopped in it
+    ckpt["position"] = {"step": 1, "position": 32, "totals": [64.0, 5.0, 32.0], "world_size": 1, "elapsed_s": 1.0}
+    torch.save(ckpt, run / "checkpoint_last.pt")
+    run_train(["--resume", str(run), "--stop-after", "0"])
+    first, second = read_metrics(run)
+    assert first["train_acc5"] > 0 and math.isnan(second["train_acc5"]) and second["resumed_at_step"] == 1
+    assert second["train_acc"] > 0 and second["test_acc5"] > 0
