@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import importlib.util
 import math
 import os
 import socket
@@ -329,6 +330,9 @@ def check_host(cfg: Config) -> Config:
         raise ConfigError(f"threads_per_rank: {cfg.threads_per_rank} is more than the {cpus} CPUs this process "
                           f"may use on {socket.gethostname()}; give at most {cpus}, or 0 for this host's CPUs "
                           f"shared among its ranks")
+    if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("tensorboard: the tensorboard package is not installed here (scripts/install.sh "
+                          "installs it); install it, or give --no-tensorboard")
     if cfg.nic != "auto":
         try:
             names = netstats.read_counters()

@@ -118,3 +118,14 @@ def test_scalars_take_every_number_of_a_record():
         "optimizer/lr": 0.1, "accuracy/test_acc5": 0.9, "resources/cpu_percent/0": 150.0,
         "resources/cpu_percent/1": 120.5, "bytes/nic_tx_bytes/hostA": 10.0, "run/block_grad_norm/0": 1.5,
         "time/checkpoint_time_s": 0.2}
+
+
+def test_tensorboard_without_its_package_is_one_line(monkeypatch):
+    import importlib.util
+
+    from hvd_cifar import config
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(config.ConfigError, match=r"^tensorboard: the tensorboard package is not installed"):
+        config.from_args([])
+    assert config.from_args(["--no-tensorboard"]).tensorboard is False
