@@ -376,6 +376,14 @@ def write_csv(path: str, columns: list[Column], rows: list[dict]) -> None:
     runlog.write_text(path, text_out.getvalue())
 
 
+ASYNC_PS_COLUMNS = [
+    Column("epoch", "epoch"),
+    num("staleness, mean (updates)", "staleness_mean", ".2f"),
+    num("staleness, max (updates)", "staleness_max", ".0f"),
+    num("server updates/s", "server_updates_per_s", ".1f"),
+    num("test acc (%)", "test_acc", ".2f", 0.01),
+]
+
 EPOCH_COLUMNS = [
     Column("epoch", "epoch"),
     num("train loss", "train_loss", ".4f"),
@@ -766,6 +774,12 @@ def run_report(run: Run, out: str) -> str:
             "(phase time / steps, mean over ranks); bytes are gradient bytes sent per rank in the epoch; "
             "elapsed: wall time since the run started (set-up, training and evaluation).\n",
             markdown_table(EPOCH_COLUMNS, epoch_rows(run))]
+    if any("staleness_mean" in r for r in run.metrics):
+        lines += ["## Asynchronous parameter server (mpi-async-ps)\n",
+                  "Staleness: server updates between a worker's pull of the weights and its push of the "
+                  "gradient computed on them (0 would be synchronous SGD), over every push of the epoch; "
+                  "server updates/s: the servers' mean rate of applied pushes.\n",
+                  markdown_table(ASYNC_PS_COLUMNS, run.metrics)]
     if run.evaluation:
         lines += ["## Final evaluation (test set)\n",
                  f"Test accuracy {run.evaluation.get('test_acc', math.nan):.4f} "

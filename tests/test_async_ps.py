@@ -27,8 +27,8 @@ import psutil
 import pytest
 import torch
 
-from conftest import NEEDS_NETNS, ROOT, TINY, read_metrics, run_train
-from hvd_cifar import data, engine
+from conftest import NEEDS_NETNS, ROOT, TINY, md_table, read_metrics, run_train
+from hvd_cifar import data, engine, report
 from hvd_cifar.config import Config
 from hvd_cifar.models import build_model
 from hvd_cifar.netcluster import NetCluster
@@ -62,6 +62,14 @@ def test_three_ranks_reach_95_percent_on_digits_with_staleness_recorded(tmp_path
         assert r["comm_bytes_per_sync"] == r["trainable_params"] * 4  # S out per push (and S in)
         assert r["comm_bytes_per_rank"] == r["comm_bytes_per_sync"] * r["syncs"]
     assert json.loads((tmp_path / "acc" / "eval.json").read_text())["parameters_identical_across_ranks"]
+    # The run report shows the staleness and the servers' rate per epoch, as recorded.
+    assert report.main([str(tmp_path / "acc"), "--out", str(tmp_path / "report")]) == 0
+    rows = md_table((tmp_path / "report" / "report.md").read_text(), "## Asynchronous parameter server")
+    assert [int(row["epoch"]) for row in rows] == [r["epoch"] for r in records]
+    for row, r in zip(rows, records):
+        assert float(row["staleness, mean (updates)"]) == pytest.approx(r["staleness_mean"], abs=0.005)
+        assert int(row["staleness, max (updates)"]) == r["staleness_max"]
+        assert float(row["server updates/s"]) == pytest.approx(r["server_updates_per_s"], abs=0.05)
 
 
 def test_the_server_update_is_torch_sgd():
