@@ -195,6 +195,7 @@ class Compute:
     step_s: float               # measured wall time per micro-batch step
     comm_s: float | None = None     # per update: comm_hidden_s + comm_exposed_s, if recorded
     exposed_s: float | None = None  # per micro-batch step: comm_exposed_s, if recorded
+    threads_per_rank: int = 0       # the run's setting (0: chosen from the cores on its host)
 
 
 def _total(records: list[dict], key: str) -> float:
@@ -224,7 +225,8 @@ def measure(run: report.Run) -> Compute:
         optimizer_s=optimizer_s, sync_s=sync_s,
         hidden_fraction=hidden / (hidden + exposed) if hidden + exposed > 0 else None, step_s=step_s,
         comm_s=(hidden + exposed) / syncs if hidden + exposed > 0 else None,
-        exposed_s=exposed / steps if hidden + exposed > 0 else None)
+        exposed_s=exposed / steps if hidden + exposed > 0 else None,
+        threads_per_rank=int(report.setting(run, "threads_per_rank") or 0))
 
 
 @dataclass(frozen=True)
@@ -301,20 +303,30 @@ class Network:
     local: Link | None   # inside a host (hierarchical allreduce); None: the cross-host link
     ranks_per_host: int = 1
     cast_s_per_byte: float = 0.0  # fp32 -> fp16 -> fp32 of the gradients, both casts, per fp16 byte
+    shared_cores: int = 0         # every rank on one machine with this many cores; 0: each rank its own
+
+
+def cpu_share(n: int, threads_per_rank: int, shared_cores: int) -> float:
+    """How many times slower a rank computes at ``n`` ranks than with cores to itself: 1 when each
+    rank has its own cores (``shared_cores`` 0), else n·t/C when the n ranks' t threads each
+    oversubscribe the C cores of the one machine they all run on (the namespace cluster)."""
+    return max(1.0, n * threads_per_rank / shared_cores) if shared_cores else 1.0
 
 
 def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -> dict:
     """Seconds per micro-batch step on one rank at ``n`` ranks, and what makes them up."""
     link = net.links[s.method]
-    backward = c.backward_s * prof.backward_share(s.freeze) / prof.backward_share(c.frozen_blocks)
+    slower = (cpu_share(n, c.threads_per_rank, net.shared_cores)
+              / cpu_share(c.world_size, c.threads_per_rank, net.shared_cores))
+    backward = slower * c.backward_s * prof.backward_share(s.freeze) / prof.backward_share(c.frozen_blocks)
     payload = prof.payload_bytes(s.freeze, s.fp16)
     comm = comm_s(s.method, n, payload, link, net.local or link, net.ranks_per_host)
     if s.fp16 and n > 1:  # Horovod and DDP cast each gradient to fp16 and back; the MPI methods the buffer
         comm += 2 * payload * net.cast_s_per_byte
     hidden = (c.hidden_fraction or 0.0) if s.method in OVERLAPS else 0.0
     exposed = exposed_s(comm, hidden, backward)
-    compute = c.data_s + c.forward_s + backward + c.other_s
-    step = compute + (c.optimizer_s + exposed) / s.accumulation_steps
+    compute = slower * (c.data_s + c.forward_s + c.other_s) + backward
+    step = compute + (slower * c.optimizer_s + exposed) / s.accumulation_steps
     wire = wire_bytes(s.method, n, payload, net.ranks_per_host)
     return {"method": s.method, "np": n, "fp16_allreduce": s.fp16, "accumulation_steps": s.accumulation_steps,
             "freeze": s.freeze, "payload_bytes": payload, "comm_s_per_sync": comm, "exposed_s_per_sync": exposed,
@@ -398,7 +410,7 @@ def network(methods: list[str], args: argparse.Namespace) -> Network:
         except ClusterError as exc:
             raise PredictError(f"--bandwidth: {exc}") from None
         link = Link(args.latency_us * 1e-6, beta, 0.0, f"--bandwidth {args.bandwidth} --latency-us {args.latency_us:g}")
-        return Network({m: link for m in methods}, None, args.ranks_per_host)
+        return Network({m: link for m in methods}, None, args.ranks_per_host, shared_cores=args.shared_cores)
     if not args.probe:
         raise PredictError("no network: give --probe probe.json (python -m hvd_cifar.probe) or --bandwidth RATE")
     probe = read_probe(args.probe)
@@ -410,7 +422,7 @@ def network(methods: list[str], args: argparse.Namespace) -> Network:
                                f"(it has: {', '.join(probe['transports']) or 'none'})")
         links[m] = probe_link(probe, found[0], args.probe)
     local = probe_link(probe, "mpi-intra-host", args.probe) if "mpi-intra-host" in probe["transports"] else None
-    return Network(links, local, args.ranks_per_host, probe.get("cast_s_per_byte", 0.0))
+    return Network(links, local, args.ranks_per_host, probe.get("cast_s_per_byte", 0.0), args.shared_cores)
 
 
 # ----------------------------------------------------------------------------- measured points
@@ -559,11 +571,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--accumulation-steps", type=int, help="predict with k micro-batches per sync too")
     p.add_argument("--freeze", type=int, help="predict with n leading blocks frozen too")
     p.add_argument("--ranks-per-host", type=int, default=1, help="for horovod-hierarchical (default 1)")
+    p.add_argument("--shared-cores", type=int, default=0, metavar="C",
+                   help="every rank runs on one machine with C cores (the namespace cluster, an "
+                        "oversubscribed node): compute slows by np·threads_per_rank/C beyond C (default: "
+                        "each rank has cores of its own)")
+    p.add_argument("--overlap-from", metavar="RUN_DIR", help="take the hidden fraction from this run (e.g. "
+                   "np=2 with comm_timeline) and the compute from RUN_DIR (e.g. np=1, which has nothing to hide)")
     p.add_argument("--measured", nargs="*", default=[], metavar="RUN_DIR", help="runs to overlay and compare")
     p.add_argument("--out", help="output folder (default RUN_DIR/predict)")
     args = p.parse_args(argv)
-    if min(args.np) < 1 or args.ranks_per_host < 1 or (args.accumulation_steps or 1) < 1 or (args.freeze or 0) < 0:
-        p.error("--np, --ranks-per-host and --accumulation-steps must be >= 1, --freeze >= 0")
+    if min(args.np) < 1 or args.ranks_per_host < 1 or (args.accumulation_steps or 1) < 1 or min(args.freeze or 0, args.shared_cores) < 0:
+        p.error("--np, --ranks-per-host and --accumulation-steps must be >= 1, --freeze and --shared-cores >= 0")
     return args
 
 
@@ -587,8 +605,13 @@ def scenarios(c: Compute, args: argparse.Namespace, depth: int) -> list[Scenario
 
 def run(args: argparse.Namespace) -> tuple[list[dict], str]:
     c = measure(report.load_run(args.run))
+    if args.overlap_from:
+        c = replace(c, hidden_fraction=measure(report.load_run(args.overlap_from)).hidden_fraction)
     if c.sync not in TRANSPORTS and not args.sync:
         raise PredictError(f"{args.run}: sync {c.sync} has no model here; pick --sync from {', '.join(TRANSPORTS)}")
+    if args.shared_cores and not c.threads_per_rank:
+        raise PredictError(f"--shared-cores: {args.run} chose its threads per rank from its host's cores; "
+                           "use a run with threads_per_rank set")
     prof = profile(c.model, c.num_classes)
     wanted = scenarios(c, args, len(prof.block_params))
     net = network(list(dict.fromkeys(s.method for s in wanted)), args)
@@ -602,8 +625,10 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
     plot(rows, measured, os.path.join(out, "predict.png"), f"{c.model}, compute from {os.path.basename(os.path.normpath(args.run))} "
          f"(np={c.world_size}); network: {sources}")
     head = (f"compute from {args.run} (np={c.world_size}, {c.sync}): {c.step_s * 1e3:.2f} ms/step measured, "
-            f"hidden fraction {'not recorded (0)' if c.hidden_fraction is None else f'{c.hidden_fraction:.2f}'}; "
-            f"network: {sources}\n")
+            f"hidden fraction {'not recorded (0)' if c.hidden_fraction is None else f'{c.hidden_fraction:.2f}'}"
+            f"{f' (from {args.overlap_from})' if args.overlap_from else ''}; "
+            f"network: {sources}"
+            f"{f'; all ranks on {args.shared_cores} cores, {c.threads_per_rank} thread(s) each' if args.shared_cores else ''}\n")
     return rows, head + report.markdown_table(COLUMNS, rows) + f"\nwritten to {out}/predict.csv and predict.png"
 
 

@@ -90,6 +90,24 @@ def test_one_step_worked_by_hand():
     assert star["payload_bytes"] == 2000 and star["exposed_s_per_sync"] == pytest.approx(2 * 3 * 2000 / 3600)
 
 
+def test_ranks_sharing_one_machines_cores_compute_slower_by_their_share():
+    link = p.Link(0.0, 3600.0)
+    shared = p.Network({"mpi-allreduce": link}, None, shared_cores=2)
+    s = p.Scenario("mpi-allreduce", fp16=False, accumulation_steps=1, freeze=0)
+    c = compute(threads_per_rank=1, hidden_fraction=None)
+    comm4 = p.ring_s(4, 4000, link)  # 1000 params x 4 bytes
+    # 4 ranks of 1 thread on 2 cores: every part of the compute twice as long; the link unchanged
+    assert p.predict_step(c, PROFILE, shared, s, 4)["step_s"] == pytest.approx(2 * (0.01 + 0.1 + 0.2 + 0.05) + comm4)
+    # up to 2 ranks each has a core: as with cores of its own
+    assert p.predict_step(c, PROFILE, shared, s, 2)["step_s"] == pytest.approx(
+        p.predict_step(c, PROFILE, p.Network({"mpi-allreduce": link}, None), s, 2)["step_s"])
+    # compute measured at np=4 on the 2 cores is taken back to a rank's own core first: at np=3, 1.5/2 of it
+    at4 = compute(threads_per_rank=1, hidden_fraction=None, world_size=4)
+    comm3 = p.ring_s(3, 4000, link)
+    assert p.predict_step(at4, PROFILE, shared, s, 3)["step_s"] == pytest.approx(0.75 * 0.36 + comm3)
+    assert p.cpu_share(8, 2, 4) == 4 and p.cpu_share(8, 2, 0) == 1
+
+
 def test_fp16_pays_below_a_bandwidth_and_gather_scatter_falls_behind_at_a_worker_count():
     net = p.Network({"mpi-allreduce": p.Link(0.0, 1e6)}, None, cast_s_per_byte=1e-9)
     s = p.Scenario("mpi-allreduce", False, 1, 0)
