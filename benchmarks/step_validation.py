@@ -1,0 +1,146 @@
+"""The scaling model's whole step checked on the namespace cluster: training steps at np = 3 and 4
+predicted from what np = 1 and 2 measured, then trained and compared, per link rate, sync method
+and option (issue 15, point 4).
+
+    .venv/bin/python benchmarks/step_validation.py [--rates 100mbit 1gbit none] [--nps 3 4]
+        [--syncs horovod mpi-gather-scatter] [--model vgg11] [--steps 4] [--out logs/bench-stepval-...]
+
+As root (network namespaces). Per rate, on one hvd_cifar.netcluster cluster of max(--nps) hosts
+(one rank per host, one thread per rank, mpirun): the probe at np = 2 (α, β per transport); an
+np = 1 training run (the compute); an np = 2 Horovod run with comm_timeline (the hidden
+fraction); then ``hvd_cifar.predict`` with ``--shared-cores`` set to this machine's cores (the
+hosts are namespaces of one machine, so 3 and 4 ranks share its cores) predicts every --sync
+plain, with fp16 and with 4 accumulation steps at each --nps, and each of those is trained and
+put beside its prediction (predict's --measured). Every job runs --epochs whole epochs of --steps
+steps per rank; step times are the epochs after the first (hvd_cifar.report's rule). Writes
+OUT/step_validation.json and .md (the table), the runs, probes and predictions; prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from hvd_cifar import predict  # noqa: E402
+from network_validation import run_probe  # noqa: E402
+
+# option label -> (train flags, predict's scenario keys: fp16, accumulation steps)
+OPTIONS = {"plain": ([], (False, 1)),
+           "fp16": (["--fp16-allreduce", "true"], (True, 1)),
+           "accum4": (["--accumulation-steps", "4"], (False, 4))}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", nargs="+", default=["100mbit", "1gbit", "none"], help="link rates, tc syntax; none: unshaped")
+    p.add_argument("--nps", type=int, nargs="+", default=[3, 4], help="world sizes predicted and trained")
+    p.add_argument("--syncs", nargs="+", default=["horovod", "mpi-gather-scatter"], choices=["horovod", "mpi-gather-scatter"])
+    p.add_argument("--options", nargs="+", default=list(OPTIONS), choices=list(OPTIONS))
+    p.add_argument("--model", default="vgg11")
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=2, help="the first is not timed")
+    p.add_argument("--steps", type=int, default=4, help="steps per rank per epoch (a multiple of 4 for accum4)")
+    p.add_argument("--probe-iters", type=int, default=3)
+    p.add_argument("--probe-max-bytes", type=int, default=0, help="largest probe message (default: the probe's)")
+    p.add_argument("--timeout", type=int, default=1200, help="seconds per job")
+    p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-stepval-%Y%m%d-%H%M%S")))
+    args = p.parse_args(argv)
+    if min(args.nps) < 3 or args.epochs < 2 or ("accum4" in args.options and args.steps % 4):
+        p.error("--nps from 3 (np 1 and 2 are the measurements), --epochs >= 2, --steps a multiple of 4 with accum4")
+    return args
+
+
+def train(cluster, np: int, name: str, sync: str, extra: list[str], args, runs: str) -> str:
+    """One training job across the first ``np`` hosts under mpirun; its run folder."""
+    flags = ["--model", args.model, "--dataset", args.dataset, "--epochs", str(args.epochs),
+             "--max-steps-per-epoch", str(args.steps), "--batch-size", str(args.batch_size), "--seed", "0",
+             "--checkpoint-every", "0", "--no-progress", "--sync", sync, "--log-dir", runs, "--run-name", name,
+             "--threads-per-rank", "1",  # the hosts share this machine's cores: one thread per rank
+             "--nic", "eth0", *extra]
+    result = cluster.run_mpirun(np, flags, timeout=args.timeout)
+    log_path = os.path.join(runs, f"{name}.log")
+    with open(log_path, "w") as log:
+        log.write(result.stdout or "")
+    if result.returncode != 0:
+        raise RuntimeError(f"{name}: exit status {result.returncode}; see {log_path}")
+    return os.path.join(runs, name)
+
+
+def validate_rate(rate: str, args) -> list[dict]:
+    """Probe, measure np=1 and 2, predict, train np=3/4; the predicted rows that were trained."""
+    from hvd_cifar.netcluster import NetCluster
+    runs, measured = os.path.join(args.out, rate), []
+    os.makedirs(runs, exist_ok=True)
+    probe_path = os.path.join(args.out, f"probe-{rate}-np2.json")
+    probe_args = argparse.Namespace(iters=args.probe_iters, sizes=6, min_bytes=4096, max_bytes=args.probe_max_bytes,
+                                   timeout=args.timeout)
+    with NetCluster(max(args.nps), rate=None if rate == "none" else rate) as cluster:
+        run_probe(cluster, 2, probe_args, probe_path)
+        single = train(cluster, 1, "np1", "horovod", [], args, runs)
+        overlap = train(cluster, 2, "np2-horovod-timeline", "horovod", ["--comm-timeline", "true"], args, runs)
+        for sync in args.syncs:
+            for option in args.options:
+                for n in args.nps:
+                    measured.append(train(cluster, n, f"np{n}-{sync}-{option}", sync, OPTIONS[option][0], args, runs))
+                print(f"{rate} {sync} {option}: trained", file=sys.stderr, flush=True)
+    wanted = {(s, *OPTIONS[o][1], n) for s in args.syncs for o in args.options for n in args.nps}
+    pred_args = predict.parse_args([single, "--probe", probe_path, "--np", *map(str, args.nps), "--sync", *args.syncs,
+                                    "--fp16-allreduce", "--accumulation-steps", "4", "--overlap-from", overlap,
+                                    "--shared-cores", str(os.cpu_count() or 1), "--measured", *measured,
+                                    "--out", os.path.join(args.out, f"predict-{rate}")])
+    rows, text = predict.run(pred_args)
+    with open(os.path.join(args.out, f"predict-{rate}.md"), "w") as f:
+        f.write(text + "\n")
+    rows = [{"rate": rate, **r} for r in rows
+            if (r["method"], r["fp16_allreduce"], r["accumulation_steps"], r["np"]) in wanted and r["freeze"] == 0]
+    unmatched = [r for r in rows if "measured_step_s" not in r]
+    if len(rows) != len(wanted) or unmatched:
+        raise RuntimeError(f"{rate}: {len(wanted)} trained configurations but {len(rows) - len(unmatched)} "
+                           "predicted rows with a measured run beside them")
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| rate | sync | option | np | predicted step (ms) | measured step (ms) | error (%) |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        option = "fp16" if r["fp16_allreduce"] else f"accum {r['accumulation_steps']}" if r["accumulation_steps"] > 1 else "plain"
+        lines.append(f"| {r['rate']} | {r['method']} | {option} | {r['np']} | {r['step_s'] * 1e3:.1f} | "
+                     f"{r['measured_step_s'] * 1e3:.1f} | {r['error_pct']:+.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from hvd_cifar.netcluster import ClusterError
+    os.makedirs(args.out, exist_ok=True)
+    started, load = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), os.getloadavg()[0]
+    rows = []
+    try:
+        for rate in args.rates:
+            rows += validate_rate(rate, args)
+    except (ClusterError, RuntimeError, predict.PredictError) as exc:
+        print(f"hvd_cifar: error: {exc}", file=sys.stderr)
+        return 1
+    meta = {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "load_average_start": load, "load_average_end": os.getloadavg()[0], "cores": os.cpu_count(), "args": vars(args)}
+    with open(os.path.join(args.out, "step_validation.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    text = table(rows)
+    within = sum(abs(r["error_pct"]) <= 15 for r in rows)
+    summary = f"{within} of {len(rows)} predicted steps within 15 % of the measured ones"
+    with open(os.path.join(args.out, "step_validation.md"), "w") as f:
+        f.write(f"{text}\n\n{summary}\n")
+    print(f"{text}\n\n{summary}\n{started} to {meta['finished']}; load average {load:.2f} -> {meta['load_average_end']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

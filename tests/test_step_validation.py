@@ -1,0 +1,56 @@
+"""benchmarks/step_validation.py run small for real: on a 3-host namespace cluster at 1 Gbit/s,
+the probe at np=2, training at np=1 and 2, a prediction of np=3 for Horovod and gather/scatter,
+and those two trained. Each predicted step is recomputed here from the run folders and the probe
+with hvd_cifar.predict's own pieces (the machine's cores shared by every rank), each measured
+step read back from its run folder."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from conftest import NEEDS_NETNS, ROOT
+from hvd_cifar import predict, report
+
+SCRIPT = ROOT / "benchmarks" / "step_validation.py"
+
+
+@pytest.mark.timeout(900)
+@NEEDS_NETNS[0]
+@NEEDS_NETNS[1]
+def test_np3_steps_predicted_from_np1_and_np2_beside_the_trained_ones(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--rates", "1gbit", "--nps", "3", "--options", "plain",
+                           "--model", "smallcnn", "--batch-size", "16", "--steps", "4", "--probe-iters", "2",
+                           "--probe-max-bytes", "1000000", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=840)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "step_validation.json").read_text())["rows"]
+    assert [(r["method"], r["np"]) for r in rows] == [("horovod", 3), ("mpi-gather-scatter", 3)]
+    runs = tmp_path / "1gbit"
+    single = predict.measure(report.load_run(str(runs / "np1")))
+    overlap = predict.measure(report.load_run(str(runs / "np2-horovod-timeline")))
+    assert single.world_size == 1 and single.threads_per_rank == 1 and overlap.world_size == 2
+    assert overlap.hidden_fraction is not None            # the np=2 run recorded its timeline
+    probe = predict.read_probe(str(tmp_path / "probe-1gbit-np2.json"))
+    assert probe["world_size"] == 2
+    prof = predict.profile("smallcnn", 10)
+    for r in rows:
+        source = "horovod-mpi" if r["method"] == "horovod" else "mpi-p2p"
+        net = predict.Network({r["method"]: predict.probe_link(probe, source, "p")}, None,
+                              cast_s_per_byte=probe.get("cast_s_per_byte", 0.0), shared_cores=os.cpu_count())
+        expected = predict.predict_step(replace(single, hidden_fraction=overlap.hidden_fraction), prof, net,
+                                        predict.Scenario(r["method"], False, 1, 0), 3)
+        assert r["step_s"] == pytest.approx(expected["step_s"])
+        trained = report.summarize(report.load_run(str(runs / f"np3-{r['method']}-plain")))
+        assert trained["world_size"] == 3
+        assert r["measured_step_s"] == pytest.approx(trained["step_time_s"])
+        assert r["error_pct"] == pytest.approx(100 * (r["step_s"] / r["measured_step_s"] - 1))
+    # 3 ranks of one thread on this machine's cores: compute slower by 3/cores when there are fewer
+    share = predict.cpu_share(3, 1, os.cpu_count())
+    assert rows[0]["compute_s"] == pytest.approx(share * (single.data_s + single.forward_s + single.backward_s
+                                                          + single.other_s))
+    assert "| 1gbit | mpi-gather-scatter | plain | 3 |" in proc.stdout
