@@ -179,3 +179,16 @@ def test_report_says_where_the_time_went(tmp_path):
     assert f"({379_944 / 0.03 * 8 / 1e9:.3g} Gbit/s effective" in text
     assert "gather/scatter's step would take twice ring allreduce's from np=" in text
 
+
+
+def test_overlap_from_another_run_and_shared_cores_need_the_runs_thread_count(tmp_path):
+    phases = {"data": 0.0, "forward": 0.1, "backward": 0.2, "sync": 0.0, "optimizer": 0.1}
+    write_run(tmp_path / "np1", 1, 0.4, phases)
+    write_run(tmp_path / "np2", 2, 0.6, {**phases, "sync": 0.2}, comm_exposed_s=0.15, comm_hidden_s=0.05)
+    args = p.parse_args([str(tmp_path / "np1"), "--bandwidth", "1gbit", "--np", "2", "--overlap-from", str(tmp_path / "np2"),
+                         "--out", str(tmp_path / "out")])
+    _, text = p.run(args)
+    assert "hidden fraction 0.25 (from " in text
+    # the run chose its threads from its host's cores: no share can be computed from it
+    with pytest.raises(p.PredictError, match="--shared-cores: .* threads_per_rank set"):
+        p.run(p.parse_args([str(tmp_path / "np1"), "--bandwidth", "1gbit", "--np", "2", "--shared-cores", "2"]))
