@@ -28,7 +28,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hvd_cifar import predict  # noqa: E402
-from network_validation import run_probe  # noqa: E402
+import network_validation  # noqa: E402
 
 # option label -> (train flags, predict's scenario keys: fp16, accumulation steps)
 OPTIONS = {"plain": ([], (False, 1)),
@@ -79,10 +79,10 @@ def validate_rate(rate: str, args) -> list[dict]:
     runs, measured = os.path.join(args.out, rate), []
     os.makedirs(runs, exist_ok=True)
     probe_path = os.path.join(args.out, f"probe-{rate}-np2.json")
-    probe_args = argparse.Namespace(iters=args.probe_iters, sizes=6, min_bytes=4096, max_bytes=args.probe_max_bytes,
-                                   timeout=args.timeout)
+    probe_args = network_validation.parse_args(["--iters", str(args.probe_iters), "--max-bytes", str(args.probe_max_bytes),
+                                                "--timeout", str(args.timeout)])  # its probe sizes, as it uses them
     with NetCluster(max(args.nps), rate=None if rate == "none" else rate) as cluster:
-        run_probe(cluster, 2, probe_args, probe_path)
+        network_validation.run_probe(cluster, 2, probe_args, probe_path)
         single = train(cluster, 1, "np1", "horovod", [], args, runs)
         overlap = train(cluster, 2, "np2-horovod-timeline", "horovod", ["--comm-timeline", "true"], args, runs)
         for sync in args.syncs:

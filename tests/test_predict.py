@@ -180,7 +180,6 @@ def test_report_says_where_the_time_went(tmp_path):
     assert "gather/scatter's step would take twice ring allreduce's from np=" in text
 
 
-
 def test_overlap_from_another_run_and_shared_cores_need_the_runs_thread_count(tmp_path):
     phases = {"data": 0.0, "forward": 0.1, "backward": 0.2, "sync": 0.0, "optimizer": 0.1}
     write_run(tmp_path / "np1", 1, 0.4, phases)
