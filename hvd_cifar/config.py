@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from hvd_cifar import netstats
+from hvd_cifar.errors import ConfigError  # noqa: F401 (config.ConfigError: the name its callers know)
 from hvd_cifar.sync import METHODS
 
 DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
@@ -39,10 +40,6 @@ SYNC_METHODS = tuple(METHODS)  # the registry in hvd_cifar/sync/__init__.py
 SCHEDULES = ("onecycle", "cosine", "step")
 LR_SCALINGS = ("linear", "sqrt", "none")
 AMP_MODES = ("none", "fp16", "bf16")
-
-
-class ConfigError(ValueError):
-    """A bad config value; the message is one line naming the key."""
 
 
 @dataclass

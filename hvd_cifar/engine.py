@@ -18,9 +18,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from hvd_cifar import data, preempt
+from hvd_cifar.runs import PHASES
 
-# The phases of a step, in order; each is timed separately and reported as ``<phase>_time_s``.
-PHASES = ("data", "forward", "backward", "sync", "optimizer")
 # An epoch's running sums, per rank, summed over the ranks by the epoch-end allreduce: the loss
 # times images, images right at top-1 and at top-5, images. (Top-5 is last so that the others
 # keep the places that checkpoints of preempted epochs from before it hold them in.)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import socket
 
+from hvd_cifar.errors import ConfigError
+
 
 def read_counters() -> dict[str, tuple[int, int]]:
     """{interface: (rx_bytes, tx_bytes)} for this network namespace."""
@@ -29,7 +31,6 @@ def pick_interface(wanted: str) -> str | None:
     counters = read_counters()
     if wanted != "auto":
         if wanted not in counters:
-            from hvd_cifar.config import ConfigError  # here: config imports this module
             raise ConfigError(missing_interface(wanted, counters))
         return wanted
     candidates = {name: sum(c) for name, c in counters.items() if name != "lo"}

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hvd_cifar import report, runlog
+from hvd_cifar.errors import PredictError
 from hvd_cifar.sync import SyncMethod
 
 # The collective each sync method's gradients take, and the probe transports that time it (the
@@ -39,10 +40,6 @@ TRANSPORTS = {
 # can hide there; the mpi4py methods communicate only after backward.
 OVERLAPS = ("horovod", "horovod-hierarchical", "ddp")
 DEFAULT_NP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-
-
-class PredictError(RuntimeError):
-    """Unusable input; one line."""
 
 
 # ----------------------------------------------------------------------------- the equations

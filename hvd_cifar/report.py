@@ -42,98 +42,30 @@ stderr and exit status 2. Each output file is written whole or not at all (temp 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import os
 import sys
 import textwrap
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from hvd_cifar import runlog, train
-from hvd_cifar.engine import PHASES
+from hvd_cifar import runlog, runs
+from hvd_cifar.tables import Column, OneLineParser, fmt_number, markdown_table, num, text, write_csv  # noqa: F401
+from hvd_cifar.errors import ReportError
+from hvd_cifar.runs import PHASES, TARGET_KEYS, Run, load_run
 
 # What makes two runs "the same configuration" for speedup; world size is what differs.
 CONFIG_KEYS = ("model", "dataset", "batch_size", "sync", "fp16_allreduce", "accumulation_steps", "freeze")
 MB = 1e6  # bytes
-# eval.json's time-to-accuracy keys (hvd_cifar.train.time_to_target); None: no target / not reached
-TARGET_KEYS = ("target_acc", "epochs_to_target", "time_to_target_s")
 TITLE_ROOM = 0.95  # share of a figure's width that its title may take
 
 
-class ReportError(RuntimeError):
-    """Unusable input; the message is one line saying which file and what is wrong."""
-
-
-# ----------------------------------------------------------------------------- reading runs
-@dataclass
-class Run:
-    path: str
-    name: str
-    metrics: list[dict]
-    config: dict = field(default_factory=dict)   # config.yaml, {} if absent
-    meta: dict = field(default_factory=dict)     # meta.json, {} if absent
-    evaluation: dict | None = None               # eval.json, None if absent
-
-
-def read_metrics_file(path: str) -> list[dict]:
-    """metrics.jsonl as a list of records; every problem is a ReportError naming the line."""
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise ReportError(f"{os.path.dirname(path) or '.'}: no metrics.jsonl (not a run folder, "
-                          f"or no epoch finished yet)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: cannot be read ({exc})") from None
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ReportError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("epoch"), int):
-            raise ReportError(f"{path}: line {number} is not an epoch record (needs an integer 'epoch')")
-        records.append(record)
-    if not records:
-        raise ReportError(f"{path}: holds no epoch records")
-    return records
-
-
-def _read_optional(path: str, parse: Callable[[Any], Any]) -> Any:
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as f:
-            return parse(f)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise ReportError(f"{path}: cannot be read ({str(exc).splitlines()[0]})") from None
-
-
-def load_run(path: str) -> Run:
-    if not os.path.isdir(path):
-        raise ReportError(f"{path}: no such run folder")
-    metrics = read_metrics_file(os.path.join(path, "metrics.jsonl"))
-    config = _read_optional(os.path.join(path, "config.yaml"), yaml.safe_load) or {}
-    meta = _read_optional(os.path.join(path, "meta.json"), json.load) or {}
-    evaluation = _read_optional(os.path.join(path, "eval.json"), json.load)
-    if not isinstance(config, dict) or not isinstance(meta, dict):
-        raise ReportError(f"{path}: config.yaml / meta.json must each hold a mapping")
-    name = os.path.basename(os.path.normpath(os.path.abspath(path)))
-    return Run(os.path.abspath(path), name, metrics, config, meta, evaluation)
-
-
-# ----------------------------------------------------------------------------- numbers
+# ----------------------------------------------------------------------------- figures of a run
 def value(record: dict, key: str) -> float:
     """A numeric metric, or NaN when the record lacks it (older runs, optional keys). A per-host
     figure (``{host: bytes}``, the NIC counters) reads as its mean over the hosts."""
@@ -224,7 +156,7 @@ def time_to_target(run: Run) -> dict:
     if run.evaluation and all(k in run.evaluation for k in TARGET_KEYS):
         return {k: run.evaluation[k] for k in TARGET_KEYS}
     target = run.config.get("target_acc") or 0.0
-    return train.time_to_target([r for r in run.metrics if "test_acc" in r], target)
+    return runs.time_to_target([r for r in run.metrics if "test_acc" in r], target)
 
 
 def summarize(run: Run) -> dict:
@@ -307,32 +239,6 @@ def target_speedup_note(row: dict, base: dict | None) -> str:
 
 
 # ----------------------------------------------------------------------------- tables
-def text(v: Any) -> str:
-    """A text cell; booleans as the YAML spelling (true/false)."""
-    return str(v).lower() if isinstance(v, bool) else str(v)
-
-
-@dataclass
-class Column:
-    header: str                          # Markdown header, with units
-    key: str                             # key in the row dict; also the CSV header
-    fmt: Callable[[Any], str] = text     # Markdown cell; the CSV gets the raw value
-    numeric: bool = False                # right-aligned in Markdown
-    row_fmt: Callable[[dict], str] | None = None  # Markdown cell made from the whole row, if set
-
-
-def fmt_number(v: Any, spec: str, scale: float = 1.0) -> str:
-    """``v / scale`` formatted with ``spec``; '-' for a missing value (None, NaN, not a number)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-        return "-"
-    return format(v / scale, spec)
-
-
-def num(header: str, key: str, spec: str, scale: float = 1.0) -> Column:
-    """A numeric column shown as ``value / scale`` with ``spec``."""
-    return Column(header, key, lambda v: fmt_number(v, spec, scale), numeric=True)
-
-
 def target_cell(key: str, spec: str) -> Callable[[dict], str]:
     """A time-/epochs-to-target cell: the number; 'not reached' when the run had a target and
     never reached it; '-' when it had no target (or the number was not recorded)."""
@@ -348,32 +254,6 @@ def target_cell(key: str, spec: str) -> Callable[[dict], str]:
 def target_speedup_cell(row: dict) -> str:
     v = row.get("target_speedup", math.nan)
     return fmt_number(v, ".2f") if not math.isnan(v) else row.get("target_speedup_note") or "-"
-
-
-def markdown_table(columns: list[Column], rows: list[dict]) -> str:
-    def cell(c: Column, row: dict) -> str:
-        v = row.get(c.key)
-        shown = c.row_fmt(row) if c.row_fmt else c.fmt(v) if v is not None else "-"
-        return shown.replace("|", "\\|")
-    lines = ["| " + " | ".join(c.header for c in columns) + " |",
-             "|" + "|".join("---:" if c.numeric else "---" for c in columns) + "|"]
-    lines += ["| " + " | ".join(cell(c, row) for c in columns) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-def write_csv(path: str, columns: list[Column], rows: list[dict]) -> None:
-    """Raw values at full precision; missing numbers are empty cells."""
-    def raw(v: Any) -> Any:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return ""
-        if isinstance(v, bool):
-            return text(v)
-        return repr(v) if isinstance(v, float) else v
-    text_out = io.StringIO(newline="")
-    out = csv.writer(text_out)
-    out.writerow([c.key for c in columns])
-    out.writerows([[raw(row.get(c.key)) for c in columns] for row in rows])
-    runlog.write_text(path, text_out.getvalue())
 
 
 ASYNC_PS_COLUMNS = [
@@ -870,14 +750,6 @@ def compare_report(runs: list[Run], out: str) -> str:
 
 
 # ----------------------------------------------------------------------------- command line
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one ``hvd_cifar: error:`` line and exit status 2."""
-
-    def error(self, message: str):
-        print(f"hvd_cifar: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m hvd_cifar.report", description=__doc__.split("\n\n")[0],
                            formatter_class=argparse.RawDescriptionHelpFormatter)

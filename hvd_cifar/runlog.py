@@ -3,115 +3,21 @@ checkpoint_last.pt and eval.json. Files are written whole or not at all (temp + 
 from __future__ import annotations
 
 import datetime as dt
-import errno
 import json
 import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
-from typing import Any
 
 import torch
 
+from hvd_cifar import runs
+from hvd_cifar.files import RunError, append_whole, atomic_write, write_error, write_json, write_text  # noqa: F401 (re-exported)
+
 CHECKPOINT = "checkpoint_last.pt"
-METRICS = "metrics.jsonl"
+METRICS = runs.METRICS
 EVENTS = "events.jsonl"  # elastic training: one line per (re)start of the workers
-
-
-class RunError(RuntimeError):
-    """A run folder or checkpoint problem; the message is one line saying what is wrong."""
-
-
-def write_error(path: str, exc: BaseException) -> RunError | None:
-    """The one line for a failed write of ``path`` (the file and the OS's reason), or None when
-    ``exc`` holds no OS error (a bug of the writer, which keeps its traceback)."""
-    cause = exc
-    while cause is not None and not isinstance(cause, OSError):
-        cause = cause.__cause__ or cause.__context__
-    if cause is None:
-        return None
-    reason = cause.strerror or str(cause)
-    if cause.errno in errno.errorcode:
-        reason += f", {errno.errorcode[cause.errno]}"
-    return RunError(f"cannot write {path} ({reason})")
-
-
-class _WriteRecorder:
-    """The temp file as a writer sees it, keeping the OS error of a failed write. torch.save
-    writes from C++ and reports a failed write as RuntimeError('[enforce fail at
-    inline_container.cc ...] unexpected pos ...'); whether the OSError stays attached to it is
-    up to torch's bindings, so it is kept here, where the write happened."""
-
-    def __init__(self, file):
-        self._file, self.error = file, None
-
-    def write(self, data) -> int:
-        try:
-            return self._file.write(data)
-        except OSError as exc:
-            self.error = exc
-            raise
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-
-def atomic_write(path: str, write) -> None:
-    """Write via ``write(file_object)`` to a temp file in the same folder, fsync, then rename over
-    ``path``: a reader (or a crash) sees the old file or the new one, never half of one. A write
-    that fails (no space left, read-only, permission) removes the temp file, leaves ``path`` as
-    it was, and raises RunError naming ``path`` and the OS's reason."""
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp, recorder = None, None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        os.fchmod(fd, _new_file_mode())  # mkstemp's 0600 would hide reports and runs from others
-        with os.fdopen(fd, "wb") as f:
-            recorder = _WriteRecorder(f)
-            write(recorder)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        _remove_quietly(tmp)
-        error = write_error(path, recorder.error if recorder and recorder.error else exc)
-        if error is None or not isinstance(exc, (OSError, RuntimeError)):
-            raise
-        raise error from None
-
-
-def _new_file_mode() -> int:
-    """The mode open() gives a new file: 0666 less the umask (read without changing it, which
-    os.umask cannot do, from /proc where there is one)."""
-    try:
-        with open("/proc/self/status") as f:
-            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError):
-        umask = 0o022
-    return 0o666 & ~umask
-
-
-def _remove_quietly(path: str | None) -> None:
-    """Remove a temp file if it is there; a failure to (a read-only folder) must not hide the
-    error that got us here."""
-    try:
-        if path:
-            os.unlink(path)
-    except OSError:
-        pass
-
-
-def write_json(path: str, obj: Any) -> None:
-    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
-
-
-def write_text(path: str, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def default_run_name(cfg, world_size: int) -> str:
@@ -152,32 +58,6 @@ def create_run_dir(cfg, world_size: int) -> str:
             raise RunError(f"log_dir: cannot create {path!r} ({exc.strerror})") from None
 
 
-def _append(path: str, data: bytes, fd: int | None = None, durable: bool = True) -> None:
-    """Append ``data`` to ``path`` (or its open ``fd``) whole or not at all: a write that fails
-    part-way (no space left) is cut off again, so the file never ends in a torn line that a
-    later append would bury in the middle. ``durable``: fsync. Raises OSError as the OS did."""
-    own = fd is None
-    if own:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-    try:
-        size = os.fstat(fd).st_size
-        try:
-            view = memoryview(data)
-            while view:  # a short write is followed by one that says why it stopped
-                view = view[os.write(fd, view):]
-            if durable:
-                os.fsync(fd)
-        except OSError:
-            try:
-                os.ftruncate(fd, size)
-            except OSError:
-                pass  # the reader drops a last line without its newline anyway
-            raise
-    finally:
-        if own:
-            os.close(fd)
-
-
 class RankLog:
     """A per-rank text log in the run folder; rank 0 also prints its lines. The log is a record
     for people, not the run's data: when the file cannot be written (disk full, read-only), the
@@ -195,7 +75,7 @@ class RankLog:
         stamp = dt.datetime.now().strftime("%H:%M:%S")
         if self.fd is not None:
             try:
-                _append(self.path, f"{stamp} [rank {self.rank}] {message}\n".encode(), self.fd, durable=False)
+                append_whole(self.path, f"{stamp} [rank {self.rank}] {message}\n".encode(), self.fd, durable=False)
             except OSError as exc:
                 self.close()
                 sys.stderr.write(f"hvd_cifar: warning: rank {self.rank}: {write_error(self.path, exc)}; "
@@ -217,20 +97,15 @@ def append_metrics(run_dir: str, record: dict, name: str = METRICS) -> None:
     """One JSON object per line; each line is written with one write() and fsynced."""
     path = os.path.join(run_dir, name)
     try:
-        _append(path, (json.dumps(record) + "\n").encode())
+        append_whole(path, (json.dumps(record) + "\n").encode())
     except OSError as exc:
         raise write_error(path, exc) from None
 
 
 def read_metrics(run_dir: str) -> list[dict]:
-    path = os.path.join(run_dir, METRICS)
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        lines = f.read().split("\n")
-    # Each record is one line written whole, but a job killed in the middle of that write could
-    # leave a last line without its newline: it is not a record (its epoch reruns on resume).
-    return [json.loads(line) for line in lines[:-1] if line.strip()]
+    """The run's whole epoch records so far (none before the first); the one reader's rule for a
+    torn last line applies (hvd_cifar.runs)."""
+    return runs.read_metrics(run_dir, missing_ok=True).records
 
 
 def remove_stale_temp_files(run_dir: str) -> None:

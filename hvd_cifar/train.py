@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from hvd_cifar import config as config_mod
-from hvd_cifar import autofreeze, data, engine, lifecycle, netstats, preempt, resources, runlog, tboard
+from hvd_cifar import autofreeze, data, engine, lifecycle, netstats, preempt, resources, runlog, runs, tboard
 from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.data import DataError
 from hvd_cifar.models import build_model, set_frozen_blocks
@@ -494,7 +494,7 @@ def finish(run: Training, confusion, record: dict | None) -> None:
     runlog.write_json(os.path.join(run.run_dir, "eval.json"), {
         "test_acc": test_acc, "test_acc5": record["test_acc5"], "test_loss": record["test_loss"],
         "classes": run.dataset.num_classes,
-        **time_to_target(runlog.read_metrics(run.run_dir), run.cfg.target_acc),
+        **runs.time_to_target(runlog.read_metrics(run.run_dir), run.cfg.target_acc),
         "confusion_matrix": confusion.tolist(), "classification_report": report,
         "parameters_identical_across_ranks": ranks_agree})
     run.log("classification report (test set):\n" + report_text)
@@ -502,14 +502,6 @@ def finish(run: Training, confusion, record: dict | None) -> None:
     if run.board:  # this process recorded epochs into TensorBoard: the config, with the final accuracy
         run.board.hparams(run.cfg.to_dict())
     run.log(f"final test accuracy {test_acc:.4f}; run folder {run.run_dir}")
-
-
-def time_to_target(records: list[dict], target: float) -> dict:
-    """The first epoch whose test accuracy reached ``target``: its count and elapsed time."""
-    reached = next((r for r in records if target and r["test_acc"] >= target), None)
-    return {"target_acc": target or None,
-            "epochs_to_target": reached["epoch"] + 1 if reached else None,
-            "time_to_target_s": reached.get("elapsed_s") if reached else None}
 
 
 def classification_summary(confusion: torch.Tensor) -> tuple[str, dict]:

@@ -1,0 +1,122 @@
+"""Reading run folders: metrics.jsonl, config.yaml, meta.json and eval.json, as written by
+``hvd_cifar.train``. No torch and no trainer here, so that reports, predictions and sweeps read
+runs without loading either.
+
+The one rule for metrics.jsonl: every record is one line written whole (``runlog.append_metrics``:
+one write, then fsync). A job killed during that write can leave a last line without its newline
+that is not valid JSON: that line is *torn*. It is left out and said so (``Metrics.torn``): its
+epoch did not finish being recorded and reruns on resume. Any other line that is not an epoch
+record is an error naming the line.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+from hvd_cifar.errors import ReportError
+
+METRICS = "metrics.jsonl"
+# The phases of a training step, in order; each epoch record has a <phase>_time_s per phase.
+PHASES = ("data", "forward", "backward", "sync", "optimizer")
+# eval.json's time-to-accuracy keys (time_to_target); None: no target / not reached
+TARGET_KEYS = ("target_acc", "epochs_to_target", "time_to_target_s")
+
+
+@dataclass
+class Metrics:
+    records: list[dict]
+    torn: bool = False  # a last line cut short by a killed write was left out
+
+
+def parse_metrics(text: str, path: str = METRICS) -> Metrics:
+    """metrics.jsonl's text as epoch records; a bad line other than a torn last one is a
+    ReportError naming it."""
+    lines = text.split("\n")
+    last = lines.pop()  # "" when the file ends in a newline, as a whole write leaves it
+    records = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            records.append(_record(line, number, path))
+    torn = False
+    if last.strip():
+        try:
+            records.append(_record(last, len(lines) + 1, path))
+        except ReportError:
+            torn = True
+    return Metrics(records, torn)
+
+
+def _record(line: str, number: int, path: str) -> dict:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("epoch"), int):
+        raise ReportError(f"{path}: line {number} is not an epoch record (needs an integer 'epoch')")
+    return record
+
+
+def read_metrics(run_dir: str, missing_ok: bool = False) -> Metrics:
+    """RUN_DIR/metrics.jsonl (no file: no records when ``missing_ok``, else a ReportError)."""
+    path = os.path.join(run_dir, METRICS)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        if missing_ok:
+            return Metrics([])
+        raise ReportError(f"{run_dir or '.'}: no metrics.jsonl (not a run folder, "
+                          f"or no epoch finished yet)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot be read ({exc})") from None
+    return parse_metrics(text, path)
+
+
+@dataclass
+class Run:
+    path: str
+    name: str
+    metrics: list[dict]
+    config: dict = field(default_factory=dict)   # config.yaml, {} if absent
+    meta: dict = field(default_factory=dict)     # meta.json, {} if absent
+    evaluation: dict | None = None               # eval.json, None if absent
+    torn: bool = False                           # metrics.jsonl's torn last line was left out
+
+
+def _read_optional(path: str, parse: Callable[[Any], Any]) -> Any:
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return parse(f)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ReportError(f"{path}: cannot be read ({str(exc).splitlines()[0]})") from None
+
+
+def load_run(path: str) -> Run:
+    """A run folder with at least one whole epoch record; anything unusable is a ReportError."""
+    if not os.path.isdir(path):
+        raise ReportError(f"{path}: no such run folder")
+    metrics = read_metrics(path)
+    if not metrics.records:
+        raise ReportError(f"{os.path.join(path, METRICS)}: holds no epoch records"
+                          + (" (its only line is torn: the run was killed while writing it)" if metrics.torn else ""))
+    config = _read_optional(os.path.join(path, "config.yaml"), yaml.safe_load) or {}
+    meta = _read_optional(os.path.join(path, "meta.json"), json.load) or {}
+    evaluation = _read_optional(os.path.join(path, "eval.json"), json.load)
+    if not isinstance(config, dict) or not isinstance(meta, dict):
+        raise ReportError(f"{path}: config.yaml / meta.json must each hold a mapping")
+    name = os.path.basename(os.path.normpath(os.path.abspath(path)))
+    return Run(os.path.abspath(path), name, metrics.records, config, meta, evaluation, metrics.torn)
+
+
+def time_to_target(records: list[dict], target: float) -> dict:
+    """The first epoch whose test accuracy reached ``target``: its count and elapsed time."""
+    reached = next((r for r in records if target and r["test_acc"] >= target), None)
+    return {"target_acc": target or None,
+            "epochs_to_target": reached["epoch"] + 1 if reached else None,
+            "time_to_target_s": reached.get("elapsed_s") if reached else None}
