@@ -14,53 +14,57 @@ from hvd_cifar.config import ConfigError
 from hvd_cifar.sync import SyncMethod, openmpi
 
 
+def prepare_environment(elastic: bool) -> None:
+    """Horovod's settings, which it reads at hvd.init(), and the launches it cannot run under."""
+    # A rank that stops submitting collectives (a bug, a dead peer) would otherwise leave the
+    # rest waiting forever with only a warning: after this long Horovod shuts down with an
+    # error instead, which the entry point turns into an aborted job.
+    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
+    os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
+    # Negotiation cycle: Horovod's background thread coordinates with the other ranks once per
+    # cycle; its default since 0.21 is 1 ms (5 ms before). Measured on the 4-host namespace
+    # cluster (docs/SYNC_METHODS.md), 1 ms cost about a fifth of the epoch time on hosts whose
+    # cores the training threads already fill, and 5 to 50 ms did equally well. 5 ms it is,
+    # unless the launcher says otherwise (horovodrun --cycle-time-ms sets HOROVOD_CYCLE_TIME).
+    os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+    # A timeline can be started once a run's folder exists (comm_timeline: true) only if Horovod was
+    # initialised with this set; DYNAMIC records nothing until then (its cost: docs/SCALING.md).
+    os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
+    started_elastic = os.environ.get("HOROVOD_ELASTIC") == "1"  # set by horovodrun's elastic driver
+    if elastic and not started_elastic:
+        raise ConfigError("elastic: needs Horovod's elastic launcher: horovodrun -np N --min-np MIN "
+                          "--max-np MAX --host-discovery-script SCRIPT python -m hvd_cifar.train ...")
+    if started_elastic and not elastic:
+        raise ConfigError("elastic: this job was started by horovodrun's elastic driver "
+                          "(--min-np/--max-np/--host-discovery-script); set elastic: true")
+    cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower()
+    if cpu_ops == "gloo" and os.environ.get("HOROVOD_CONTROLLER", "").lower() != "gloo":
+        # Horovod 0.28.1 sets up the Gloo context of its global process set only under its
+        # Gloo controller; under the MPI controller (mpirun, horovodrun's MPI mode, one
+        # process) Gloo operations find it empty and every rank dies of a segmentation
+        # fault at the first broadcast.
+        raise ConfigError("HOROVOD_CPU_OPERATIONS=gloo: Horovod's Gloo operations need its Gloo "
+                          "controller: launch with horovodrun --gloo, or unset it to use MPI's")
+    if elastic:
+        # No response cache under elastic training. Horovod keeps the cache across the reset
+        # that re-forms the ring (shutdown + init keep the global process set), so the
+        # workers that were there before hold their entries while one that joins starts with
+        # none; the ranks then mean different tensors by the same cache bit, fuse different
+        # tensors into one collective, and the job dies in Gloo ("op.preamble.length <=
+        # op.nbytes"). Without the cache every tensor is negotiated by name each cycle.
+        os.environ["HOROVOD_CACHE_CAPACITY"] = "0"
+
+
 class HorovodSync(SyncMethod):
     name = "horovod"
 
     def __init__(self, elastic: bool = False):
-        # A rank that stops submitting collectives (a bug, a dead peer) would otherwise leave the
-        # rest waiting forever with only a warning: after this long Horovod shuts down with an
-        # error instead, which the entry point turns into an aborted job.
-        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
-        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
-        # Negotiation cycle: Horovod's background thread coordinates with the other ranks once per
-        # cycle; its default since 0.21 is 1 ms (5 ms before). Measured on the 4-host namespace
-        # cluster (docs/SYNC_METHODS.md), 1 ms cost about a fifth of the epoch time on hosts whose
-        # cores the training threads already fill, and 5 to 50 ms did equally well. 5 ms it is,
-        # unless the launcher says otherwise (horovodrun --cycle-time-ms sets HOROVOD_CYCLE_TIME).
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
-        # A timeline can be started once a run's folder exists (comm_timeline: true) only if Horovod was
-        # initialised with this set; DYNAMIC records nothing until then (its cost: docs/SCALING.md).
-        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
-        started_elastic = os.environ.get("HOROVOD_ELASTIC") == "1"  # set by horovodrun's elastic driver
-        if elastic and not started_elastic:
-            raise ConfigError("elastic: needs Horovod's elastic launcher: horovodrun -np N --min-np MIN "
-                              "--max-np MAX --host-discovery-script SCRIPT python -m hvd_cifar.train ...")
-        if started_elastic and not elastic:
-            raise ConfigError("elastic: this job was started by horovodrun's elastic driver "
-                              "(--min-np/--max-np/--host-discovery-script); set elastic: true")
-        cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower()
-        if cpu_ops == "gloo" and os.environ.get("HOROVOD_CONTROLLER", "").lower() != "gloo":
-            # Horovod 0.28.1 sets up the Gloo context of its global process set only under its
-            # Gloo controller; under the MPI controller (mpirun, horovodrun's MPI mode, one
-            # process) Gloo operations find it empty and every rank dies of a segmentation
-            # fault at the first broadcast.
-            raise ConfigError("HOROVOD_CPU_OPERATIONS=gloo: Horovod's Gloo operations need its Gloo "
-                              "controller: launch with horovodrun --gloo, or unset it to use MPI's")
-        if elastic:
-            # No response cache under elastic training. Horovod keeps the cache across the reset
-            # that re-forms the ring (shutdown + init keep the global process set), so the
-            # workers that were there before hold their entries while one that joins starts with
-            # none; the ranks then mean different tensors by the same cache bit, fuse different
-            # tensors into one collective, and the job dies in Gloo ("op.preamble.length <=
-            # op.nbytes"). Without the cache every tensor is negotiated by name each cycle.
-            os.environ["HOROVOD_CACHE_CAPACITY"] = "0"
+        prepare_environment(elastic)
         self.elastic = elastic
         openmpi.apply_defaults()  # Horovod runs its collectives on MPI unless launched with --gloo
         hvd.init()
         self.optimizer = None
-        self.timeline = False
-        self.timeline_path: str | None = None  # rank 0's, once recording started
+        self.timeline: Timeline | None = None  # comm_timeline: true
         self.waits: list[tuple[float, float]] = []  # this epoch's synchronize() calls, wall time
 
     # Ranks and sizes can change under elastic training (hvd.init() again after a reset).
@@ -123,7 +127,7 @@ class HorovodSync(SyncMethod):
         self.waits.append((began, time.time()))
 
     def configure(self, cfg):
-        self.timeline = cfg.comm_timeline
+        self.timeline = Timeline() if cfg.comm_timeline else None
 
     def epoch_loop(self, train_one_epoch):
         """With ``comm_timeline: true``: record Horovod's timeline (rank 0 writes RUN/timeline.json,
@@ -133,35 +137,14 @@ class HorovodSync(SyncMethod):
             return train_one_epoch
 
         def recorded(run, state, epoch):
-            if self.rank == 0 and self.timeline_path is None:
-                self.timeline_path = self.new_timeline(run.run_dir)
+            if self.rank == 0 and self.timeline.path is None:
+                self.timeline.start(run.run_dir)
             self.waits, began = [], time.time()
             result = train_one_epoch(run, state, epoch)
             if self.rank == 0:
-                result.extra.update(self.epoch_overlap(self.timeline_path, (began, time.time())))
+                result.extra.update(self.timeline.epoch_overlap((began, time.time()), self.waits))
             return result
         return recorded
-
-    @staticmethod
-    def new_timeline(run_dir: str) -> str:
-        """Start recording into the run folder: timeline.json, or, when a resumed run finds one
-        (Horovod would truncate it), timeline-1.json, timeline-2.json, ..."""
-        path, n = os.path.join(run_dir, "timeline.json"), 0
-        while os.path.exists(path):
-            n += 1
-            path = os.path.join(run_dir, f"timeline-{n}.json")
-        hvd.start_timeline(path, mark_cycles=True)
-        return path
-
-    def epoch_overlap(self, path: str, window: tuple[float, float], settle_s: float = 2.0) -> dict:
-        """comm_hidden_s and comm_exposed_s of the epoch in ``window``. Horovod's writer thread
-        lags the collectives: wait (at most ``settle_s``) until the file holds an event (a cycle
-        mark) from after the epoch."""
-        deadline = time.time() + settle_s
-        while overlap.last_event_s(path) < window[1] and time.time() < deadline:
-            time.sleep(0.05)
-        comm = overlap.clip(overlap.collective_intervals(path), window)
-        return overlap.hidden_and_exposed(comm, self.waits)
 
     def step(self, optimizer, scaler=None):
         with optimizer.skip_synchronize():  # synchronize() already ran
@@ -192,6 +175,35 @@ class HorovodSync(SyncMethod):
 
     def close(self):
         hvd.shutdown()
+
+
+class Timeline:
+    """Horovod's timeline of one run (rank 0's), read back per epoch for comm_hidden_s and
+    comm_exposed_s."""
+
+    def __init__(self):
+        self.path: str | None = None  # once recording started
+
+    def start(self, run_dir: str) -> None:
+        """Record into the run folder: timeline.json, or, when a resumed run finds one (Horovod
+        would truncate it), timeline-1.json, timeline-2.json, ..."""
+        path, n = os.path.join(run_dir, "timeline.json"), 0
+        while os.path.exists(path):
+            n += 1
+            path = os.path.join(run_dir, f"timeline-{n}.json")
+        hvd.start_timeline(path, mark_cycles=True)
+        self.path = path
+
+    def epoch_overlap(self, window: tuple[float, float], waits: list[tuple[float, float]],
+                      settle_s: float = 2.0) -> dict:
+        """comm_hidden_s and comm_exposed_s of the epoch in ``window``, given the epoch's
+        synchronize() waits. Horovod's writer thread lags the collectives: wait (at most
+        ``settle_s``) until the file holds an event (a cycle mark) from after the epoch."""
+        deadline = time.time() + settle_s
+        while overlap.last_event_s(self.path) < window[1] and time.time() < deadline:
+            time.sleep(0.05)
+        comm = overlap.clip(overlap.collective_intervals(self.path), window)
+        return overlap.hidden_and_exposed(comm, waits)
 
 
 def create(name: str, elastic: bool = False) -> SyncMethod:
