@@ -73,6 +73,64 @@ def copy_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
             offset += t.numel()
 
 
+class FlatSgd:
+    """torch.optim.SGD's update (dampening 0), as the servers compute it on flat buffers, from
+    the optimizer's settings: one momentum and Nesterov flag, weight decay per parameter group
+    (none on biases, BN). A zero momentum buffer stands for SGD's missing one: its first step is
+    then the same."""
+
+    def __init__(self, optimizer, params: list[torch.Tensor]):
+        group = optimizer.param_groups[0]
+        self.momentum_factor, self.nesterov = group["momentum"], group["nesterov"]
+        decay = {p: g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+        self.decay = torch.cat([torch.full((p.numel(),), float(decay[p])) for p in params])
+
+    def apply(self, weights, momentum, grad, lr: float, span: tuple[int, int]) -> None:
+        """Update ``weights`` and ``momentum`` (the flat elements ``span`` of the model) by ``grad``, in place."""
+        grad.addcmul_(self.decay[span[0]:span[1]], weights)  # weight decay, per element
+        momentum.mul_(self.momentum_factor).add_(grad)
+        step = grad.add_(momentum, alpha=self.momentum_factor) if self.nesterov else momentum
+        weights.add_(step, alpha=-lr)
+
+
+def flatten_state(params, optimizer, weights: torch.Tensor, momentum: torch.Tensor) -> None:
+    """The parameters into ``weights`` and SGD's momentum buffers into ``momentum`` (zero where
+    it has none yet), consecutively."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            weights[offset:offset + n].copy_(p.reshape(-1))
+            buf = optimizer.state.get(p, {}).get("momentum_buffer")
+            if buf is None:
+                momentum[offset:offset + n].zero_()
+            else:
+                momentum[offset:offset + n].copy_(buf.reshape(-1))
+            offset += n
+
+
+def serving_figures(servers_comm, staleness: list[int], seconds: float) -> dict:
+    """The epoch's staleness over every server's pushes, and the servers' mean update rate."""
+    every = servers_comm.allgather((sum(staleness), len(staleness), max(staleness, default=0),
+                                    len(staleness) / seconds))
+    return {"staleness_mean": sum(e[0] for e in every) / max(sum(e[1] for e in every), 1),
+            "staleness_max": max(e[2] for e in every),
+            "server_updates_per_s": sum(e[3] for e in every) / len(every)}
+
+
+def average_worker_buffers(mpi, comm, model, is_server: bool, workers: int) -> None:
+    """BatchNorm's running statistics: the workers' mean (a server never runs a forward pass,
+    so its own are the initial ones and count for nothing)."""
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if not buffers:
+        return
+    flat = torch.cat([b.detach().reshape(-1).double().cpu() for b in buffers])
+    if is_server:
+        flat.zero_()
+    comm.Allreduce(mpi.IN_PLACE, flat.numpy(), op=mpi.SUM)
+    copy_into(flat / workers, buffers)
+
+
 class AsyncPsState(TrainingState):
     """The training state without the stop vote (a collective per update), see stop_if_asked."""
 
@@ -127,12 +185,7 @@ class AsyncPsSync(MpiSync):
     # --- buffers ------------------------------------------------------------------------
     def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
         model, optimizer = super().wrap(model, optimizer, named_parameters, accumulation_steps, fp16)
-        # The servers compute torch.optim.SGD's update themselves, from the optimizer's settings:
-        # one momentum and Nesterov flag, weight decay per parameter group (none on biases, BN).
-        group = optimizer.param_groups[0]
-        self.momentum_factor, self.nesterov = group["momentum"], group["nesterov"]
-        decay = {p: g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
-        self.decay = torch.cat([torch.full((p.numel(),), float(decay[p])) for p in self.params])
+        self.sgd = FlatSgd(optimizer, self.params)
         return model, optimizer
 
     def allocate(self, numel):
@@ -194,45 +247,21 @@ class AsyncPsSync(MpiSync):
         bar.close()
         seconds = time.perf_counter() - began
         return EpochResult(zero_sums(run.device), dict.fromkeys(PHASES, 0.0),
-                           len(run.loader), 0, per_worker, seconds, lr, self.serving_figures(staleness, seconds))
+                           len(run.loader), 0, per_worker, seconds, lr,
+                           serving_figures(self.servers_comm, staleness, seconds) | {"ps_servers": self.servers})
 
     def receive(self, k: int):
         """Start receiving worker ``k``'s next push."""
         return self.ps.Irecv(self.pushed[k].numpy(), source=self.servers + k, tag=_PUSH)
 
     def begin_serving(self, optimizer) -> None:
-        """The weights and momentum from the model and optimizer, where the last epoch's
-        ``consolidate`` or a resumed checkpoint left them."""
-        offset = 0
-        with torch.no_grad():
-            for p in self.params:
-                n = p.numel()
-                self.weights[offset:offset + n].copy_(p.reshape(-1))
-                buf = optimizer.state.get(p, {}).get("momentum_buffer")
-                if buf is None:
-                    self.momentum[offset:offset + n].zero_()
-                else:
-                    self.momentum[offset:offset + n].copy_(buf.reshape(-1))
-                offset += n
+        """The weights and momentum from where the last ``consolidate`` or a checkpoint left them."""
+        flatten_state(self.params, optimizer, self.weights, self.momentum)
 
     def apply(self, grad: torch.Tensor, lr: float) -> None:
-        """torch.optim.SGD's update (dampening 0) of this server's shard by ``grad``, in place.
-        A zero momentum buffer stands for SGD's missing one: its first step is then the same."""
+        """SGD's update of this server's shard by ``grad``, in place."""
         start, end = self.shards[self.rank]
-        weights, momentum = self.weights[start:end], self.momentum[start:end]
-        grad.addcmul_(self.decay[start:end], weights)  # weight decay, per element
-        momentum.mul_(self.momentum_factor).add_(grad)
-        step = grad.add_(momentum, alpha=self.momentum_factor) if self.nesterov else momentum
-        weights.add_(step, alpha=-lr)
-
-    def serving_figures(self, staleness: list[int], seconds: float) -> dict:
-        """The epoch's staleness over every server's pushes, and the servers' mean update rate."""
-        every = self.servers_comm.allgather((sum(staleness), len(staleness), max(staleness, default=0),
-                                             len(staleness) / seconds))
-        return {"staleness_mean": sum(e[0] for e in every) / max(sum(e[1] for e in every), 1),
-                "staleness_max": max(e[2] for e in every),
-                "server_updates_per_s": sum(e[3] for e in every) / len(every),
-                "ps_servers": self.servers}
+        self.sgd.apply(self.weights[start:end], self.momentum[start:end], grad, lr, (start, end))
 
     # --- after the epoch ----------------------------------------------------------------
     def consolidate(self, model, optimizer):
@@ -242,24 +271,12 @@ class AsyncPsSync(MpiSync):
             self.comm.Bcast(self.weights.numpy()[start:end], root=server)
             self.comm.Bcast(self.momentum.numpy()[start:end], root=server)
         copy_into(self.weights, self.params)
-        if self.momentum_factor:  # SGD keeps no buffer without momentum
+        if self.sgd.momentum_factor:  # SGD keeps no buffer without momentum
             offset = 0
             for p in self.params:
                 optimizer.state[p]["momentum_buffer"] = self.momentum[offset:offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
-        self.average_worker_buffers(model)
-
-    def average_worker_buffers(self, model) -> None:
-        """BatchNorm's running statistics: the workers' mean (a server never runs a forward pass,
-        so its own are the initial ones and count for nothing)."""
-        buffers = [b for b in model.buffers() if b.is_floating_point()]
-        if not buffers:
-            return
-        flat = torch.cat([b.detach().reshape(-1).double().cpu() for b in buffers])
-        if self.is_server:
-            flat.zero_()
-        self.comm.Allreduce(self.MPI.IN_PLACE, flat.numpy(), op=self.MPI.SUM)
-        copy_into(flat / self.workers, buffers)
+        average_worker_buffers(self.MPI, self.comm, model, self.is_server, self.workers)
 
     # --- accounting ---------------------------------------------------------------------
     def wire_bytes_per_sync(self, payload_bytes):
