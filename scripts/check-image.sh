@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the real Dockerfile with podman on a Debian base made here from Debian's own packages,
 # then runs what the image promises, as its non-root user:
-#   1. debootstrap --variant=minbase bookworm from deb.debian.org (once; --fresh makes a new one)
+#   1. debootstrap --variant=minbase bookworm from this machine's own Debian mirror (the first
+#      http(s) entry for Debian's main archive in its apt sources, or --mirror URL; once,
+#      --fresh makes a new one)
 #   2. podman import of that root as localhost/hvd_cifar-base:bookworm (the PATH and CMD that
 #      Debian's official images set; nothing else added)
 #   3. podman build of the Dockerfile on it (--build-arg BASE_IMAGE=that image), from a
@@ -9,24 +11,103 @@
 #   4. the demo: podman run --rm IMAGE (the image's CMD, as user trainer)
 #   5. a 2-container job: two containers on podman's bridge network (each its own network
 #      namespace and address), sshd on port 2222 in each as trainer (docker/sshd.sh, one key pair
-#      mounted at ~/.ssh, as README.md's multi-node recipe says), then launch/horovodrun.sh
+#      mounted at ~/.ssh, as docs/DOCKER.md's multi-node recipe says), then launch/horovodrun.sh
 #      -np 2 -p 2222 from the first across both, under MPI and under Gloo
 # Prints build time, image size, the demo's accuracy and time and the job's results, and writes
 # them to $WORK/results.md. Needs root (debootstrap, rootful podman) and Debian's podman, runc
 # and debootstrap (installed when missing).
 #
-#   scripts/check-image.sh            # WORK=~/.cache/hvd_cifar/image (outside the repository)
-#   scripts/check-image.sh --fresh    # new debootstrap root, podman build --no-cache
+#   scripts/check-image.sh                # WORK=~/.cache/hvd_cifar/image (outside the repository)
+#   scripts/check-image.sh --fresh        # new debootstrap root, podman build --no-cache
+#   scripts/check-image.sh --mirror URL   # debootstrap from URL instead of the apt sources' mirror
+#   scripts/check-image.sh --print-mirror # print the mirror it would use and exit (no root needed)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK="${HVD_CIFAR_IMAGE_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_cifar/image}"
-MIRROR=http://deb.debian.org/debian
 SUITE=bookworm
 BASE=localhost/hvd_cifar-base:$SUITE
 IMAGE=localhost/hvd_cifar:check
 PORT=2222
+APT_DIR="${HVD_CIFAR_APT_DIR:-/etc/apt}"   # another folder only to test the parsing below
+
+# The first http(s) source of Debian's main archive in the machine's apt sources: one-line
+# entries (sources.list, sources.list.d/*.list: "deb [options] URI SUITE COMPONENTS...") and
+# deb822 stanzas (sources.list.d/*.sources: Types/URIs/Suites, Enabled: no skipped), read in
+# apt's order. "Debian's main archive" = a suite that is a Debian release (a codename or
+# stable/testing/...), not its -security, -updates or -backports side archive, so an Ubuntu
+# or third-party source is never taken.
+apt_debian_mirror() {
+  local dir="$1" files=() f
+  [ -f "$dir/sources.list" ] && files+=("$dir/sources.list")
+  for f in "$dir"/sources.list.d/*; do          # the glob sorts; apt takes both kinds in that order
+    case "$f" in *.list | *.sources) [ -f "$f" ] && files+=("$f") ;; esac
+  done
+  ((${#files[@]})) || return 1
+  printf '%s\n' "${files[@]}" | awk '
+    BEGIN { split("buster bullseye bookworm trixie forky duke sid oldoldstable oldstable stable testing unstable", r, " ")
+            for (i in r) release[r[i]] = 1 }
+    function take(types, uris, suites,   t, u, s, nt, nu, ns, i, j, k) {
+      nt = split(types, t, /[ \t]+/); nu = split(uris, u, /[ \t]+/); ns = split(suites, s, /[ \t]+/)
+      for (i = 1; i <= nt; i++) if (t[i] == "deb")
+        for (j = 1; j <= nu; j++) if (u[j] ~ /^https?:\/\//)
+          for (k = 1; k <= ns; k++) if (s[k] in release) { sub(/\/+$/, "", u[j]); print u[j]; exit 0 }
+    }
+    { file = $0
+      if (file ~ /\.sources$/) {
+        stanza = ""
+        while ((getline line < file) > 0) {
+          if (line ~ /^[ \t]*#/) continue
+          if (line ~ /^[ \t]*$/) { deb822(stanza); stanza = ""; continue }
+          stanza = stanza "\n" line
+        }
+        deb822(stanza)
+      } else {
+        while ((getline line < file) > 0) {
+          sub(/#.*/, "", line)
+          n = split(line, w, /[ \t]+/); if (w[1] == "") { for (i = 1; i < n; i++) w[i] = w[i + 1]; n-- }
+          if (n < 3) continue
+          i = 2
+          if (w[2] ~ /^\[/) { while (i <= n && w[i] !~ /\]$/) i++; i++ }
+          if (i + 1 <= n) take(w[1], w[i], w[i + 1])
+        }
+      }
+      close(file)
+    }
+    function deb822(text,   lines, n, i, key, val, f, enabled) {
+      if (text == "") return
+      n = split(text, lines, "\n"); delete f; key = ""
+      for (i = 1; i <= n; i++) {
+        if (lines[i] ~ /^[ \t]/ && key != "") { f[key] = f[key] " " lines[i]; continue }
+        if (match(lines[i], /^[A-Za-z0-9-]+:/)) {
+          key = tolower(substr(lines[i], 1, RLENGTH - 1)); val = substr(lines[i], RLENGTH + 1)
+          f[key] = val
+        }
+      }
+      for (key in f) { gsub(/^[ \t]+|[ \t]+$/, "", f[key]) }
+      enabled = ("enabled" in f) ? tolower(f["enabled"]) : "yes"
+      if (enabled == "no" || enabled == "false") return
+      take(f["types"], f["uris"], f["suites"])
+    }'
+}
+
 fresh=0
-[ "${1:-}" != --fresh ] || fresh=1
+print_mirror=0
+MIRROR=""
+while (($#)); do
+  case "$1" in
+    --fresh) fresh=1 ;;
+    --print-mirror) print_mirror=1 ;;
+    --mirror) [ $# -ge 2 ] || { echo "check-image.sh: --mirror needs a URL" >&2; exit 2; }; MIRROR="$2"; shift ;;
+    --mirror=*) MIRROR="${1#--mirror=}" ;;
+    *) echo "check-image.sh: unknown argument $1 (takes --fresh, --mirror URL, --print-mirror)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -z "$MIRROR" ]; then
+  MIRROR="$(apt_debian_mirror "$APT_DIR")" || MIRROR=""
+  [ -n "$MIRROR" ] || { echo "check-image.sh: no Debian mirror: $APT_DIR/sources.list{,.d/*.list,.d/*.sources} has no http(s) entry for Debian's main archive; give one with --mirror URL" >&2; exit 2; }
+fi
+((print_mirror)) && { echo "$MIRROR"; exit 0; }
 [ "$(id -u)" -eq 0 ] || { echo "check-image.sh: needs root (debootstrap, rootful podman)" >&2; exit 2; }
 
 log() { printf '[check-image] %s\n' "$*"; }

@@ -1,7 +1,7 @@
-"""scripts/check-pythons.sh, the proof that each supported Python works end to end (README's
-table). Its passing runs build a venv and horovod per version (minutes each), so CI runs only
-its refusals: a version install.sh does not support, or cannot find, must fail the check with a
-row naming the reason, never pass it."""
+"""scripts/check-pythons.sh, the proof that each supported Python works end to end (the table in
+docs/INSTALL.md, "Python versions"). Its passing runs build a venv and horovod per version
+(minutes each), so CI runs only its refusals: a version install.sh does not support, or cannot
+find, must fail the check with a row naming the reason, never pass it."""
 import os
 import subprocess
 
