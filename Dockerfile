@@ -49,6 +49,6 @@ RUN useradd --create-home --uid "${UID}" --shell /bin/bash "${APP_USER}" && \
 USER ${APP_USER}
 
 # Multi-node: start sshd on a chosen port in each container (docker/sshd.sh PORT), then
-# launch from one of them with horovodrun -p PORT (see README.md).
+# launch from one of them with horovodrun -p PORT (see docs/DOCKER.md).
 EXPOSE 2222
 CMD ["launch/horovodrun.sh", "-np", "2", "--config", "configs/demo.yaml"]

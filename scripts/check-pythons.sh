@@ -5,7 +5,7 @@
 # configs/tiny.yaml's small CNN on digits for 3 whole epochs through launch/horovodrun.sh under
 # MPI and under Gloo. Each run must say it ran on that Python with 2 ranks under that controller
 # (meta.json) and end with the same parameters on both ranks and a test accuracy of at least
-# MIN_ACC (eval.json; 0.94 measured on 3.11, chance is 0.10). Prints one markdown table row per version (README.md
+# MIN_ACC (eval.json; 0.94 measured on 3.11, chance is 0.10). Prints one markdown table row per version (docs/INSTALL.md
 # has the table); the status is 0 only when every version passed.
 #
 #   scripts/check-pythons.sh                 # 3.11 3.12 3.13
