@@ -31,8 +31,9 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from hvd_cifar import jobs
+from hvd_cifar.launchers import ROOT
+from hvd_cifar.tables import Column, markdown_table, num
 
 TRANSPORTS = ("mpi-allreduce", "horovod", "horovod-gloo", "ddp")
 VGG11_PARAMETERS = 9_231_114  # what one training step allreduces for vgg11 (36.9 MB of fp32)
@@ -46,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=8, help="allreduces per job; the first is warm-up")
     p.add_argument("--rounds", type=int, default=2, help="jobs per transport; every timed iteration counts")
     p.add_argument("--only", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS))
-    p.add_argument("--timeout", type=int, default=300, help="seconds per job")
+    jobs.add_options(p, timeout=300)
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-allreduce-%Y%m%d-%H%M%S")))
     args = p.parse_args(argv)
     if not 2 <= args.hosts <= 16:
@@ -105,65 +106,51 @@ def run_one(cluster, method: str, args) -> dict:
         argv = cluster.horovodrun_argv(args.hosts, [], gloo=True, program=program)
     else:
         argv = cluster.mpirun_argv(args.hosts, [], program=program)
-    result = cluster.exec(0, argv, timeout=args.timeout)
-    lines = [line for line in (result.stdout or "").splitlines() if "RESULT " in line]
-    if result.returncode != 0 or not lines:
-        tail = "\n".join((result.stdout or "").splitlines()[-20:])
-        raise RuntimeError(f"{method}: exit status {result.returncode}\n{tail}")
+    done = jobs.run(method, lambda: cluster.exec(0, argv, timeout=args.timeout))
+    lines = [line for line in done.stdout.splitlines() if "RESULT " in line]
+    if not lines:
+        raise jobs.JobError(method, done.code, None, "no RESULT line in its output:\n" + done.stdout)
     return json.loads(lines[0].split("RESULT ", 1)[1])
 
 
 def table(rows: list[dict], args, link_bits: float) -> str:
     mb = args.elements * 4 / 1e6
-    out = [f"allreduce of {args.elements:,} float32 ({mb:.1f} MB), {args.hosts} hosts, one rank each, "
-           f"links {args.rate}; payload rate = 2(N-1)/N x bytes x 8 / time",
-           "",
-           "| transport | fastest (s) | median (s) | payload Gbit/s (fastest) | of link rate | median / ddp median |",
-           "|---|---:|---:|---:|---:|---:|"]
     ddp = next((r for r in rows if r["method"] == "ddp"), None)
-    for r in rows:
-        ratio = f"{r['median_s'] / ddp['median_s']:.2f}" if ddp else "-"
-        out.append(f"| {r['method']} | {r['fastest_s']:.3f} | {r['median_s']:.3f} | {r['gbit_s']:.3f} | "
-                   f"{r['gbit_s'] * 1e9 / link_bits:.2f} | {ratio} |")
-    return "\n".join(out)
+    columns = [Column("transport", "method"), num("fastest (s)", "fastest_s", ".3f"), num("median (s)", "median_s", ".3f"),
+               num("payload Gbit/s (fastest)", "gbit_s", ".3f"),
+               Column("of link rate", "gbit_s", numeric=True, row_fmt=lambda r: f"{r['gbit_s'] * 1e9 / link_bits:.2f}"),
+               Column("median / ddp median", "median_s", numeric=True,
+                      row_fmt=lambda r: f"{r['median_s'] / ddp['median_s']:.2f}" if ddp else "-")]
+    return (f"allreduce of {args.elements:,} float32 ({mb:.1f} MB), {args.hosts} hosts, one rank each, "
+            f"links {args.rate}; payload rate = 2(N-1)/N x bytes x 8 / time\n\n" + markdown_table(columns, rows).rstrip("\n"))
 
 
+@jobs.one_line_errors("hvd_cifar")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_worker"]:
         worker(argv[1], int(argv[2]), int(argv[3]))
         return 0
     args = parse_args(argv)
-    from hvd_cifar.netcluster import ClusterError, NetCluster, parse_rate
+    from hvd_cifar.netcluster import NetCluster, parse_rate
 
     os.makedirs(args.out, exist_ok=True)
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    load_start = os.getloadavg()[0]
+    span = jobs.Span()
     samples: dict[str, list[float]] = {m: [] for m in args.only}
-    try:
-        with NetCluster(args.hosts, rate=args.rate) as cluster:
-            for k in range(args.rounds):
-                for method in args.only[k % len(args.only):] + args.only[:k % len(args.only)]:
-                    got = run_one(cluster, method, args)
-                    samples[method] += got["seconds"]
-                    print(f"{method} round {k + 1}: fastest {min(got['seconds']):.3f} s", file=sys.stderr, flush=True)
-    except (ClusterError, RuntimeError) as exc:
-        print(f"hvd_cifar: error: {exc}", file=sys.stderr)
-        return 1
+    with NetCluster(args.hosts, rate=args.rate) as cluster:
+        for k in range(args.rounds):
+            for method in args.only[k % len(args.only):] + args.only[:k % len(args.only)]:
+                got = run_one(cluster, method, args)
+                samples[method] += got["seconds"]
+                print(f"{method} round {k + 1}: fastest {min(got['seconds']):.3f} s", file=sys.stderr, flush=True)
     payload_bits = 2 * (args.hosts - 1) / args.hosts * args.elements * 4 * 8
     rows = [{"method": m, "fastest_s": min(s), "median_s": statistics.median(s), "samples_s": s,
              "gbit_s": payload_bits / min(s) / 1e9} for m, s in samples.items()]
     text = table(rows, args, parse_rate(args.rate))
-    meta = {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "load_average_start": load_start, "load_average_end": os.getloadavg()[0],
-            "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}",
-            "args": vars(args)}
-    with open(os.path.join(args.out, "allreduce_transports.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out, "allreduce_transports.md"), "w") as f:
-        f.write(text + "\n")
-    print(text)
-    print(f"\n{started} to {meta['finished']}; load average {load_start:.2f} -> {meta['load_average_end']:.2f}")
+    meta = span.end(machine=f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}",
+                    args=vars(args))
+    jobs.write_results(args.out, "allreduce_transports", {"meta": meta, "rows": rows}, text)
+    print(f"\n{span.line()}")
     return 0
 
 

@@ -16,16 +16,14 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
+from hvd_cifar import jobs
 from hvd_cifar.models import build_model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="vgg11")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    jobs.add_options(parser, model="vgg11", batch_size=32, steps=10, epochs=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = parser.parse_args()
 
     hvd.init()

@@ -14,17 +14,13 @@ the divergence guard's status 3) is a failed row with its one line of stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from hvd_cifar import launchers, runlog  # noqa: E402
+from hvd_cifar import jobs, launchers, runlog
+from hvd_cifar.tables import Column, markdown_table
 
 TARGET = 0.95
 CASES = {  # name: (ranks, extra flags)
@@ -51,32 +47,29 @@ def run_case(model: str, case: str, args) -> dict:
     flags = ["--dataset", "digits", "--model", model, "--epochs", str(args.epochs), "--progress", "false",
              "--log-dir", os.path.join(args.out, "runs"), "--run-name", name, *extra]
     cmd = [*launchers.argv("single" if np_ == 1 else "horovodrun", np_), *flags]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    wall = time.perf_counter() - start
-    with open(os.path.join(args.out, f"{name}.log"), "w") as f:
-        f.write(proc.stdout + proc.stderr)
-    records = [r for r in runlog.read_metrics(os.path.join(args.out, "runs", name))] if proc.returncode == 0 else []
+    done = jobs.run(name, cmd, log=os.path.join(args.out, f"{name}.log"), check=False)
+    records = [r for r in runlog.read_metrics(os.path.join(args.out, "runs", name))] if done.code == 0 else []
     accs = [r["test_acc"] for r in records]
     first = next((i + 1 for i, a in enumerate(accs) if a >= TARGET), None)
-    error = "" if proc.returncode == 0 else next(
-        (line for line in proc.stderr.splitlines() if "hvd_cifar:" in line), proc.stderr.strip()[-200:])
-    return {"model": model, "case": case, "np": np_, "exit": proc.returncode, "wall_s": round(wall, 1),
+    error = "" if done.code == 0 else next(
+        (line for line in done.stderr.splitlines() if "hvd_cifar:" in line), done.stderr.strip()[-200:])
+    return {"model": model, "case": case, "np": np_, "exit": done.code, "wall_s": round(done.seconds, 1),
             "accuracy_per_epoch": accs, "final": accs[-1] if accs else None, "best": max(accs) if accs else None,
             "epochs_to_95": first, "passed": bool(accs) and accs[-1] >= TARGET, "error": error}
 
 
+COLUMNS = [
+    Column("model", "model"), Column("case", "case"),
+    Column("final test acc", "final", row_fmt=lambda r: f"exit {r['exit']}" if r["final"] is None else f"{r['final']:.4f}"),
+    Column("best", "best", row_fmt=lambda r: "" if r["best"] is None else f"{r['best']:.4f}"),
+    Column("first epoch >= 95 %", "epochs_to_95", row_fmt=lambda r: str(r["epochs_to_95"] or "never")),
+    Column("accuracy per epoch", "accuracy_per_epoch",
+           row_fmt=lambda r: " ".join(f"{a:.3f}" for a in r["accuracy_per_epoch"]) or r["error"]),
+    Column("wall (s)", "wall_s"), Column("pass", "passed", row_fmt=lambda r: "yes" if r["passed"] else "NO")]
+
+
 def table(rows: list[dict]) -> str:
-    out = ["| model | case | final test acc | best | first epoch >= 95 % | accuracy per epoch | wall (s) | pass |",
-           "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        per_epoch = " ".join(f"{a:.3f}" for a in r["accuracy_per_epoch"]) or r["error"]
-        final = f"{r['final']:.4f}" if r["final"] is not None else f"exit {r['exit']}"
-        best = f"{r['best']:.4f}" if r["best"] is not None else ""
-        out.append(f"| {r['model']} | {r['case']} | {final} | {best} | {r['epochs_to_95'] or 'never'} | "
-                   f"{per_epoch} | {r['wall_s']} | {'yes' if r['passed'] else 'NO'} |")
-    return "\n".join(out)
+    return markdown_table(COLUMNS, rows).rstrip("\n")
 
 
 def spreads(rows: list[dict]) -> str:
@@ -100,12 +93,9 @@ def main(argv=None) -> int:
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     head = (f"Convergence with every key at its default: digits, {args.epochs} epochs, horovodrun on "
             f"{platform.node()} ({os.cpu_count()} cores), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
-    text = "\n\n".join([head, table(rows), spreads(rows)]) + "\n"
-    with open(os.path.join(args.out, "convergence.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "convergence.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    print("\n" + text)
+    text = "\n\n".join([head, table(rows), spreads(rows)])
+    print()
+    jobs.write_results(args.out, "convergence", rows, text)
     return 0 if all(r["passed"] for r in rows) else 1
 
 

@@ -17,6 +17,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from hvd_cifar import data
+from hvd_cifar.tables import Column, markdown_table, num
 
 
 class PILDataset(Dataset):
@@ -66,9 +67,10 @@ def main() -> None:
                     drop_last=True, persistent_workers=args.workers > 0)
     pil_rate = images_per_s(lambda: dl, args.epochs)
 
-    print("| pipeline | images/s |\n|---|---:|")
-    print(f"| hvd_cifar tensor loader (pad-4 crop + flip + normalise, batched), {args.threads} thread(s) | {tensor_rate:,.0f} |")
-    print(f"| torchvision DataLoader, PIL transforms, {args.workers} workers | {pil_rate:,.0f} |")
+    rows = [{"pipeline": f"hvd_cifar tensor loader (pad-4 crop + flip + normalise, batched), {args.threads} thread(s)",
+             "images_per_s": tensor_rate},
+            {"pipeline": f"torchvision DataLoader, PIL transforms, {args.workers} workers", "images_per_s": pil_rate}]
+    print(markdown_table([Column("pipeline", "pipeline"), num("images/s", "images_per_s", ",.0f")], rows), end="")
     print(f"ratio tensor/DataLoader: {tensor_rate / pil_rate:.1f}x  "
           f"({args.images} images x {args.epochs} epochs, batch {args.batch_size})")
 

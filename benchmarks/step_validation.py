@@ -18,17 +18,13 @@ OUT/step_validation.json and .md (the table), the runs, probes and predictions; 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from hvd_cifar import predict  # noqa: E402
-import network_validation  # noqa: E402
+from hvd_cifar import jobs, predict
+from hvd_cifar.launchers import ROOT
+from hvd_cifar.tables import Column, markdown_table, num
 
 # option label -> (train flags, predict's scenario keys: fp16, accumulation steps)
 OPTIONS = {"plain": ([], (False, 1)),
@@ -49,7 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=4, help="steps per rank per epoch (a multiple of 4 for accum4)")
     p.add_argument("--probe-iters", type=int, default=3)
     p.add_argument("--probe-max-bytes", type=int, default=0, help="largest probe message (default: the probe's)")
-    p.add_argument("--timeout", type=int, default=1200, help="seconds per job")
+    jobs.add_options(p, timeout=1200)
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-stepval-%Y%m%d-%H%M%S")))
     args = p.parse_args(argv)
     if min(args.nps) < 3 or args.epochs < 2 or ("accum4" in args.options and args.steps % 4):
@@ -60,16 +56,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def train(cluster, np: int, name: str, sync: str, extra: list[str], args, runs: str) -> str:
     """One training job across the first ``np`` hosts under mpirun; its run folder."""
     flags = ["--model", args.model, "--dataset", args.dataset, "--epochs", str(args.epochs),
-             "--max-steps-per-epoch", str(args.steps), "--batch-size", str(args.batch_size), "--seed", "0",
-             "--checkpoint-every", "0", "--no-progress", "--sync", sync, "--log-dir", runs, "--run-name", name,
-             "--threads-per-rank", "1",  # the hosts share this machine's cores: one thread per rank
-             "--nic", "eth0", *extra]
-    result = cluster.run_mpirun(np, flags, timeout=args.timeout)
-    log_path = os.path.join(runs, f"{name}.log")
-    with open(log_path, "w") as log:
-        log.write(result.stdout or "")
-    if result.returncode != 0:
-        raise RuntimeError(f"{name}: exit status {result.returncode}; see {log_path}")
+             "--max-steps-per-epoch", str(args.steps), "--batch-size", str(args.batch_size), "--sync", sync,
+             "--log-dir", runs, "--run-name", name, *jobs.CLUSTER_TRAIN_FLAGS, *extra]
+    jobs.run(name, lambda: cluster.run_mpirun(np, flags, timeout=args.timeout), log=os.path.join(runs, f"{name}.log"))
     return os.path.join(runs, name)
 
 
@@ -79,10 +68,9 @@ def validate_rate(rate: str, args) -> list[dict]:
     runs, measured = os.path.join(args.out, rate), []
     os.makedirs(runs, exist_ok=True)
     probe_path = os.path.join(args.out, f"probe-{rate}-np2.json")
-    probe_args = network_validation.parse_args(["--iters", str(args.probe_iters), "--max-bytes", str(args.probe_max_bytes),
-                                                "--timeout", str(args.timeout)])  # its probe sizes, as it uses them
     with NetCluster(max(args.nps), rate=None if rate == "none" else rate) as cluster:
-        network_validation.run_probe(cluster, 2, probe_args, probe_path)
+        # the probe's message sizes as benchmarks/network_validation.py uses them by default
+        jobs.probe(cluster, 2, probe_path, iters=args.probe_iters, timeout=args.timeout, max_bytes=args.probe_max_bytes)
         single = train(cluster, 1, "np1", "horovod", [], args, runs)
         overlap = train(cluster, 2, "np2-horovod-timeline", "horovod", ["--comm-timeline", "true"], args, runs)
         for sync in args.syncs:
@@ -107,38 +95,27 @@ def validate_rate(rate: str, args) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| rate | sync | option | np | predicted step (ms) | measured step (ms) | error (%) |",
-             "|---|---|---|---:|---:|---:|---:|"]
-    for r in rows:
-        option = "fp16" if r["fp16_allreduce"] else f"accum {r['accumulation_steps']}" if r["accumulation_steps"] > 1 else "plain"
-        lines.append(f"| {r['rate']} | {r['method']} | {option} | {r['np']} | {r['step_s'] * 1e3:.1f} | "
-                     f"{r['measured_step_s'] * 1e3:.1f} | {r['error_pct']:+.1f} |")
-    return "\n".join(lines)
+def option_label(r: dict) -> str:
+    return "fp16" if r["fp16_allreduce"] else f"accum {r['accumulation_steps']}" if r["accumulation_steps"] > 1 else "plain"
 
 
+COLUMNS = [Column("rate", "rate"), Column("sync", "method"), Column("option", "fp16_allreduce", row_fmt=option_label),
+           Column("np", "np", numeric=True), num("predicted step (ms)", "step_s", ".1f", 1e-3),
+           num("measured step (ms)", "measured_step_s", ".1f", 1e-3), num("error (%)", "error_pct", "+.1f")]
+
+
+@jobs.one_line_errors("hvd_cifar")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from hvd_cifar.netcluster import ClusterError
     os.makedirs(args.out, exist_ok=True)
-    started, load = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), os.getloadavg()[0]
-    rows = []
-    try:
-        for rate in args.rates:
-            rows += validate_rate(rate, args)
-    except (ClusterError, RuntimeError, predict.PredictError) as exc:
-        print(f"hvd_cifar: error: {exc}", file=sys.stderr)
-        return 1
-    meta = {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "load_average_start": load, "load_average_end": os.getloadavg()[0], "cores": os.cpu_count(), "args": vars(args)}
-    with open(os.path.join(args.out, "step_validation.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    text = table(rows)
+    span, rows = jobs.Span(), []
+    for rate in args.rates:  # a failed job, cluster or prediction is a RuntimeError: one line
+        rows += validate_rate(rate, args)
+    meta = span.end(cores=os.cpu_count(), args=vars(args))
     within = sum(abs(r["error_pct"]) <= 15 for r in rows)
     summary = f"{within} of {len(rows)} predicted steps within 15 % of the measured ones"
-    with open(os.path.join(args.out, "step_validation.md"), "w") as f:
-        f.write(f"{text}\n\n{summary}\n")
-    print(f"{text}\n\n{summary}\n{started} to {meta['finished']}; load average {load:.2f} -> {meta['load_average_end']:.2f}")
+    jobs.write_results(args.out, "step_validation", {"meta": meta, "rows": rows}, f"{markdown_table(COLUMNS, rows)}\n{summary}")
+    print(span.line())
     return 0
 
 

@@ -20,21 +20,17 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from types import SimpleNamespace
 
 import psutil
 import pytest
 import torch
 
-from conftest import NEEDS_NETNS, ROOT, TINY, md_table, read_metrics, run_train
-from hvd_cifar import data, engine, report
+from conftest import NEEDS_NETNS, TINY, md_table, read_metrics, run_train
+from hvd_cifar import data, drill, engine, report
 from hvd_cifar.config import Config
 from hvd_cifar.models import build_model
 from hvd_cifar.netcluster import NetCluster
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import reliability  # noqa: E402
 
 PS = ["--sync", "mpi-async-ps"]
 DIGITS_TRAIN = 1437  # digits' training images
@@ -195,7 +191,7 @@ def test_a_killed_server_or_worker_ends_the_job(tmp_path, launcher, victim, sign
     """SIGKILL to rank ``victim`` (0: the server, 2: a worker) of 3 once an epoch is written:
     the launcher exits non-zero within 60 s and none of the ranks is left (checked by pid). A
     stop signal is no pause here (no vote): it ends the job the same way."""
-    result = reliability.kill_drill(launcher, "mpi-async-ps", victim, tmp_path, np=3, signum=signum)
+    result = drill.kill_drill(launcher, "mpi-async-ps", victim, tmp_path, np=3, signum=signum)
     assert result["ok"], result["why"]
     assert result["exit"] != 0 and result["seconds"] <= 60 and result["orphans"] == 0
     assert len(result["pids"]) == 3

@@ -1,18 +1,25 @@
-"""Every bad input in the fault drill (benchmarks/reliability.py), run for real: the job exits
-non-zero within seconds, with one line from hvd_cifar (from one rank, even with 2 ranks) and no
-traceback. The drill script prints the same cases as the table in docs/RELIABILITY.md."""
-import sys
+"""Every bad input of the fault drill (hvd_cifar.drill; benchmarks/reliability.py runs them all
+for real and prints the table in docs/RELIABILITY.md): one line from hvd_cifar, and no traceback.
 
+Mistakes in the config alone are checked in-process, in milliseconds: the trainer's own
+``load_config`` on the case's own flags and files raises one of the errors the trainer turns
+into its one line, and that line holds what the drill expects. Two of them still run as real
+2-rank jobs (one under mpirun, one under horovodrun), for the guarantee that matters there: one
+line from one rank, under a real launcher. Every other case (hostfiles, data sets, checkpoints,
+run folders, launchers, the host's CPUs and interfaces, divergence) is launched for real."""
 import pytest
 
-from conftest import ROOT
+from hvd_cifar import drill, train
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import reliability  # noqa: E402
+CONFIG_ERRORS = [case for case in drill.BAD_INPUTS if case.config_error]
+# Config errors that still run as real jobs: one line from one rank under mpirun -np 2 and horovodrun.
+LAUNCHED_CONFIG_ERRORS = ("unknown config key (flag)", "accumulation steps of the wrong type, under horovodrun (MPI)")
+IN_PROCESS = [case for case in CONFIG_ERRORS if case.name not in LAUNCHED_CONFIG_ERRORS]
+LAUNCHED = [case for case in drill.BAD_INPUTS if case not in IN_PROCESS]
 
 
 def test_the_drill_covers_what_the_guarantee_lists():
-    names = " / ".join(case.name for case in reliability.BAD_INPUTS)
+    names = " / ".join(case.name for case in drill.BAD_INPUTS)
     for topic in ("unknown config key", "wrong type", "negative learning rate", "zero batch size",
                   "accumulation steps 0", "freeze beyond", "unknown model", "unknown data set",
                   "unknown sync", "malformed hostfile line", "fewer slots than -np", "data set missing",
@@ -21,12 +28,25 @@ def test_the_drill_covers_what_the_guarantee_lists():
                   "larger than the data set", "not UTF-8 text", "threads per rank beyond the host's CPUs",
                   "network interface that does not exist"):
         assert topic in names, topic
-    assert len(reliability.BAD_INPUTS) >= 15
+    assert len(drill.BAD_INPUTS) >= 15
+    assert set(LAUNCHED_CONFIG_ERRORS) <= {case.name for case in CONFIG_ERRORS}
+    assert len(IN_PROCESS) >= 12 and len(LAUNCHED) + len(IN_PROCESS) == len(drill.BAD_INPUTS)
+
+
+@pytest.mark.parametrize("case", IN_PROCESS, ids=lambda case: case.name)
+def test_config_error_is_the_drills_one_line(tmp_path, case):
+    """What the trainer does with these flags before anything else, in this process: the error
+    it prints as ``hvd_cifar: error: ...`` (train.main), one line holding the drill's text."""
+    case.prepare(tmp_path)
+    with pytest.raises(train.USER_ERRORS) as raised:
+        train.load_config(case.trainer_flags(tmp_path))
+    line = f"hvd_cifar: error: {raised.value}"
+    assert "\n" not in line and case.expect in line, line
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", reliability.BAD_INPUTS, ids=lambda case: case.name)
+@pytest.mark.parametrize("case", LAUNCHED, ids=lambda case: case.name)
 def test_bad_input_is_one_line_from_one_rank(tmp_path, case):
-    result = reliability.run_bad_input(case, tmp_path)
+    result = drill.run_bad_input(case, tmp_path)
     assert result["ok"], f"{result['why']}\n{result['stderr']}"
-    assert result["exit"] not in (0, None) and result["seconds"] <= reliability.BAD_INPUT_BOUND_S
+    assert result["exit"] not in (0, None) and result["seconds"] <= drill.BAD_INPUT_BOUND_S

@@ -18,10 +18,7 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY, launch_argv, read_metrics, run_train, unmeasured
-from hvd_cifar import preempt, slurm_resume
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import reliability  # noqa: E402
+from hvd_cifar import drill, preempt, slurm_resume
 
 # 3 epochs of 12 steps in updates of 2 micro-batches: a stop asked for mid-update waits for its end.
 FLAGS = ["--config", TINY, "--epochs", "3", "--max-steps-per-epoch", "12", "--accumulation-steps", "2",
@@ -168,12 +165,12 @@ def test_sigusr1_to_mpirun_pauses_the_job_and_resume_finishes_it_exactly(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher, sync, target, signame",
-                         [job for job in reliability.PREEMPT_JOBS if job[0].startswith("horovodrun")])
+                         [job for job in drill.PREEMPT_JOBS if job[0].startswith("horovodrun")])
 def test_the_drills_preemptions_under_horovodrun(tmp_path, launcher, sync, target, signame):
     """The fault drill's horovodrun jobs (the mpirun ones are the tests above): SIGUSR1 to
     launch/horovodrun.sh (horovodrun's MPI mode, which it makes exec mpirun), SIGTERM to both
     ranks under --gloo; exit 4 with one line, one event, no rank left, and the resume finishes."""
-    result = reliability.preempt_drill(launcher, sync, target, signame, tmp_path)
+    result = drill.preempt_drill(launcher, sync, target, signame, tmp_path)
     assert result["ok"], result["why"]
 
 

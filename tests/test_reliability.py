@@ -8,19 +8,16 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY, launch_argv, read_metrics, run_train, unmeasured
-
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import reliability  # noqa: E402
+from hvd_cifar import drill
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher, sync, victim", [
-    (launcher, sync, i % 2) for i, (launcher, sync) in enumerate(reliability.KILL_JOBS)])
+    (launcher, sync, i % 2) for i, (launcher, sync) in enumerate(drill.KILL_JOBS)])
 def test_sigkill_of_one_rank_ends_the_job_quickly(tmp_path, launcher, sync, victim):
     """SIGKILL to rank 1 (or rank 0, every other case) once an epoch is written: the launcher
     exits non-zero within 60 s and no rank is left running."""
-    result = reliability.kill_drill(launcher, sync, victim, tmp_path)
+    result = drill.kill_drill(launcher, sync, victim, tmp_path)
     assert result["ok"], result["why"]
     assert result["exit"] != 0 and result["seconds"] <= 60 and result["orphans"] == 0
 

@@ -1,0 +1,204 @@
+"""One way for a benchmark to run a job and keep what it said: the command (or a namespace
+cluster's run of one) to its end or its timeout, its output in a log, and one error that names
+the job when it fails. Every script under benchmarks/ runs its jobs through ``run``.
+
+    done = jobs.run("np2 horovod", [*launchers.argv("mpirun", 2), *flags], log="OUT/np2.log", timeout=900)
+    done = jobs.run("bytes fp16 np=4", lambda: cluster.run_horovodrun(4, flags, gloo=True, timeout=900),
+                    log="OUT/logs/bytes-fp16-np4.log")
+    done.stdout, done.stderr, done.seconds        # (a cluster's output is all in stdout)
+    jobs.run("case 3", argv, timeout=120, check=False).code   # a failure is a result, not an error
+
+Also the parts of a benchmark's output that several scripts share: ``write_results`` (OUT/STEM.json
+first, OUT/STEM.md from it, the table printed), ``machine`` (what the numbers were measured on),
+the probe job and the trainer flags of every job on the namespace cluster. No torch here.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, Union
+
+from hvd_cifar.files import write_json, write_text
+from hvd_cifar.launchers import ROOT
+
+TAIL_CHARS = 3000  # of a failed job's output, in its error when it has no log
+STOP_GRACE_S = 10.0  # from SIGTERM to SIGKILL when a job outlives its timeout
+
+# Trainer flags of every training job a benchmark runs on the namespace cluster: reproducible,
+# no checkpoints or progress bar, one thread per rank (the "hosts" share this machine's cores),
+# bytes counted at each host's link to the switch.
+CLUSTER_TRAIN_FLAGS = ("--seed", "0", "--checkpoint-every", "0", "--progress", "false",
+                       "--threads-per-rank", "1", "--nic", "eth0")
+# The probe's message sizes in the validation benchmarks (hvd_cifar.probe's --sizes, --min-bytes).
+PROBE_SIZES, PROBE_MIN_BYTES = 6, 4096
+
+# What ``run`` starts: an argument list run here, or a callable that runs the job elsewhere and
+# returns what subprocess.run does (returncode, stdout), e.g. NetCluster.run_mpirun.
+Command = Union[Sequence[str], Callable[[], Any]]
+
+
+class JobError(RuntimeError):
+    """A job that failed; the first line names it, its exit status and its log."""
+
+    def __init__(self, label: str, code: int | None, log: str | None, output: str):
+        self.label, self.code, self.log, self.output = label, code, log, output
+        status = "no end within its timeout" if code is None else f"exit status {code}"
+        where = f"; see {log}" if log else "\n" + output[-TAIL_CHARS:]
+        super().__init__(f"{label}: {status}{where}")
+
+
+@dataclass
+class Finished:
+    code: int | None   # exit status; None: stopped at its timeout
+    stdout: str
+    stderr: str
+    seconds: float     # wall clock, start to end
+
+
+def job_env(**extra: str) -> dict:
+    """This process's environment for a job, with unbuffered Python output and ``extra``."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to the job's process group (its launcher and every rank it started), SIGKILL to
+    what is left after ``grace_s``."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+            return
+
+
+def _run_here(argv: Sequence[str], timeout: float | None, env: dict | None, cwd: str) -> tuple:
+    # Its own session: on a timeout (or Ctrl-C) the launcher and its ranks go down together.
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=env if env is not None else job_env(), text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stdout, stderr
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        stdout, stderr = proc.communicate()
+        return None, stdout, stderr
+    except BaseException:
+        stop(proc)
+        raise
+
+
+def _run_elsewhere(start: Callable[[], Any]) -> tuple:
+    try:
+        result = start()
+    except subprocess.TimeoutExpired as exc:  # NetCluster.exec has stopped the job everywhere
+        return None, exc.output or "", ""
+    return result.returncode, result.stdout or "", getattr(result, "stderr", None) or ""
+
+
+def run(label: str, command: Command, *, log: str | None = None, timeout: float | None = None,
+        env: dict | None = None, cwd: str = ROOT, check: bool = True) -> Finished:
+    """Run one job (``label`` names it in errors) to its end or ``timeout`` seconds. ``log``:
+    a file for its stdout then its stderr. ``env``: default ``job_env()``; a callable command
+    sets its own environment and timeout. A job that exits non-zero or outlives its timeout
+    raises JobError, unless ``check`` is False."""
+    start = time.perf_counter()
+    if callable(command):
+        code, stdout, stderr = _run_elsewhere(command)
+    else:
+        code, stdout, stderr = _run_here(command, timeout, env, cwd)
+    done = Finished(code, stdout, stderr, time.perf_counter() - start)
+    if log:
+        write_text(log, stdout + stderr)
+    if check and code != 0:
+        raise JobError(label, code, log, stdout + stderr)
+    return done
+
+
+def probe(cluster, n: int, out: str, *, iters: int, timeout: float, max_bytes: int = 0,
+          sizes: int = PROBE_SIZES, min_bytes: int = PROBE_MIN_BYTES) -> dict:
+    """``python -m hvd_cifar.probe`` under mpirun on the first ``n`` hosts of a NetCluster; its
+    probe.json (written to ``out``), read back."""
+    flags = ["--iters", str(iters), "--sizes", str(sizes), "--min-bytes", str(min_bytes),
+             *(["--max-bytes", str(max_bytes)] if max_bytes else []), "--out", out]
+    argv = cluster.mpirun_argv(n, [], program=[cluster.python, "-m", "hvd_cifar.probe", *flags])
+    run(f"probe at np={n}", lambda: cluster.exec(0, argv, timeout=timeout))
+    if not os.path.exists(out):
+        raise JobError(f"probe at np={n}", 0, None, f"no {out} written")
+    with open(out) as f:
+        return json.load(f)
+
+
+def machine() -> dict:
+    """What a benchmark's numbers were measured on."""
+    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def write_results(out: str, stem: str, results: Any, text: str) -> None:
+    """OUT/STEM.json (the data, first), OUT/STEM.md (``text``, made from it), then ``text`` printed."""
+    text = text.rstrip("\n")
+    write_json(os.path.join(out, f"{stem}.json"), results)
+    write_text(os.path.join(out, f"{stem}.md"), text + "\n")
+    print(text)
+
+
+def add_options(p: argparse.ArgumentParser, **defaults: Any) -> None:
+    """The options several benchmarks share, with one help text each; only those given a default
+    here are added (``batch_size=32`` adds --batch-size)."""
+    helps = {"model": ("--model", str, "the model (hvd_cifar.models)"),
+             "batch_size": ("--batch-size", int, "images per rank per step"),
+             "np": ("--np", int, "ranks per job"),
+             "steps": ("--steps", int, "training steps per epoch per rank"),
+             "epochs": ("--epochs", int, "epochs per job"),
+             "repeats": ("--repeats", int, "rounds of every variant, in an order that rotates"),
+             "timeout": ("--timeout", int, "seconds per job")}
+    for key, default in defaults.items():
+        flag, kind, text = helps[key]
+        p.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
+
+
+def one_line_errors(prefix: str) -> Callable:
+    """Decorate a benchmark's ``main``: a failure it raises (a JobError, the cluster's, the
+    scaling model's, a file's: RuntimeErrors all) is one ``PREFIX: error: ...`` line on stderr
+    and exit status 1."""
+    def decorate(main: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(main)
+        def guarded(*args, **kwargs) -> int:
+            try:
+                return main(*args, **kwargs)
+            except RuntimeError as exc:
+                print(f"{prefix}: error: {exc}", file=sys.stderr)
+                return 1
+        return guarded
+    return decorate
+
+
+class Span:
+    """When a benchmark ran, and the machine's load average at its start and end."""
+
+    def __init__(self):
+        self.started, self.load_start = utc_now(), os.getloadavg()[0]
+        self.finished, self.load_end = "", float("nan")
+
+    def end(self, **extra: Any) -> dict:
+        """Mark the end; the results' ``meta`` (``extra`` appended)."""
+        self.finished, self.load_end = utc_now(), os.getloadavg()[0]
+        return {"started": self.started, "finished": self.finished, "load_average_start": self.load_start,
+                "load_average_end": self.load_end, **extra}
+
+    def line(self) -> str:
+        return f"{self.started} to {self.finished}; load average {self.load_start:.2f} -> {self.load_end:.2f}"
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
