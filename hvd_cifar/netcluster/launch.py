@@ -1,0 +1,89 @@
+"""Launcher command lines across the cluster: horovodrun (MPI or Gloo controller, elastic) and
+Open MPI's mpirun, one rank per host, to run on host 0, which reaches hosts 1.. over ssh through
+the switch. The command lines themselves come from ``hvd_cifar.launchers``; this module adds the
+cluster's hosts, key and interface.
+
+Each function takes the cluster first; ``NetCluster`` offers them as its methods of the same names.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Sequence
+
+from hvd_cifar import hostfile as hostfiles
+from hvd_cifar import launchers
+from hvd_cifar.netcluster import jobs
+from hvd_cifar.netcluster.layout import Layout
+from hvd_cifar.netcluster.ssh import SSH_PORT
+from hvd_cifar.netcluster.system import NIC, ClusterError
+
+
+def _check_np(cluster: Layout, np: int) -> None:
+    if not 1 <= np <= cluster.n_hosts:
+        raise ClusterError(f"np: {np} ranks need 1..{cluster.n_hosts} (one rank per host)")
+
+
+def hostfile(cluster: Layout, np: int) -> str:
+    """An Open MPI hostfile (``ADDR slots=1`` lines) for the first ``np`` hosts, validated."""
+    _check_np(cluster, np)
+    path = os.path.join(cluster.tmpdir, f"hostfile-np{np}")
+    with open(path, "w") as f:
+        f.write(hostfiles.mpi_hostfile([(addr, 1) for addr in cluster.hosts[:np]]))
+    hostfiles.check_slots(hostfiles.parse(path), np, path)
+    return path
+
+
+def train_argv(cluster: Layout, train_args: Sequence[str]) -> list[str]:
+    return [*launchers.train_program(cluster.python), *train_args]
+
+
+def _horovodrun_options(cluster: Layout) -> list[str]:
+    return ["--network-interfaces", NIC,    # else it probes every interface over ssh first
+            "-p", str(SSH_PORT), "--ssh-identity-file", cluster.key,
+            "--disable-cache",              # else it writes ~/.horovod/cache.bin
+            "--start-timeout", "60"]
+
+
+def horovodrun_argv(cluster: Layout, np: int, train_args: Sequence[str], gloo: bool = False,
+                    program: Sequence[str] | None = None) -> list[str]:
+    """horovodrun across the first ``np`` hosts, one rank each, to run on host 0; every rank
+    runs ``program`` if given, else ``python -m hvd_cifar.train train_args``."""
+    _check_np(cluster, np)
+    options = _horovodrun_options(cluster)
+    if not gloo:  # its mpirun already gets btl_tcp_if_include; keep the out-of-band channel on eth0 too
+        options.append(f"--mpi-args=-mca oob_tcp_if_include {NIC}")
+    return launchers.horovodrun(np, program or train_argv(cluster, train_args),
+                                hosts=hostfiles.horovod_hosts([(addr, 1) for addr in cluster.hosts[:np]]),
+                                gloo=gloo, options=options, executable=cluster.tool("horovodrun"))
+
+
+def elastic_argv(cluster: Layout, np: int, min_np: int, max_np: int, discovery_script: str,
+                 train_args: Sequence[str]) -> list[str]:
+    """horovodrun's elastic mode (Gloo), to run on host 0: starts ``np`` workers on the hosts
+    ``discovery_script`` prints (``ADDR:SLOTS`` lines) and follows its output as it changes."""
+    return launchers.horovodrun(np, train_argv(cluster, train_args), elastic=(min_np, max_np, discovery_script),
+                                options=_horovodrun_options(cluster), executable=cluster.tool("horovodrun"))
+
+
+def mpirun_argv(cluster: Layout, np: int, train_args: Sequence[str], export: dict | None = None,
+                program: Sequence[str] | None = None) -> list[str]:
+    """Open MPI's mpirun across the first ``np`` hosts, one rank each, to run on host 0;
+    ``export``: environment variables set for every rank (``-x NAME=VALUE``); every rank
+    runs ``program`` if given, else ``python -m hvd_cifar.train train_args``."""
+    exported = [f"{name}={value}" for name, value in (export or {}).items()]
+    mca = {"plm_rsh_args": f"-i {cluster.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+           "btl": "tcp,self",  # rank-to-rank bytes over TCP only, never shared memory
+           "btl_tcp_if_include": NIC, "oob_tcp_if_include": NIC}
+    return launchers.mpirun(np, program or train_argv(cluster, train_args), hostfile=hostfile(cluster, np),
+                            oversubscribe=False, export=[*exported, "PATH"], mca=mca)
+
+
+def run_horovodrun(cluster: Layout, np: int, train_args: Sequence[str], gloo: bool = False,
+                   timeout: float = 600, capture: bool = True) -> subprocess.CompletedProcess:
+    return jobs.exec(cluster, 0, horovodrun_argv(cluster, np, train_args, gloo), timeout=timeout, capture=capture)
+
+
+def run_mpirun(cluster: Layout, np: int, train_args: Sequence[str], timeout: float = 600,
+               capture: bool = True, export: dict | None = None) -> subprocess.CompletedProcess:
+    return jobs.exec(cluster, 0, mpirun_argv(cluster, np, train_args, export), timeout=timeout, capture=capture)

@@ -1,0 +1,37 @@
+"""Link shaping. With a rate set, a ``tbf`` qdisc sits on both ends of each host's link (eth0
+egress = what the host sends, the bridge port's egress = what it receives), so each host has a
+full-duplex link of that rate, like a 1 GbE NIC on a switch. tbf counts Ethernet frames."""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from hvd_cifar.netcluster.system import NIC, ClusterError, run
+
+TBF_LATENCY = "10ms"              # longest a packet may wait in the shaper's queue
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)bit\s*$", re.IGNORECASE)
+
+
+def parse_rate(rate: str) -> int:
+    """tc-style rate ('1gbit', '100mbit', '2.5gbit') -> bits per second (SI prefixes, as tc)."""
+    match = _RATE.match(rate)
+    if not match:
+        raise ClusterError(f"rate: cannot parse {rate!r} (expected e.g. '1gbit', '100mbit')")
+    bits = float(match[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match[2].lower()]
+    if bits < 1e5:
+        raise ClusterError(f"rate: {rate!r} is below 100kbit")
+    return int(bits)
+
+
+def shape_links(switch_ns: str, namespaces: Sequence[str], mtu: int, bits: int | None) -> None:
+    """Every host link (host i's eth0 in ``namespaces[i]``, its port ``pi`` on the switch) at
+    ``bits`` per second both ways; None: unshaped, veth speed."""
+    # tbf needs a bucket of at least one frame and about a timer tick's worth of bytes.
+    burst = max(bits // 8 // 1000, 2 * (mtu + 14)) if bits else 0
+    for i, ns in enumerate(namespaces):
+        for where, dev in ((ns, NIC), (switch_ns, f"p{i}")):
+            if bits:
+                run(["tc", "-n", where, "qdisc", "replace", "dev", dev, "root", "tbf",
+                     "rate", f"{bits}bit", "burst", str(burst), "latency", TBF_LATENCY])
+            else:
+                run(["tc", "-n", where, "qdisc", "del", "dev", dev, "root"], check=False)
