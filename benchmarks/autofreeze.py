@@ -20,16 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from comm_options import COMMON, horovodrun_job, write_results  # noqa: E402 - this folder's sibling
-from hvd_cifar import report  # noqa: E402
-from hvd_cifar.netcluster import ClusterError, NetCluster  # noqa: E402
+from hvd_cifar import jobs
+from hvd_cifar.launchers import ROOT
+from hvd_cifar.netcluster import NetCluster
+from hvd_cifar.runs import load_run
+from hvd_cifar.report import run_bytes
+from hvd_cifar.tables import Column, markdown_table, num
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,25 +39,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threshold", type=float, default=0.2, help="freeze_auto_threshold of the auto job")
     p.add_argument("--rate", default="1gbit", help="link rate, tc syntax")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-autofreeze-%Y%m%d-%H%M%S")))
-    p.add_argument("--timeout", type=int, default=1800, help="seconds per job")
+    jobs.add_options(p, timeout=1800)
     return p.parse_args(argv)
 
 
 def run_job(cluster: NetCluster, name: str, flags: list[str], args) -> str:
     """One training job; its run folder."""
     runs = os.path.join(args.out, "runs")
-    train = [*COMMON, "--model", args.model, "--epochs", str(args.epochs), *flags,
-             "--log-dir", runs, "--run-name", name]
-    horovodrun_job(cluster, args.np, train, os.path.join(args.out, "logs", f"{name}.log"), name, args.timeout)
+    train = ["--dataset", "digits", *jobs.CLUSTER_TRAIN_FLAGS, "--model", args.model, "--epochs", str(args.epochs),
+             *flags, "--log-dir", runs, "--run-name", name]
+    done = jobs.run(name, lambda: cluster.run_horovodrun(args.np, train, gloo=True, timeout=args.timeout),
+                    log=os.path.join(args.out, "logs", f"{name}.log"))
+    print(f"{name}: {done.seconds:.0f} s", file=sys.stderr, flush=True)
     return os.path.join(runs, name)
 
 
 def summarize(run_dir: str) -> dict:
     """One job's row: bytes over the run from hvd_cifar.report, the freezes from events.jsonl."""
-    run = report.load_run(run_dir)
+    run = load_run(run_dir)
     events_path = os.path.join(run_dir, "events.jsonl")
     events = [json.loads(line) for line in open(events_path)] if os.path.exists(events_path) else []
-    return {**report.run_bytes(run.metrics),
+    return {**run_bytes(run.metrics),
             "test_acc": run.metrics[-1]["test_acc"],
             "test_acc_per_epoch": [r["test_acc"] for r in run.metrics],
             "frozen_blocks_per_epoch": [r["frozen_blocks"] for r in run.metrics],
@@ -67,19 +68,23 @@ def summarize(run_dir: str) -> dict:
                         for e in events if e.get("event") == "freeze"]}
 
 
+def spaced(key: str, spec: str) -> Column:
+    """A list of numbers in one cell, space-separated."""
+    return Column(key.replace("_", " "), key, row_fmt=lambda r: " ".join(format(v, spec) for v in r[key]))
+
+
+COLUMNS = [Column("freeze", "freeze"), num("final test acc", "test_acc", ".4f"), spaced("test_acc_per_epoch", ".4f"),
+           spaced("frozen_blocks_per_epoch", "d"), num("analytic MB", "bytes", ".1f", 1e6),
+           num("measured tx MB", "nic_tx_bytes", ".1f", 1e6), num("measured rx MB", "nic_rx_bytes", ".1f", 1e6),
+           num("training time (s)", "training_time_s", ".1f")]
+
+
 def markdown(results: dict, args) -> str:
     none, auto = results["none"], results["auto"]
     lines = [f"{args.model} on digits, {args.epochs} epochs, np={args.np} (horovodrun --gloo, links {args.rate}); "
              f"auto: freeze_auto_threshold {args.threshold}. Bytes are per rank over the whole run; "
              f"measured = eth0 counters, mean over the hosts.", "",
-             "| freeze | final test acc | test acc per epoch | frozen blocks per epoch | analytic MB | "
-             "measured tx MB | measured rx MB | training time (s) |",
-             "|---|---:|---|---|---:|---:|---:|---:|"]
-    for name, row in (("none", none), ("auto", auto)):
-        lines.append(f"| {name} | {row['test_acc']:.4f} | {' '.join(f'{a:.4f}' for a in row['test_acc_per_epoch'])} | "
-                     f"{' '.join(map(str, row['frozen_blocks_per_epoch']))} | {row['bytes'] / 1e6:.1f} | "
-                     f"{row['nic_tx_bytes'] / 1e6:.1f} | {row['nic_rx_bytes'] / 1e6:.1f} | "
-                     f"{row['training_time_s']:.1f} |")
+             markdown_table(COLUMNS, [{"freeze": "none", **none}, {"freeze": "auto", **auto}]).rstrip("\n")]
     lines += ["", f"- accuracy, auto - none: {100 * (auto['test_acc'] - none['test_acc']):+.2f} points",
               f"- bytes saved by auto: analytic {1 - auto['bytes'] / none['bytes']:.4f}, "
               f"measured tx {1 - auto['nic_tx_bytes'] / none['nic_tx_bytes']:.4f}, "
@@ -93,20 +98,16 @@ def markdown(results: dict, args) -> str:
     return "\n".join(lines)
 
 
+@jobs.one_line_errors("autofreeze")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
-    results = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                           "platform": platform.platform()}, "args": vars(args)}
-    jobs = {"none": ["--freeze", "0"], "auto": ["--freeze", "auto", "--freeze-auto-threshold", str(args.threshold)]}
-    try:
-        with NetCluster(n_hosts=args.np, rate=args.rate) as cluster:
-            for name, flags in jobs.items():
-                results[name] = summarize(run_job(cluster, name, flags, args))
-    except (ClusterError, RuntimeError) as exc:
-        print(f"autofreeze: error: {exc}", file=sys.stderr)
-        return 1
-    write_results(args.out, "autofreeze", results, markdown(results, args))
+    results = {"machine": jobs.machine(), "args": vars(args)}
+    variants = {"none": ["--freeze", "0"], "auto": ["--freeze", "auto", "--freeze-auto-threshold", str(args.threshold)]}
+    with NetCluster(n_hosts=args.np, rate=args.rate) as cluster:
+        for name, flags in variants.items():
+            results[name] = summarize(run_job(cluster, name, flags, args))
+    jobs.write_results(args.out, "autofreeze", results, markdown(results, args))
     return 0
 
 

@@ -28,19 +28,18 @@ metrics.jsonl alone, written to OUT/comm_options.json and OUT/comm_options.md, t
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from hvd_cifar import report  # noqa: E402
-from hvd_cifar.models import build_model  # noqa: E402
-from hvd_cifar.netcluster import ClusterError, NetCluster  # noqa: E402
+from hvd_cifar import jobs
+from hvd_cifar.launchers import ROOT
+from hvd_cifar.models import build_model
+from hvd_cifar.netcluster import NetCluster
+from hvd_cifar.runs import load_run
+from hvd_cifar.report import steady_epochs, steady_mean
+from hvd_cifar.tables import Column, markdown_table, num
 
 OPTIONS = {  # name -> trainer flags
     "fp32": [],
@@ -50,9 +49,7 @@ OPTIONS = {  # name -> trainer flags
     "freeze 2": ["--freeze", "2"],
     "freeze 6": ["--freeze", "6"],
 }
-COMMON = ["--dataset", "digits", "--seed", "0", "--checkpoint-every", "0", "--progress", "false",
-          "--threads-per-rank", "1",  # one core per rank is all there is
-          "--nic", "eth0"]            # each host's link to the switch
+COMMON = ["--dataset", "digits", *jobs.CLUSTER_TRAIN_FLAGS]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -69,7 +66,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--acc-batch-size", type=int, default=32, help="images per rank per step")
     p.add_argument("--lr", type=float, default=0.05, help="for one rank; the trainer scales it by np x k")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-comm-options-%Y%m%d-%H%M%S")))
-    p.add_argument("--timeout", type=int, default=900, help="seconds per job")
+    jobs.add_options(p, timeout=900)
     return p.parse_args(argv)
 
 
@@ -77,41 +74,22 @@ def slug(option: str, np: int) -> str:
     return f"{re.sub(r'[^a-z0-9]+', '-', option.lower()).strip('-')}-np{np}"
 
 
-def horovodrun_job(cluster: NetCluster, np: int, train: list[str], log_path: str, label: str, timeout: int) -> None:
-    """One ``horovodrun --gloo`` training job on the cluster, its output in ``log_path``.
-    Raises RuntimeError naming the log if it fails. (benchmarks/autofreeze.py uses it too.)"""
-    start = time.perf_counter()
-    result = cluster.run_horovodrun(np, train, gloo=True, timeout=timeout)
-    with open(log_path, "w") as log:
-        log.write(result.stdout or "")
-    if result.returncode != 0:
-        raise RuntimeError(f"{label}: exit status {result.returncode}; see {log_path}")
-    print(f"{label}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-
-
 def run_job(cluster: NetCluster, pass_name: str, option: str, np: int, flags: list[str], args) -> str:
     """One training job; its run folder."""
     name = slug(option, np)
     runs = os.path.join(args.out, "runs", pass_name)
     train = [*COMMON, *flags, *OPTIONS[option], "--lr", str(args.lr), "--log-dir", runs, "--run-name", name]
-    horovodrun_job(cluster, np, train, os.path.join(args.out, "logs", f"{pass_name}-{name}.log"),
-                   f"{pass_name} {option} np={np}", args.timeout)
+    label = f"{pass_name} {option} np={np}"
+    done = jobs.run(label, lambda: cluster.run_horovodrun(np, train, gloo=True, timeout=args.timeout),
+                    log=os.path.join(args.out, "logs", f"{pass_name}-{name}.log"))
+    print(f"{label}: {done.seconds:.0f} s", file=sys.stderr, flush=True)
     return os.path.join(runs, name)
-
-
-def write_results(out: str, stem: str, results: dict, table: str) -> None:
-    """OUT/STEM.json (data first), OUT/STEM.md (the table made from it), then the table printed."""
-    with open(os.path.join(out, f"{stem}.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    with open(os.path.join(out, f"{stem}.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
 
 
 def summarize(run_dir: str) -> dict:
     """The row of one job; steady-state means (epochs after the first) from hvd_cifar.report."""
-    records = report.load_run(run_dir).metrics
-    timed = report.steady_epochs(records)
+    records = load_run(run_dir).metrics
+    timed = steady_epochs(records)
 
     def mean(values):
         values = list(values)
@@ -129,37 +107,48 @@ def summarize(run_dir: str) -> dict:
         "trainable_params": records[-1]["trainable_params"],
         "frozen_blocks": records[-1]["frozen_blocks"],
         "steps": records[-1]["steps"],
-        "syncs": report.steady_mean(records, "syncs"),
-        "analytic_bytes": report.steady_mean(records, "comm_bytes_per_rank"),
+        "syncs": steady_mean(records, "syncs"),
+        "analytic_bytes": steady_mean(records, "comm_bytes_per_rank"),
         "tx_bytes": nic("tx"),
         "rx_bytes": nic("rx"),
         "worst_tx_ratio": worst("tx"),
         "worst_rx_ratio": worst("rx"),
-        "epoch_time_s": report.steady_mean(records, "epoch_time_s"),
-        "sync_time_s": report.steady_mean(records, "sync_time_s"),
+        "epoch_time_s": steady_mean(records, "epoch_time_s"),
+        "sync_time_s": steady_mean(records, "sync_time_s"),
         "test_acc": records[-1]["test_acc"],
         "epochs": len(records),
         "timed_epochs": len(timed),
     }
 
 
+def byte_columns(acc_model: str) -> list[Column]:
+    """The bytes pass's columns, then the accuracy pass's two (``acc``: its row, if it ran)."""
+    def ratio(key):
+        return lambda r: f"{r[key] / r['analytic_bytes']:.4f}"
+
+    def acc(key, spec):
+        return lambda r: format(r["acc"][key], spec) if r.get("acc") else "n/a"
+
+    return [Column("option", "option"), Column("np", "np", numeric=True),
+            Column("syncs/epoch", "syncs", numeric=True, row_fmt=lambda r: f"{r['syncs']:g}"),
+            num("analytic MB/epoch/rank", "analytic_bytes", ".2f", 1e6), num("measured tx MB", "tx_bytes", ".2f", 1e6),
+            num("measured rx MB", "rx_bytes", ".2f", 1e6),
+            Column("tx / analytic", "tx_bytes", numeric=True, row_fmt=ratio("tx_bytes")),
+            Column("rx / analytic", "rx_bytes", numeric=True, row_fmt=ratio("rx_bytes")),
+            Column("worst host tx, rx / analytic", "worst_tx_ratio", numeric=True,
+                   row_fmt=lambda r: f"{r['worst_tx_ratio']:.4f}, {r['worst_rx_ratio']:.4f}"),
+            num("epoch time (s)", "epoch_time_s", ".2f"), num("sync time (s)", "sync_time_s", ".2f"),
+            Column(f"{acc_model} epoch time (s)", "acc", numeric=True, row_fmt=acc("epoch_time_s", ".2f")),
+            Column(f"{acc_model} test acc", "acc", numeric=True, row_fmt=acc("test_acc", ".4f"))]
+
+
 def markdown(results: dict, args) -> str:
     byte_rows, acc_rows = results["bytes"], results["accuracy"]
+    rows = [{**b, "acc": acc_rows.get(key)} for key, b in byte_rows.items()]
     lines = [f"Bytes pass: {args.bytes_model}, {args.bytes_steps} steps/epoch x {args.bytes_epochs} epochs, "
              f"batch {args.bytes_batch_size}/rank. Accuracy pass: {args.acc_model}, {args.acc_epochs} whole "
              f"epochs, batch {args.acc_batch_size}/rank. Links {args.rate}; horovodrun --gloo.", "",
-             "| option | np | syncs/epoch | analytic MB/epoch/rank | measured tx MB | measured rx MB "
-             "| tx / analytic | rx / analytic | worst host tx, rx / analytic | epoch time (s) | sync time (s) "
-             f"| {args.acc_model} epoch time (s) | {args.acc_model} test acc |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for key, b in byte_rows.items():
-        a = acc_rows.get(key)
-        acc = f"{a['epoch_time_s']:.2f} | {a['test_acc']:.4f}" if a else "n/a | n/a"
-        lines.append(
-            f"| {b['option']} | {b['np']} | {b['syncs']:g} | {b['analytic_bytes'] / 1e6:.2f} | "
-            f"{b['tx_bytes'] / 1e6:.2f} | {b['rx_bytes'] / 1e6:.2f} | {b['tx_bytes'] / b['analytic_bytes']:.4f} | "
-            f"{b['rx_bytes'] / b['analytic_bytes']:.4f} | {b['worst_tx_ratio']:.4f}, {b['worst_rx_ratio']:.4f} | "
-            f"{b['epoch_time_s']:.2f} | {b['sync_time_s']:.2f} | {acc} |")
+             markdown_table(byte_columns(args.acc_model), rows).rstrip("\n")]
     lines += ["", "Ratios (bytes pass, measured = mean of the hosts' eth0 tx per epoch):", ""]
     for np in args.np:
         base = byte_rows.get(slug("fp32", np))
@@ -181,6 +170,7 @@ def markdown(results: dict, args) -> str:
     return "\n".join(lines)
 
 
+@jobs.one_line_errors("comm_options")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.bytes_steps % 4:
@@ -197,23 +187,17 @@ def main(argv: list[str] | None = None) -> int:
         flags = OPTIONS[option]
         return "--freeze" not in flags or int(flags[flags.index("--freeze") + 1]) < acc_depth
 
-    results = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                           "platform": platform.platform()},
-               "args": vars(args), "bytes": {}, "accuracy": {}}
-    try:
-        with NetCluster(n_hosts=max(args.np), rate=args.rate) as cluster:
-            for np in args.np:
-                for option in args.options:
-                    run_dir = run_job(cluster, "bytes", option, np, bytes_flags, args)
-                    results["bytes"][slug(option, np)] = {"option": option, **summarize(run_dir)}
-            for np in args.np if args.acc_epochs else []:
-                for option in filter(fits_acc, args.options):
-                    run_dir = run_job(cluster, "accuracy", option, np, acc_flags, args)
-                    results["accuracy"][slug(option, np)] = {"option": option, **summarize(run_dir)}
-    except (ClusterError, RuntimeError) as exc:
-        print(f"comm_options: error: {exc}", file=sys.stderr)
-        return 1
-    write_results(args.out, "comm_options", results, markdown(results, args))
+    results = {"machine": jobs.machine(), "args": vars(args), "bytes": {}, "accuracy": {}}
+    with NetCluster(n_hosts=max(args.np), rate=args.rate) as cluster:
+        for np in args.np:
+            for option in args.options:
+                run_dir = run_job(cluster, "bytes", option, np, bytes_flags, args)
+                results["bytes"][slug(option, np)] = {"option": option, **summarize(run_dir)}
+        for np in args.np if args.acc_epochs else []:
+            for option in filter(fits_acc, args.options):
+                run_dir = run_job(cluster, "accuracy", option, np, acc_flags, args)
+                results["accuracy"][slug(option, np)] = {"option": option, **summarize(run_dir)}
+    jobs.write_results(args.out, "comm_options", results, markdown(results, args))
     return 0
 
 

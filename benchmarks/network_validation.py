@@ -17,19 +17,21 @@ probe whole) and .md, then prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from hvd_cifar import predict  # noqa: E402
+from hvd_cifar import jobs, predict
+from hvd_cifar.launchers import ROOT
+from hvd_cifar.tables import Column, markdown_table, num
 
 # transport whose time is predicted -> (the np=2 transport whose fit predicts it, equation)
 CHECKS = {"mpi-allreduce": ("mpi-allreduce", "ring"), "horovod-mpi": ("horovod-mpi", "ring"),
           "torch-gloo": ("torch-gloo", "ring"), "mpi-gather-scatter": ("mpi-p2p", "gather-scatter")}
+# the table: one row per (rate, transport, np, message size)
+COLUMNS = [Column("rate", "rate"), Column("transport", "transport"), Column("np", "np", numeric=True),
+           num("message (MB)", "bytes", ".2f", 1e6), num("predicted (ms)", "predicted_s", ".1f", 1e-3),
+           num("measured (ms, median)", "measured_s", ".1f", 1e-3), num("error (%)", "error_pct", "+.1f")]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -37,24 +39,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rates", nargs="+", default=["1gbit", "100mbit", "none"], help="link rates, tc syntax; none: unshaped")
     p.add_argument("--nps", type=int, nargs="+", default=[3, 4], help="world sizes predicted from np=2")
     p.add_argument("--iters", type=int, default=4)
-    p.add_argument("--sizes", type=int, default=6)
-    p.add_argument("--min-bytes", type=int, default=4096)
+    p.add_argument("--sizes", type=int, default=jobs.PROBE_SIZES)
+    p.add_argument("--min-bytes", type=int, default=jobs.PROBE_MIN_BYTES)
     p.add_argument("--max-bytes", type=int, default=0, help="default: vgg11's fp32 gradient")
     p.add_argument("--report-from", type=int, default=1_000_000, help="table rows: sizes from this many bytes")
-    p.add_argument("--timeout", type=int, default=900, help="seconds per probe job")
+    jobs.add_options(p, timeout=900)
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-netval-%Y%m%d-%H%M%S")))
     return p.parse_args(argv)
 
 
 def run_probe(cluster, n: int, args, out: str) -> dict:
-    flags = ["--iters", str(args.iters), "--sizes", str(args.sizes), "--min-bytes", str(args.min_bytes),
-             *(["--max-bytes", str(args.max_bytes)] if args.max_bytes else []), "--out", out]
-    result = cluster.exec(0, cluster.mpirun_argv(n, [], program=[cluster.python, "-m", "hvd_cifar.probe", *flags]),
-                          timeout=args.timeout)
-    if result.returncode != 0 or not os.path.exists(out):
-        raise RuntimeError(f"probe at np={n}: exit status {result.returncode}\n{(result.stdout or '')[-3000:]}")
-    with open(out) as f:
-        return json.load(f)
+    return jobs.probe(cluster, n, out, iters=args.iters, timeout=args.timeout, max_bytes=args.max_bytes,
+                      sizes=args.sizes, min_bytes=args.min_bytes)
 
 
 def compare(rate: str, probes: dict[int, dict], args) -> list[dict]:
@@ -75,40 +71,21 @@ def compare(rate: str, probes: dict[int, dict], args) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| rate | transport | np | message (MB) | predicted (ms) | measured (ms, median) | error (%) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['rate']} | {r['transport']} | {r['np']} | {r['bytes'] / 1e6:.2f} | {r['predicted_s'] * 1e3:.1f} | "
-              f"{r['measured_s'] * 1e3:.1f} | {r['error_pct']:+.1f} |" for r in rows]
-    return "\n".join(lines)
-
-
+@jobs.one_line_errors("hvd_cifar")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from hvd_cifar.netcluster import ClusterError, NetCluster
+    from hvd_cifar.netcluster import NetCluster
     os.makedirs(args.out, exist_ok=True)
-    started, load = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), os.getloadavg()[0]
-    rows, probes_by_rate = [], {}
-    try:
-        for rate in args.rates:
-            with NetCluster(max(args.nps), rate=None if rate == "none" else rate) as cluster:
-                probes = {n: run_probe(cluster, n, args, os.path.join(args.out, f"probe-{rate}-np{n}.json"))
-                          for n in [2, *args.nps]}
-            probes_by_rate[rate] = probes
-            rows += compare(rate, probes, args)
-            print(f"{rate}: done", file=sys.stderr, flush=True)
-    except (ClusterError, RuntimeError) as exc:
-        print(f"hvd_cifar: error: {exc}", file=sys.stderr)
-        return 1
-    meta = {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "load_average_start": load, "load_average_end": os.getloadavg()[0], "args": vars(args)}
-    with open(os.path.join(args.out, "network_validation.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    text = table(rows)
-    with open(os.path.join(args.out, "network_validation.md"), "w") as f:
-        f.write(text + "\n")
-    print(text)
-    print(f"\n{started} to {meta['finished']}; load average {load:.2f} -> {meta['load_average_end']:.2f}")
+    span, rows = jobs.Span(), []
+    for rate in args.rates:
+        with NetCluster(max(args.nps), rate=None if rate == "none" else rate) as cluster:
+            probes = {n: run_probe(cluster, n, args, os.path.join(args.out, f"probe-{rate}-np{n}.json"))
+                      for n in [2, *args.nps]}
+        rows += compare(rate, probes, args)
+        print(f"{rate}: done", file=sys.stderr, flush=True)
+    meta = span.end(args=vars(args))
+    jobs.write_results(args.out, "network_validation", {"meta": meta, "rows": rows}, markdown_table(COLUMNS, rows))
+    print(f"\n{span.line()}")
     return 0
 
 

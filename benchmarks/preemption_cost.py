@@ -26,12 +26,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
-from hvd_cifar import launchers, report
+from hvd_cifar import jobs, launchers
+from hvd_cifar.report import steady_mean
+from hvd_cifar.tables import Column, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("none", "blocking", "lagged")
@@ -72,45 +74,47 @@ def one_run(work: Path, name: str, sync: str, variant: str, args) -> dict:
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(HOOK)
     out = work / f"{name}.calls"
-    env = dict(os.environ, PYTHONPATH=f"{hook}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
-               HOOK_VARIANT=variant, HOOK_OUT=str(out))
+    env = jobs.job_env(PYTHONPATH=f"{hook}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
+                       HOOK_VARIANT=variant, HOOK_OUT=str(out))
     cmd = [*launchers.argv("mpirun", 2), "--config", "configs/tiny.yaml", "--model", args.model, "--sync", sync,
            "--epochs", str(args.epochs), "--max-steps-per-epoch", str(args.steps), "--threads-per-rank", "1",
            "--log-dir", str(work), "--run-name", name]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    jobs.run(name, cmd, env=env, cwd=str(ROOT), timeout=1800)
     records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
     calls = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in (0, 1)]
-    return {"step_time_s": report.steady_mean(records, "step_time_s"), "calls": calls[0]["calls"],
+    return {"step_time_s": steady_mean(records, "step_time_s"), "calls": calls[0]["calls"],
             "s_per_call": statistics.mean(c["seconds"] / max(c["calls"], 1) for c in calls)}
 
 
+def ms(variant: str, key: str, spec: str) -> Callable[[dict], str]:
+    """A cell: one variant's ``key`` (seconds) in ms."""
+    return lambda r: format(r[variant][key] * 1e3, spec)
+
+
+def cost(variant: str) -> Callable[[dict], str]:
+    """A cell: what ``variant`` adds to the step over no vote, in ms and %."""
+    def cell(r: dict) -> str:
+        none, step = r["none"]["step_time_s"], r[variant]["step_time_s"]
+        return f"{(step - none) * 1e3:+.2f} ({(step / none - 1) * 100:+.1f}%)"
+    return cell
+
+
+COLUMNS = [Column("sync", "sync")] + [Column(header, "", numeric=True, row_fmt=cell) for header, cell in (
+    ("step, no vote (ms)", ms("none", "step_time_s", ".1f")),
+    ("step, blocking vote (ms)", ms("blocking", "step_time_s", ".1f")),
+    ("step, lagged vote (ms)", ms("lagged", "step_time_s", ".1f")),
+    ("blocking: cost per step (ms, %)", cost("blocking")), ("lagged: cost per step (ms, %)", cost("lagged")),
+    ("one blocking vote, as timed (ms)", ms("blocking", "s_per_call", ".3f")),
+    ("one lagged vote, as timed (ms)", ms("lagged", "s_per_call", ".3f")))]
+
+
 def table(rows: list[tuple[str, dict]]) -> str:
-    out = ["| sync | step, no vote (ms) | step, blocking vote (ms) | step, lagged vote (ms) | blocking: cost per "
-           "step (ms, %) | lagged: cost per step (ms, %) | one blocking vote, as timed (ms) | one lagged vote, "
-           "as timed (ms) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for sync, m in rows:
-        none = m["none"]["step_time_s"]
-        cost = {v: (m[v]["step_time_s"] - none) * 1e3 for v in ("blocking", "lagged")}
-        pct = {v: (m[v]["step_time_s"] / none - 1) * 100 for v in ("blocking", "lagged")}
-        out.append(f"| {sync} | {none * 1e3:.1f} | {m['blocking']['step_time_s'] * 1e3:.1f} | "
-                   f"{m['lagged']['step_time_s'] * 1e3:.1f} | {cost['blocking']:+.2f} ({pct['blocking']:+.1f}%) | "
-                   f"{cost['lagged']:+.2f} ({pct['lagged']:+.1f}%) | {m['blocking']['s_per_call'] * 1e3:.3f} | "
-                   f"{m['lagged']['s_per_call'] * 1e3:.3f} |")
-    return "\n".join(out)
+    return markdown_table(COLUMNS, [{"sync": sync, **m} for sync, m in rows]).rstrip("\n")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sync", nargs="+", default=["horovod", "mpi-allreduce", "ddp"])
-    p.add_argument("--model", default="smallcnn")
-    p.add_argument("--steps", type=int, default=40, help="steps per epoch")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+def measure(args) -> list[tuple[str, dict]]:
+    """Every sync method's variants, ``args.repeats`` times each; per method, each variant's medians."""
     rows = []
-    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         for sync in args.sync:
             runs = {v: [] for v in VARIANTS}
@@ -121,10 +125,22 @@ def main() -> None:
                     print(f"{name}: {json.dumps(runs[variant][-1])}", flush=True)
             rows.append((sync, {v: {k: statistics.median(r[k] for r in runs[v]) for k in ("step_time_s", "s_per_call")}
                                 for v in VARIANTS}))
+    return rows
+
+
+@jobs.one_line_errors("preemption_cost")
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sync", nargs="+", default=["horovod", "mpi-allreduce", "ddp"])
+    jobs.add_options(p, model="smallcnn", steps=40, epochs=3, repeats=3)
+    args = p.parse_args()
+    load_start = os.getloadavg()[0]
+    rows = measure(args)
     print(f"\n{args.model}, 2 ranks (mpirun), {args.steps} steps x {args.epochs} epochs, median of {args.repeats}:\n")
     print(table(rows))
     print(f"\nload average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from hvd_cifar import launchers, report
+from hvd_cifar import jobs, launchers
+from hvd_cifar.runs import load_run
+from hvd_cifar.report import summarize
+from hvd_cifar.tables import Column, markdown_table, num
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -28,21 +29,12 @@ def horovodrun(np: int, argv: list[str]) -> str:
     cmd = launchers.argv("horovodrun", np, program=[PY, *argv])
     # Both loops get the MPI setting hvd_cifar.sync applies to itself (ranks yield instead of
     # busy-polling while they wait), so that the comparison is of the loops alone.
-    env = dict(os.environ, OMPI_MCA_mpi_yield_when_idle="1")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    if proc.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    env = jobs.job_env(OMPI_MCA_mpi_yield_when_idle="1")
+    return jobs.run(" ".join(argv[:2]), cmd, env=env, cwd=str(ROOT), timeout=1200).stdout
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="vgg11")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+def measure(args) -> tuple[list[float], list[float]]:
+    """Step times, one per repeat: the bare loop's, hvd_cifar.train's."""
     threads = max(1, 2 // args.np)
     common = ["--model", args.model, "--batch-size", str(args.batch_size)]
     bare_times, ours_times = [], []
@@ -58,17 +50,28 @@ def main() -> None:
                                  "--epochs", "2", "--max-steps-per-epoch", str(args.steps),
                                  "--threads-per-rank", str(threads), "--progress", "false",
                                  "--log-dir", logs, "--run-name", run])
-            ours = report.summarize(report.load_run(str(Path(logs) / run)))["step_time_s"]  # the 2nd epoch's
+            ours = summarize(load_run(str(Path(logs) / run)))["step_time_s"]  # the 2nd epoch's
             bare_times.append(bare)
             ours_times.append(ours)
             print(f"repeat {repeat}: bare {bare * 1e3:.1f} ms/step, hvd_cifar {ours * 1e3:.1f} ms/step, "
                   f"ratio {ours / bare:.3f}", flush=True)
+    return bare_times, ours_times
+
+
+@jobs.one_line_errors("step_overhead")
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    jobs.add_options(parser, model="vgg11", batch_size=32, np=2, steps=10, repeats=3)
+    args = parser.parse_args()
+    bare_times, ours_times = measure(args)
     bare, ours = statistics.median(bare_times), statistics.median(ours_times)
-    print(f"\n| loop | median step time (ms) |\n|---|---:|\n| bare Horovod loop | {bare * 1e3:.1f} |\n"
-          f"| hvd_cifar.train | {ours * 1e3:.1f} |")
+    rows = [{"loop": "bare Horovod loop", "step_time_s": bare}, {"loop": "hvd_cifar.train", "step_time_s": ours}]
+    print("\n" + markdown_table([Column("loop", "loop"), num("median step time (ms)", "step_time_s", ".1f", 1e-3)],
+                                rows), end="")
     print(f"ratio hvd_cifar/bare: {ours / bare:.3f}  ({args.model}, batch {args.batch_size}/rank, "
           f"np={args.np}, {args.steps} steps/epoch, {args.repeats} repeats)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

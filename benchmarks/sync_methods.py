@@ -55,18 +55,17 @@ parameter server, staleness and server updates per second. Run folders OUT/runs/
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import subprocess
 import sys
 import time
+from typing import Callable
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from hvd_cifar import launchers, report  # noqa: E402
-from hvd_cifar.netcluster import ClusterError, NetCluster  # noqa: E402
+from hvd_cifar import jobs, launchers
+from hvd_cifar.launchers import ROOT
+from hvd_cifar.netcluster import NetCluster
+from hvd_cifar.runs import load_run
+from hvd_cifar.report import steady_epochs, steady_per_step, summarize as summarize_run
+from hvd_cifar.tables import Column, markdown_table, num
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
 # The side-by-side pass (--side-by-side): synchronous gather/scatter, ring allreduce (Horovod) and
@@ -111,7 +110,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--side-model", default="vgg11", help="side-by-side pass")
     p.add_argument("--side-epochs", type=int, default=4, help="side-by-side pass: whole epochs per job")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-sync-methods-%Y%m%d-%H%M%S")))
-    p.add_argument("--timeout", type=int, default=1200, help="seconds per job")
+    jobs.add_options(p, timeout=1200)
     args = p.parse_args(argv)
     args.side_by_side = [int(n) for n in args.side_by_side.split(",") if n.strip()]
     if args.cluster_only and not args.cluster and not args.side_by_side:
@@ -134,11 +133,7 @@ def run_local(method: str, name: str, args) -> str:
     runs = os.path.join(args.out, "runs")
     flags = train_flags(method, name, runs, args.model, args.epochs, args.steps, args.batch_size, args)
     cmd = [*launchers.argv(args.launcher, args.np), *flags]
-    log_path = os.path.join(args.out, f"{name}.log")
-    with open(log_path, "w") as log:
-        code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
-    if code != 0:
-        raise RuntimeError(f"{method}: exit status {code}; see {log_path}")
+    jobs.run(method, cmd, log=os.path.join(args.out, f"{name}.log"), timeout=args.timeout)
     return os.path.join(runs, name)
 
 
@@ -156,23 +151,18 @@ def run_on_cluster(cluster: NetCluster, label: str, name: str, args) -> str:
     method, export = cluster_variants(args)[label]
     runs = os.path.join(args.out, "runs")
     flags = [*train_flags(method, name, runs, args.cluster_model, args.cluster_epochs, args.cluster_steps,
-                          args.cluster_batch_size, args),
-             "--threads-per-rank", "1",  # every "host" shares the same 2 cores: one thread per rank
-             "--nic", "eth0"]            # each host's link to the switch, where the bytes are counted
-    result = cluster.run_mpirun(cluster.n_hosts, flags, timeout=args.timeout, export=export)
-    log_path = os.path.join(args.out, f"{name}.log")
-    with open(log_path, "w") as log:
-        log.write(result.stdout or "")
-    if result.returncode != 0:
-        raise RuntimeError(f"{label} np={cluster.n_hosts}: exit status {result.returncode}; see {log_path}")
+                          args.cluster_batch_size, args), *jobs.CLUSTER_TRAIN_FLAGS]
+    jobs.run(f"{label} np={cluster.n_hosts}", lambda: cluster.run_mpirun(cluster.n_hosts, flags, timeout=args.timeout,
+                                                                         export=export),
+             log=os.path.join(args.out, f"{name}.log"))
     return os.path.join(runs, name)
 
 
 def summarize(run_dir: str, label: str) -> dict:
     """The row of one job; steady-state numbers (epochs after the first) from hvd_cifar.report."""
-    run = report.load_run(run_dir)
-    records, summary = run.metrics, report.summarize(run)
-    timed = report.steady_epochs(records)
+    run = load_run(run_dir)
+    records, summary = run.metrics, summarize_run(run)
+    timed = steady_epochs(records)
     steps = sum(r["steps"] for r in timed)
     hosts = list(records[-1]["nic_tx_bytes"])  # rank order (one entry per host)
     return {
@@ -183,7 +173,7 @@ def summarize(run_dir: str, label: str) -> dict:
         "epoch_time_s": summary["mean_epoch_time_s"],
         "step_time_s": summary["step_time_s"],
         "sync_time_s": summary["sync_time_per_step_s"],
-        "backward_time_s": report.steady_per_step(records, "backward_time_s"),
+        "backward_time_s": steady_per_step(records, "backward_time_s"),
         "images_per_s": summary["images_per_s"],
         "comm_bytes_per_step": summary["bytes_per_step_per_rank"],
         "nic_tx_bytes_per_step": {h: sum(r["nic_tx_bytes"][h] for r in timed) / steps for h in hosts},
@@ -218,46 +208,45 @@ def ratio_line(label: str, value: float, target: float) -> str:
     return f"{label}: {value:.2f} (target <= {target:.2f}: {verdict})"
 
 
+def mb_per_host(key: str) -> Callable[[dict], str]:
+    """A cell: the hosts' bytes per step, in MB, in rank order."""
+    return lambda r: " / ".join(f"{v / 1e6:.1f}" for v in r[key].values())
+
+
+STEP_COLUMNS = [num("step time (s)", "step_time_s", ".3f"), num("sync time (s/step)", "sync_time_s", ".4f"),
+                num("backward (s/step)", "backward_time_s", ".3f"), num("img/s", "images_per_s", ".1f")]
+LOCAL_COLUMNS = [Column("method", "method"), *STEP_COLUMNS, num("bytes/step/rank (MB)", "comm_bytes_per_step", ".2f", 1e6),
+                 num("final test acc", "test_acc", ".4f")]
+CLUSTER_COLUMNS = [
+    Column("method", "method"), num("epoch time (s)", "epoch_time_s", ".2f"), STEP_COLUMNS[0],
+    num("sync time (s/step)", "sync_time_s", ".3f"), *STEP_COLUMNS[2:],
+    num("bytes/step/rank, analytic (MB)", "comm_bytes_per_step", ".2f", 1e6),
+    Column("NIC tx MB/step, host 0 / 1 / ...", "nic_tx_bytes_per_step", numeric=True,
+           row_fmt=mb_per_host("nic_tx_bytes_per_step")),
+    Column("NIC rx MB/step, host 0 / 1 / ...", "nic_rx_bytes_per_step", numeric=True,
+           row_fmt=mb_per_host("nic_rx_bytes_per_step")),
+    num("final test acc", "test_acc", ".4f")]
+
+
 def local_table(rows: list[dict], np: int) -> str:
-    lines = ["| method | step time (s) | sync time (s/step) | backward (s/step) | img/s "
-             "| bytes/step/rank (MB) | final test acc |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['method']} | {r['step_time_s']:.3f} | {r['sync_time_s']:.4f} | "
-                     f"{r['backward_time_s']:.3f} | {r['images_per_s']:.1f} | "
-                     f"{r['comm_bytes_per_step'] / 1e6:.2f} | {r['test_acc']:.4f} |")
     by_method = {r["method"]: r for r in rows}
     ratio = by_method["horovod"]["step_time_s"] / by_method["ddp"]["step_time_s"]
-    lines += ["", ratio_line(f"np={np}: Horovod step time / DDP step time", ratio, TARGET_HOROVOD_OVER_DDP_STEP)]
-    return "\n".join(lines)
+    return "\n".join([markdown_table(LOCAL_COLUMNS, rows), ratio_line(
+        f"np={np}: Horovod step time / DDP step time", ratio, TARGET_HOROVOD_OVER_DDP_STEP)])
 
 
 def cluster_table(rows: list[dict], np: int) -> str:
-    def per_host(values: dict) -> str:
-        return " / ".join(f"{v / 1e6:.1f}" for v in values.values())
-
-    lines = ["| method | epoch time (s) | step time (s) | sync time (s/step) | backward (s/step) | img/s "
-             "| bytes/step/rank, analytic (MB) | NIC tx MB/step, host 0 / 1 / ... | NIC rx MB/step, host 0 / 1 / ... "
-             "| final test acc |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['method']} | {r['epoch_time_s']:.2f} | {r['step_time_s']:.3f} | {r['sync_time_s']:.3f} | "
-                     f"{r['backward_time_s']:.3f} | {r['images_per_s']:.1f} | {r['comm_bytes_per_step'] / 1e6:.2f} | "
-                     f"{per_host(r['nic_tx_bytes_per_step'])} | {per_host(r['nic_rx_bytes_per_step'])} | "
-                     f"{r['test_acc']:.4f} |")
     by_method = {r["method"]: r for r in rows}
-    step_ratio = by_method["horovod"]["step_time_s"] / by_method["ddp"]["step_time_s"]
-    epoch_ratio = by_method["horovod"]["epoch_time_s"] / by_method["mpi-gather-scatter"]["epoch_time_s"]
-    lines += ["", ratio_line(f"np={np}: Horovod step time / DDP step time", step_ratio, TARGET_HOROVOD_OVER_DDP_STEP),
-              ratio_line(f"np={np}: Horovod epoch time / mpi-gather-scatter epoch time", epoch_ratio,
-                         TARGET_HOROVOD_OVER_GATHER_SCATTER_EPOCH)]
+    lines = [markdown_table(CLUSTER_COLUMNS, rows).rstrip("\n"), ""]
     for label, r in by_method.items():
-        if label not in METHODS:  # a tuned Horovod row: the same two ratios
-            lines += [ratio_line(f"np={np}: {label} step time / DDP step time",
-                                 r["step_time_s"] / by_method["ddp"]["step_time_s"], TARGET_HOROVOD_OVER_DDP_STEP),
-                      ratio_line(f"np={np}: {label} epoch time / mpi-gather-scatter epoch time",
-                                 r["epoch_time_s"] / by_method["mpi-gather-scatter"]["epoch_time_s"],
-                                 TARGET_HOROVOD_OVER_GATHER_SCATTER_EPOCH)]
+        if label in METHODS and label != "horovod":
+            continue
+        # Horovod, and each tuned Horovod row: the same two ratios
+        lines += [ratio_line(f"np={np}: {'Horovod' if label == 'horovod' else label} step time / DDP step time",
+                             r["step_time_s"] / by_method["ddp"]["step_time_s"], TARGET_HOROVOD_OVER_DDP_STEP),
+                  ratio_line(f"np={np}: {'Horovod' if label == 'horovod' else label} epoch time / mpi-gather-scatter "
+                             f"epoch time", r["epoch_time_s"] / by_method["mpi-gather-scatter"]["epoch_time_s"],
+                             TARGET_HOROVOD_OVER_GATHER_SCATTER_EPOCH)]
     return "\n".join(lines)
 
 
@@ -270,16 +259,11 @@ def run_side_by_side(args) -> list[dict]:
             for method in SIDE_BY_SIDE:
                 name = f"side-{method}-np{np}"
                 flags = ["--model", args.side_model, "--dataset", args.dataset, "--epochs", str(args.side_epochs),
-                         "--seed", "0", "--checkpoint-every", "0", "--no-progress", "--sync", method,
-                         "--log-dir", os.path.join(args.out, "runs"), "--run-name", name,
-                         "--threads-per-rank", "1", "--nic", "eth0"]
-                start = time.perf_counter()
-                result = cluster.run_mpirun(np, flags, timeout=args.timeout)
-                with open(os.path.join(args.out, f"{name}.log"), "w") as log:
-                    log.write(result.stdout or "")
-                if result.returncode != 0:
-                    raise RuntimeError(f"{name}: exit status {result.returncode}; see {args.out}/{name}.log")
-                print(f"{name}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+                         "--sync", method, "--log-dir", os.path.join(args.out, "runs"), "--run-name", name,
+                         *jobs.CLUSTER_TRAIN_FLAGS]
+                done = jobs.run(name, lambda: cluster.run_mpirun(np, flags, timeout=args.timeout),
+                                log=os.path.join(args.out, f"{name}.log"))
+                print(f"{name}: done in {done.seconds:.0f} s", file=sys.stderr, flush=True)
                 rows.append(side_summary(os.path.join(args.out, "runs", name), method))
     return rows
 
@@ -287,8 +271,8 @@ def run_side_by_side(args) -> list[dict]:
 def side_summary(run_dir: str, method: str) -> dict:
     """One job of the side-by-side pass: epoch time after the first epoch, accuracy per epoch and,
     for the parameter server, its staleness and update rate (means over the epochs; max of max)."""
-    records = report.load_run(run_dir).metrics
-    timed = report.steady_epochs(records)
+    records = load_run(run_dir).metrics
+    timed = steady_epochs(records)
     row = {"method": method, "np": records[-1]["world_size"], "run": os.path.basename(run_dir),
            "workers": records[-1]["world_size"] - records[-1].get("ps_servers", 0),
            "epoch_time_s": sum(r["epoch_time_s"] for r in timed) / len(timed),
@@ -302,55 +286,45 @@ def side_summary(run_dir: str, method: str) -> dict:
 
 def side_table(rows: list[dict]) -> str:
     epochs = len(rows[0]["test_acc"])
-    lines = ["| method | np | ranks that train | epoch time (s) | test acc after epoch " + " / ".join(
-                 str(e + 1) for e in range(epochs)) + " | staleness mean / max | server updates/s |",
-             "|---|---:|---:|---:|---|---|---:|"]
-    for r in rows:
-        ps = "staleness_mean" in r
-        lines.append(f"| {r['method']} | {r['np']} | {r['workers']} | {r['epoch_time_s']:.2f} | "
-                     + " / ".join(f"{a:.4f}" for a in r["test_acc"])
-                     + (f" | {r['staleness_mean']:.2f} / {r['staleness_max']} | {r['server_updates_per_s']:.1f} |"
-                        if ps else " | | |"))
-    return "\n".join(lines)
+    columns = [Column("method", "method"), Column("np", "np", numeric=True), Column("ranks that train", "workers", numeric=True),
+               num("epoch time (s)", "epoch_time_s", ".2f"),
+               Column("test acc after epoch " + " / ".join(str(e + 1) for e in range(epochs)), "test_acc",
+                      row_fmt=lambda r: " / ".join(f"{a:.4f}" for a in r["test_acc"])),
+               Column("staleness mean / max", "staleness_mean",
+                      row_fmt=lambda r: f"{r['staleness_mean']:.2f} / {r['staleness_max']}" if "staleness_mean" in r else ""),
+               Column("server updates/s", "server_updates_per_s", numeric=True,
+                      row_fmt=lambda r: f"{r['server_updates_per_s']:.1f}" if "server_updates_per_s" in r else "")]
+    return markdown_table(columns, rows).rstrip("\n")
 
 
+@jobs.one_line_errors("sync_methods")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.out, exist_ok=True)
-    results = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                           "platform": platform.platform(), "load_at_start": os.getloadavg()},
+    results = {"machine": {**jobs.machine(), "load_at_start": os.getloadavg()},
                "args": vars(args), "local": [], "cluster": []}
     tables = []
-    try:
-        if not args.cluster_only:
-            results["local"] = run_rounds(lambda method, name: run_local(method, name, args), args.repeats, "")
-            tables.append(f"np={args.np}, this machine, {args.launcher}: {args.model}, "
-                          f"{args.steps or 'all'} steps/epoch x {args.epochs} epochs, batch {args.batch_size}/rank\n\n"
-                          + local_table(fastest(results["local"]), args.np))
-        if args.cluster:
-            with NetCluster(n_hosts=args.cluster, rate=args.rate) as cluster:
-                results["cluster"] = run_rounds(lambda label, name: run_on_cluster(cluster, label, name, args),
-                                                args.cluster_repeats, f"-np{args.cluster}",
-                                                tuple(cluster_variants(args)))
-            tables.append(f"np={args.cluster}, namespace cluster (one rank per host, links {args.rate}), mpirun: "
-                          f"{args.cluster_model}, {args.cluster_steps} steps/epoch x {args.cluster_epochs} epochs, "
-                          f"batch {args.cluster_batch_size}/rank\n\n"
-                          + cluster_table(fastest(results["cluster"]), args.cluster))
-        if args.side_by_side:
-            results["side_by_side"] = run_side_by_side(args)
-            tables.append(f"side by side: namespace cluster (one rank per host, links {args.rate}), mpirun: "
-                          f"{args.side_model} on {args.dataset}, {args.side_epochs} whole epochs at every default "
-                          f"(batch 32/rank, the model's lr), one job each\n\n" + side_table(results["side_by_side"]))
-    except (ClusterError, RuntimeError, subprocess.TimeoutExpired) as exc:
-        print(f"sync_methods: error: {exc}", file=sys.stderr)
-        return 1
+    if not args.cluster_only:
+        results["local"] = run_rounds(lambda method, name: run_local(method, name, args), args.repeats, "")
+        tables.append(f"np={args.np}, this machine, {args.launcher}: {args.model}, "
+                      f"{args.steps or 'all'} steps/epoch x {args.epochs} epochs, batch {args.batch_size}/rank\n\n"
+                      + local_table(fastest(results["local"]), args.np))
+    if args.cluster:
+        with NetCluster(n_hosts=args.cluster, rate=args.rate) as cluster:
+            results["cluster"] = run_rounds(lambda label, name: run_on_cluster(cluster, label, name, args),
+                                            args.cluster_repeats, f"-np{args.cluster}",
+                                            tuple(cluster_variants(args)))
+        tables.append(f"np={args.cluster}, namespace cluster (one rank per host, links {args.rate}), mpirun: "
+                      f"{args.cluster_model}, {args.cluster_steps} steps/epoch x {args.cluster_epochs} epochs, "
+                      f"batch {args.cluster_batch_size}/rank\n\n"
+                      + cluster_table(fastest(results["cluster"]), args.cluster))
+    if args.side_by_side:
+        results["side_by_side"] = run_side_by_side(args)
+        tables.append(f"side by side: namespace cluster (one rank per host, links {args.rate}), mpirun: "
+                      f"{args.side_model} on {args.dataset}, {args.side_epochs} whole epochs at every default "
+                      f"(batch 32/rank, the model's lr), one job each\n\n" + side_table(results["side_by_side"]))
     results["machine"]["load_at_end"] = os.getloadavg()
-    with open(os.path.join(args.out, "sync_methods.json"), "w") as f:
-        json.dump(results, f, indent=2)  # data first, tables second
-    text = "\n\n".join(tables)
-    with open(os.path.join(args.out, "sync_methods.md"), "w") as f:
-        f.write(text + "\n")
-    print(text)
+    jobs.write_results(args.out, "sync_methods", results, "\n\n".join(tables))  # data first, tables second
     return 0
 
 

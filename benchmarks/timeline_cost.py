@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from hvd_cifar import launchers, report
+from hvd_cifar import jobs, launchers
+from hvd_cifar.runs import load_run
+from hvd_cifar.report import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,34 +31,36 @@ def train(args, logs: str, name: str, timeline: bool) -> float:
              "--max-steps-per-epoch", str(args.steps), "--threads-per-rank", str(threads),
              "--progress", "false", "--log-dir", logs, "--run-name", name, "--comm-timeline", str(timeline).lower()]
     cmd = launchers.argv("horovodrun", args.np, program=[sys.executable, "-m", "hvd_cifar.train", *flags])
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
-    return report.summarize(report.load_run(os.path.join(logs, name)))["step_time_s"]
+    jobs.run(name, cmd, env=dict(os.environ), cwd=str(ROOT), timeout=1800)
+    return summarize(load_run(os.path.join(logs, name)))["step_time_s"]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="vgg11")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--np", type=int, default=2)
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+def measure(args) -> dict[bool, list[float]]:
+    """Step times with the timeline off (False) and on (True), one per repeat each."""
     times: dict[bool, list[float]] = {False: [], True: []}
-    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as logs:
         for repeat in range(args.repeats):
             for timeline in (False, True) if repeat % 2 == 0 else (True, False):
                 times[timeline].append(train(args, logs, f"r{repeat}-{'on' if timeline else 'off'}", timeline))
             print(f"repeat {repeat + 1}: off {times[False][-1] * 1e3:.1f} ms/step, on {times[True][-1] * 1e3:.1f} ms/step",
                   flush=True)
+    return times
+
+
+@jobs.one_line_errors("timeline_cost")
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    jobs.add_options(p, model="vgg11", batch_size=8, np=2, steps=12, repeats=3)
+    args = p.parse_args()
+    load = os.getloadavg()[0]
+    times = measure(args)
     off, on = statistics.median(times[False]), statistics.median(times[True])
     print(f"{args.model}, batch {args.batch_size}/rank, np {args.np}, {args.steps} steps/epoch; load average "
           f"{load:.1f} -> {os.getloadavg()[0]:.1f}")
     print(f"median off {off * 1e3:.1f} ms/step, on {on * 1e3:.1f} ms/step: {(on - off) * 1e3:+.1f} ms/step "
           f"({(on / off - 1) * 100:+.1f} %); off runs spread {(max(times[False]) - min(times[False])) * 1e3:.1f} ms")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
