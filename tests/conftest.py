@@ -48,8 +48,9 @@ def launch_argv(launcher: str, np: int) -> list[str]:
 
 
 def run_train(args: list[str], launcher: str = "single", np: int = 1, timeout: int = 300,
-              check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+              check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``args`` to the trainer under ``launcher``; ``env``: variables to add to the environment."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.run([*launch_argv(launcher, np), *args], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -79,6 +80,51 @@ def unmeasured(records: list[dict]) -> list[dict]:
 def tiny_args(tmp_path):
     """Base flags for a tiny run whose folder is tmp_path/logs/run."""
     return ["--config", TINY, "--log-dir", str(tmp_path / "logs"), "--run-name", "run"]
+
+
+class SharedRun:
+    """A finished run that several tests read: its run folder (``run``) and the launcher's
+    output (``proc``). Read it, never write into it; a test that resumes or changes a run
+    works on its own copy (``copy_to``)."""
+
+    def __init__(self, proc: subprocess.CompletedProcess, run: Path):
+        self.proc, self.run = proc, run
+
+    def copy_to(self, parent: Path) -> Path:
+        """A copy of the run folder as ``parent/<run name>``."""
+        return Path(shutil.copytree(self.run, Path(parent) / self.run.name, symlinks=True))
+
+
+_SHARED: dict = {}
+
+
+def shared(key: str, start) -> SharedRun:
+    """``start()`` once per session for ``key``; a failure is remembered, so that every test
+    that reads the run fails with it and none starts it again."""
+    done = _SHARED
+    if key not in done:
+        try:
+            done[key] = start()
+        except AssertionError as exc:
+            done[key] = f"the shared run {key!r} failed: {exc}"
+    if isinstance(done[key], str):
+        pytest.fail(done[key])
+    return done[key]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """``tiny_run(launcher)``: configs/tiny.yaml as it is (2 epochs of 6 steps) under
+    ``launcher`` (single: one process; horovodrun, horovodrun-gloo, mpirun: 2 ranks), run
+    folder ``.../logs/run`` as ``tiny_args`` names it; each launcher's run once per session."""
+    def get(launcher: str = "single") -> SharedRun:
+        def start() -> SharedRun:
+            logs = tmp_path_factory.mktemp(f"tiny-{launcher}") / "logs"
+            proc = run_train(["--config", TINY, "--log-dir", str(logs), "--run-name", "run"], launcher=launcher,
+                             np=1 if launcher == "single" else 2)
+            return SharedRun(proc, logs / "run")
+        return shared(f"tiny-{launcher}", start)
+    return get
 
 
 def md_table(markdown: str, heading: str) -> list[dict[str, str]]:

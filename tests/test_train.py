@@ -1,5 +1,6 @@
 """The trainer end to end in one process: run folder, metrics, checkpoint, resume, errors."""
 import json
+import os
 
 import pytest
 import torch
@@ -12,9 +13,8 @@ METRIC_KEYS = {"epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc"
                "optimizer_time_s", "world_size", "sync", "comm_bytes_per_rank"}
 
 
-def test_run_folder_is_complete(tmp_path, tiny_args):
-    proc = run_train(tiny_args)
-    run = tmp_path / "logs" / "run"
+def test_run_folder_is_complete(tiny_run):
+    proc, run = tiny_run().proc, tiny_run().run
     names = {p.name for p in run.iterdir()}
     assert {"config.yaml", "metrics.jsonl", "meta.json", "rank0.log", "checkpoint_last.pt", "eval.json"} <= names
     assert not [n for n in names if n.endswith(".tmp")]
@@ -83,10 +83,9 @@ def test_resume_of_a_missing_run_is_one_line(tmp_path):
         f"hvd_cifar: error: resume: no run folder at '{tmp_path}/nope' (nor under logs/) with a config.yaml"]
 
 
-def test_resume_with_another_model_is_refused(tmp_path, tiny_args):
-    run_train([*tiny_args, "--epochs", "1", "--max-steps-per-epoch", "1"])
-    proc = run_train(["--resume", str(tmp_path / "logs" / "run"), "--model", "vgg11", "--epochs", "2"],
-                     check=False)
+def test_resume_with_another_model_is_refused(tmp_path, tiny_run):
+    run = tiny_run().copy_to(tmp_path)  # a smallcnn run of 2 epochs
+    proc = run_train(["--resume", str(run), "--model", "vgg11", "--epochs", "3"], check=False)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "resume: checkpoint" in lines[0] and "vgg11" in lines[0]
@@ -99,9 +98,57 @@ def test_missing_dataset_is_one_line(tmp_path, tiny_args):
     assert len(lines) == 1 and "cifar10 not found" in lines[0]
 
 
+# Loaded into the trainer's process (sitecustomize): forward hooks on every model it builds
+# record, per forward pass, the input's dtype and memory format, the dtype and memory format
+# of each convolution's output and the dtype of each linear layer's, into $RECORD_FORWARDS.
+RECORD_FORWARDS = """
+import json, os, torch
+from hvd_cifar import models
+
+def described(t):
+    return {"dtype": str(t.dtype).replace("torch.", ""), "contiguous": t.is_contiguous(),
+            "channels_last": t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)}
+
+def recording(build):
+    def build_model(*args, **kwargs):
+        model, passes = build(*args, **kwargs), []
+        def begin(module, inputs):
+            passes.append({"training": module.training, "input": described(inputs[0]), "conv": [], "linear": [],
+                           "parameters": sorted({str(p.dtype).replace("torch.", "") for p in module.parameters()}),
+                           "parameters_contiguous": all(p.is_contiguous() for p in module.parameters())})
+        def end(module, inputs, output):
+            with open(os.environ["RECORD_FORWARDS"], "w") as f:
+                json.dump(passes, f)
+        model.register_forward_pre_hook(begin)
+        model.register_forward_hook(end)
+        for m in model.modules():
+            kind = "conv" if isinstance(m, torch.nn.Conv2d) else "linear" if isinstance(m, torch.nn.Linear) else None
+            if kind:
+                m.register_forward_hook(lambda m, i, out, kind=kind: passes[-1][kind].append(described(out)))
+        return model
+    return build_model
+
+models.build_model = recording(models.build_model)
+"""
+
+
 def test_bf16_autocast_and_channels_last_train(tmp_path, tiny_args):
-    run_train([*tiny_args, "--amp", "bf16", "--channels-last", "--epochs", "1"])
+    """--amp bf16 --channels-last: the forward passes (training and evaluation) run their
+    convolutions and linear layers in bfloat16 on channels-last (NHWC) batches, while the
+    parameters stay float32 and contiguous (what allreduce and broadcast of flat buffers need)."""
+    (tmp_path / "sitecustomize.py").write_text(RECORD_FORWARDS)
+    record = tmp_path / "forwards.json"
+    env = {"PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}", "RECORD_FORWARDS": str(record)}
+    run_train([*tiny_args, "--amp", "bf16", "--channels-last", "--epochs", "1"], env=env)
     assert read_metrics(tmp_path / "logs" / "run")[0]["train_loss"] > 0
+    passes = json.loads(record.read_text())
+    assert [p["training"] for p in passes].count(True) == 6 and not passes[-1]["training"]  # 6 steps, evaluation
+    for p in passes:
+        assert p["input"] == {"dtype": "float32", "contiguous": False, "channels_last": True}, p
+        assert len(p["conv"]) == 3 and len(p["linear"]) == 1, p
+        assert all(out == {"dtype": "bfloat16", "contiguous": False, "channels_last": True} for out in p["conv"]), p
+        assert p["linear"][0]["dtype"] == "bfloat16", p
+        assert p["parameters"] == ["float32"] and p["parameters_contiguous"], p
 
 
 def test_state_dict_mismatch_names_what_differs():
