@@ -282,7 +282,7 @@ def progress_bar(total: int, initial: int, desc: str, enabled: bool):
 
 # ----------------------------------------------------------------------------- one epoch
 def train_one_epoch(run, state, epoch: int) -> EpochResult:
-    """Train ``run.model`` for (the rest of) ``epoch``; ``run`` is train.Training (what the
+    """Train ``run.model`` for (the rest of) ``epoch``; ``run`` is training.Training (what the
     entry point built), ``state`` the training state whose hooks see each step."""
     net, optimizer, sync, cfg = run.net, run.optimizer, run.sync, run.cfg
     first, start = state.step, state.position     # 0, 0 unless an interrupted epoch continues

@@ -1,5 +1,7 @@
-"""The run folder: logs/RUN_NAME/ with config.yaml, metrics.jsonl, meta.json, rank logs,
-checkpoint_last.pt and eval.json. Files are written whole or not at all (temp + rename)."""
+"""The run folder: logs/RUN_NAME/ with config.yaml, metrics.jsonl, meta.json, events.jsonl, rank
+logs and checkpoint_last.pt (eval.json: hvd_cifar.evaluation). Files are written whole or not at
+all (temp + rename). The trainer hands this module its objects; what goes into each file, the
+checkpoint's contents included, is composed here."""
 from __future__ import annotations
 
 import datetime as dt
@@ -12,7 +14,7 @@ import time
 
 import torch
 
-from hvd_cifar import runs
+from hvd_cifar import runs, slurm_job
 from hvd_cifar.files import RunError, append_whole, atomic_write, write_error, write_json, write_text  # noqa: F401 (re-exported)
 
 CHECKPOINT = "checkpoint_last.pt"
@@ -168,6 +170,7 @@ def run_metadata(world_size: int, hostnames: list[str], sync_name: str, device: 
         "launcher": launcher_name(),
         "comm_settings": comm_settings(),
         "unix_time": time.time(),
+        **slurm_job.facts(),  # under Slurm: slurm_job_id, slurm_nodes, slurm_restart_count
     }
 
 
@@ -204,6 +207,67 @@ def save_checkpoint(run_dir: str, state: dict) -> None:
     atomic_write(os.path.join(run_dir, CHECKPOINT), lambda f: torch.save(state, f))
 
 
+def save_training(run_dir: str, epoch: int, *, identity: dict, cfg, model, optimizer, frozen_blocks: int,
+                  freezing, scaler, position: dict | None = None, record: dict | None = None) -> None:
+    """The checkpoint: ``epoch`` is done, and ``record`` its metrics line; or, with ``position``
+    (a preempted run), is under way from there."""
+    ckpt = {"epoch": epoch if position else epoch + 1, "identity": identity, "config": cfg.to_dict(),
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "frozen_blocks": frozen_blocks, "freezing": freezing.state_dict()}
+    if position:
+        ckpt["position"] = position
+    if record:
+        ckpt["record"] = record
+    if scaler is not None:
+        ckpt["scaler"] = scaler.state_dict()
+    save_checkpoint(run_dir, ckpt)
+
+
+def save_preempted(run_dir: str, state, world_size: int, buffers: list[dict], elapsed_s: float, stop,
+                   **training) -> None:
+    """A preempted run: the checkpoint of where the epoch stands (the training ``state``'s step,
+    position and the epoch's sums over all ranks so far, every rank's ``buffers``), then the
+    events.jsonl line of the ``stop`` (a preempt.Preempted). ``training``: as save_training's."""
+    save_training(run_dir, state.epoch, position={
+        "step": state.step, "position": state.position, "totals": state.totals, "world_size": world_size,
+        "rank_buffers": buffers, "elapsed_s": elapsed_s}, **training)
+    append_metrics(run_dir, stop.event(elapsed_s), EVENTS)
+
+
+def rank_buffers(model: torch.nn.Module) -> dict:
+    """This rank's buffers (BatchNorm's running statistics, its own until the next evaluation)."""
+    return {name: b.detach().cpu().clone() for name, b in model.named_buffers()}
+
+
+def restore_rank_buffers(model: torch.nn.Module, resume_at: dict | None, rank: int, world_size: int) -> None:
+    """A run preempted mid-epoch (``resume_at``: the checkpoint's position): each rank takes back
+    its own BatchNorm statistics, when the world is the same size as when it stopped."""
+    saved = (resume_at or {}).get("rank_buffers")
+    if not saved or len(saved) != world_size:
+        return
+    own = saved[rank]
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(own[name])
+
+
+def restore_training(ckpt: dict, model, optimizer, scaler, model_name: str) -> None:
+    """The checkpoint's weights, optimizer state and grad scaler into this run's; a checkpoint
+    that does not fit them is a RunError."""
+    mismatch = state_dict_mismatch(model.state_dict(), ckpt["model"])
+    if mismatch:
+        raise RunError(f"resume: the checkpoint's weights do not fit this {model_name} ({mismatch}); "
+                       f"was it saved with other model settings (e.g. batchnorm)?")
+    try:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise RunError(f"resume: checkpoint does not fit this model/optimizer "
+                       f"({str(exc).splitlines()[0]})") from None
+    if scaler is not None and "scaler" in ckpt:
+        scaler.load_state_dict(ckpt["scaler"])
+
+
 def load_checkpoint(run_dir: str, identity: dict) -> dict:
     path = os.path.join(run_dir, CHECKPOINT)
     if not os.path.exists(path):
@@ -219,10 +283,35 @@ def load_checkpoint(run_dir: str, identity: dict) -> dict:
     return state
 
 
-def record_epoch(run_dir: str, record: dict) -> None:
-    """Append an epoch's metrics line. A line for this epoch or a later one can only be there
-    when an elastic reset reran the epoch's end after recording it: it is dropped first."""
+def record_epoch(run_dir: str, record: dict) -> list[dict]:
+    """Append an epoch's metrics line; returns the run's epoch records with it, as the file now
+    holds them. A line for this epoch or a later one can only be there when an elastic reset
+    reran the epoch's end after recording it: it is dropped first."""
     records = read_metrics(run_dir)
     if records and records[-1]["epoch"] >= record["epoch"]:
         truncate_metrics(run_dir, record["epoch"])
+        records = [r for r in records if r["epoch"] < record["epoch"]]
     append_metrics(run_dir, record)
+    return [*records, record]
+
+
+def write_start_files(run_dir: str, cfg, start_epoch: int, resume_at: dict | None, resume_record: dict | None,
+                      metadata) -> float:
+    """At a run's first start: config.yaml (a resumed run may have changed e.g. epochs: the
+    folder's config says what ran), and meta.json (``metadata()``) or, on resume, the metrics
+    cut back to the checkpoint (``start_epoch``; a preempted run's place in it ``resume_at``, the
+    checkpoint's metrics line ``resume_record``). Returns the run's wall time before this start."""
+    cfg.save(os.path.join(run_dir, "config.yaml"))
+    if not cfg.resume:
+        write_json(os.path.join(run_dir, "meta.json"), metadata())
+        return 0.0
+    truncate_metrics(run_dir, start_epoch)
+    remove_stale_temp_files(run_dir)
+    if resume_at:  # preempted mid-epoch: the time until then
+        return resume_at["elapsed_s"]
+    kept = read_metrics(run_dir)
+    if resume_record and (not kept or kept[-1]["epoch"] < resume_record["epoch"]):
+        # Killed after the checkpoint was written and before its metrics line was (record_epoch).
+        append_metrics(run_dir, resume_record)
+        kept.append(resume_record)
+    return kept[-1].get("elapsed_s", 0.0) if kept else 0.0

@@ -17,28 +17,25 @@ logs/RUN_NAME/metrics.jsonl before anything is printed.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import socket
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 
 import torch
 
 from hvd_cifar import config as config_mod
-from hvd_cifar import autofreeze, data, engine, lifecycle, netstats, preempt, resources, runlog, runs, tboard
+from hvd_cifar import autofreeze, data, engine, evaluation, lifecycle, metrics, netstats, preempt, resources, runlog
 from hvd_cifar.config import Config, ConfigError
-from hvd_cifar.data import DataError
 from hvd_cifar.models import build_model, set_frozen_blocks
-from hvd_cifar.runlog import RunError
+from hvd_cifar.ranks import USER_ERRORS, before_loop, on_every_rank, on_main, say_once
 from hvd_cifar.sync import SyncMethod
 from hvd_cifar.sync import make as make_sync
+from hvd_cifar.tboard import Board
+from hvd_cifar.training import Training
 
-USER_ERRORS = (ConfigError, DataError, RunError)
-SILENT_RANK_EXIT_DELAY_S = 5.0
 # Exit statuses: 0 done, 1 a fault on some rank, 2 bad input, 3 diverged, 4 preempted (a stop
 # signal; the checkpoint holds the place in the epoch, --resume continues), 130 SIGINT.
 EXIT_DIVERGED = 3
@@ -55,114 +52,7 @@ def load_config(argv: list[str]) -> Config:
     return cfg
 
 
-# ----------------------------------------------------------------------------- rank 0 and the rest
-def _user_error(name_and_message: tuple[str, str]) -> Exception:
-    """A user error rebuilt on this rank from (class name, message) sent by another."""
-    name, message = name_and_message
-    return {cls.__name__: cls for cls in USER_ERRORS}[name](message)
-
-
-def on_main(sync: SyncMethod, fn):
-    """Run ``fn`` on rank 0 only and hand its result, or its user error, to every rank, so that
-    a failure seen by rank 0 alone still stops all ranks together instead of leaving them hung."""
-    result, error = None, None
-    if sync.rank == 0:
-        try:
-            result = fn()
-        except USER_ERRORS as exc:
-            error = (type(exc).__name__, str(exc))
-    result, error = sync.broadcast_object((result, error))
-    if error:
-        raise _user_error(error)
-    return result
-
-
-def on_every_rank(sync: SyncMethod, fn):
-    """Run ``fn`` on every rank; a user error on any rank (a data set missing on one host only)
-    is raised on all of them, so they stop together with one message instead of hanging."""
-    if sync.elastic:
-        # Before the elastic loop each worker answers for itself (one that joins later runs this
-        # alone); a worker that fails here drops out, and Horovod's driver carries on without it.
-        return fn()
-    result, error = None, None
-    try:
-        result = fn()
-    except USER_ERRORS as exc:
-        error = (type(exc).__name__, str(exc))
-    errors = [e for e in sync.allgather_object(error) if e]
-    if errors:
-        raise _user_error(errors[0])
-    return result
-
-
-# ----------------------------------------------------------------------------- what a run is made of
-@dataclass
-class Training:
-    """Everything the epoch loop and engine.train_one_epoch use, built once by ``build``."""
-    cfg: Config
-    sync: SyncMethod
-    device: torch.device
-    dataset: data.DataSet
-    loader: data.ShardedLoader
-    model: torch.nn.Module              # the plain model (checkpoints, freezing)
-    identity: dict                      # what a checkpoint must match to be resumed here
-    freezing: autofreeze.ConfigFreezing | autofreeze.AutoFreeze  # decides ``frozen`` per epoch
-    start_epoch: int = 0
-    resume_at: dict | None = None       # a preempted run's place inside start_epoch (checkpoint's "position")
-    resume_record: dict | None = None   # the metrics line of the checkpoint's epoch, as the checkpoint holds it
-    net: torch.nn.Module = None         # the model as the sync method wrapped it
-    optimizer: torch.optim.Optimizer = None
-    payload_bytes: int = 0              # gradient bytes per synchronisation
-    unfrozen_payload_bytes: int = 0     # ... were nothing frozen: what freezing saves is measured against it
-    trainable: int = 0
-    frozen: int = 0
-    scaler: torch.amp.GradScaler | None = None
-    run_dir: str = ""
-    log: runlog.RankLog | None = None
-    board: tboard.Board | None = None   # rank 0, tensorboard: true: opened at the first epoch recorded
-    hostnames: tuple = ()
-    schedule: engine.LrSchedule | None = None
-    updates_per_epoch: int = 1
-    started: float = 0.0                # time.perf_counter() when this process began the run
-    elapsed_before: float = 0.0         # wall time of the run before a resume
-
-    def elapsed_s(self) -> float:
-        """Wall time since the run started (training, evaluation and set-up; across resumes)."""
-        return self.elapsed_before + time.perf_counter() - self.started
-
-    @property
-    def is_main(self) -> bool:
-        return self.sync.rank == 0
-
-    def autocast(self):
-        use = self.cfg.amp != "none"
-        dtype = torch.float16 if self.cfg.amp == "fp16" else torch.bfloat16
-        return torch.autocast(self.device.type, dtype=dtype, enabled=use)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
-
-    def set_trainable(self, frozen: int, old_optimizer=None) -> None:
-        """Freeze the first ``frozen`` feature blocks and (re)build the optimizer over the rest,
-        wrapped by the sync method; momentum of parameters that stay trainable carries over."""
-        self.frozen = frozen
-        set_frozen_blocks(self.model, frozen)
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        decay = [p for n, p in named if p.ndim > 1]           # no weight decay on biases / BN
-        no_decay = [p for n, p in named if p.ndim <= 1]
-        cfg = self.cfg
-        opt = torch.optim.SGD([{"params": decay, "weight_decay": cfg.weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}],
-                              lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-        if old_optimizer is not None:
-            opt.state.update({p: old_optimizer.state[p] for _, p in named if p in old_optimizer.state})
-        self.net, self.optimizer = self.sync.wrap(self.model, opt, named, cfg.accumulation_steps,
-                                                  cfg.fp16_allreduce)
-        self.payload_bytes = self.sync.payload_bytes(named, cfg.fp16_allreduce)
-        self.unfrozen_payload_bytes = self.sync.payload_bytes(list(self.model.named_parameters()), cfg.fp16_allreduce)
-        self.trainable = sum(p.numel() for _, p in named)
-
-
+# ----------------------------------------------------------------------------- building the run
 def start_backend(cfg: Config) -> tuple[SyncMethod, torch.device]:
     sync = make_sync(cfg.sync, cfg.elastic)  # starts the communication backend (hvd.init() for Horovod)
     sync.configure(cfg)
@@ -177,17 +67,16 @@ def open_run_dir(cfg: Config, sync: SyncMethod) -> str:
     """Rank 0 creates (or reopens) the run folder, every rank learns where it is. Elastic:
     nothing before the elastic loop may wait on another rank (a worker that joins later runs
     this alone), so the training state carries rank 0's answer to the others instead."""
-    if sync.elastic:
-        return cfg.resume or (runlog.create_run_dir(cfg, sync.size) if sync.rank == 0 else "")
-    return on_main(sync, lambda: cfg.resume or runlog.create_run_dir(cfg, sync.size))
+    return before_loop(sync, lambda: cfg.resume or runlog.create_run_dir(cfg, sync.size),
+                       others=lambda: cfg.resume or "")
 
 
 def build(cfg: Config, sync: SyncMethod, device: torch.device) -> Training:
     """Data (every rank holds the whole set in memory; downloads take turns on a lock), then
     the model: the same seed everywhere, and rank 0's weights broadcast at the start."""
     if cfg.download:
-        on_every_rank(sync, lambda: data.download(cfg.dataset, cfg.data_dir))
-    ds = on_every_rank(sync, lambda: data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed))
+        before_loop(sync, lambda: data.download(cfg.dataset, cfg.data_dir), on_every_rank)
+    ds = before_loop(sync, lambda: data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed), on_every_rank)
     mean, std = ds.channel_stats()
     ds.to(device)
     loader = data.ShardedLoader(ds.train_images, ds.train_labels, cfg.batch_size, sync.worker_rank,
@@ -214,8 +103,7 @@ def resume(run: Training, run_dir: str) -> None:
     cfg, sync = run.cfg, run.sync
     ckpt = None
     if cfg.resume:
-        load = lambda: runlog.load_checkpoint(run_dir, run.identity)  # noqa: E731
-        ckpt = load() if sync.elastic else on_main(sync, load)
+        ckpt = before_loop(sync, lambda: runlog.load_checkpoint(run_dir, run.identity))
     run.start_epoch = ckpt["epoch"] if ckpt else 0
     run.resume_at = ckpt.get("position") if ckpt else None
     run.resume_record = ckpt.get("record") if ckpt else None
@@ -224,20 +112,8 @@ def resume(run: Training, run_dir: str) -> None:
     # follow_freeze_schedule then moves on to the set of start_epoch, as an unbroken run would.
     saved_frozen = ckpt.get("frozen_blocks") if ckpt else None
     run.set_trainable(run.freezing.frozen_blocks(run.start_epoch, 0) if saved_frozen is None else saved_frozen)
-    if not ckpt:
-        return
-    mismatch = runlog.state_dict_mismatch(run.model.state_dict(), ckpt["model"])
-    if mismatch:
-        raise RunError(f"resume: the checkpoint's weights do not fit this {cfg.model} ({mismatch}); "
-                       f"was it saved with other model settings (e.g. batchnorm)?")
-    try:
-        run.model.load_state_dict(ckpt["model"])
-        run.optimizer.load_state_dict(ckpt["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as exc:
-        raise RunError(f"resume: checkpoint does not fit this model/optimizer "
-                       f"({str(exc).splitlines()[0]})") from None
-    if run.scaler is not None and "scaler" in ckpt:
-        run.scaler.load_state_dict(ckpt["scaler"])
+    if ckpt:
+        runlog.restore_training(ckpt, run.model, run.optimizer, run.scaler, cfg.model)
 
 
 # ----------------------------------------------------------------------------- the epoch loop
@@ -254,60 +130,19 @@ def begin(run: Training, state) -> None:
         first_start(run)
     state.begin(run)
     if first:
-        restore_rank_buffers(run)
+        runlog.restore_rank_buffers(run.model, run.resume_at, sync.rank, sync.size)
     run.loader.reshard(sync.worker_rank, sync.workers)  # shards for the ranks that train
     run.updates_per_epoch = math.ceil(len(run.loader) / cfg.accumulation_steps)
     run.schedule = engine.LrSchedule(cfg, sync.size, run.updates_per_epoch)
 
 
-def rank_buffers(model: torch.nn.Module) -> dict:
-    """This rank's buffers (BatchNorm's running statistics, its own until the next evaluation)."""
-    return {name: b.detach().cpu().clone() for name, b in model.named_buffers()}
-
-
-def restore_rank_buffers(run: Training) -> None:
-    """A run preempted mid-epoch: each rank takes back its own BatchNorm statistics (the state's
-    first broadcast gave it rank 0's), when the world is the same size as when it stopped."""
-    saved = (run.resume_at or {}).get("rank_buffers")
-    if not saved or len(saved) != run.sync.size:
-        return
-    own = saved[run.sync.rank]
-    with torch.no_grad():
-        for name, b in run.model.named_buffers():
-            b.copy_(own[name])
-
-
-def write_start_files(run: Training) -> float:
-    """Rank 0: config.yaml (a resumed run may have changed e.g. epochs: the folder's config says
-    what ran), and meta.json or, on resume, the metrics cut back to the checkpoint. Returns the
-    run's wall time before this start."""
-    cfg, sync, run_dir = run.cfg, run.sync, run.run_dir
-    cfg.save(os.path.join(run_dir, "config.yaml"))
-    if not cfg.resume:
-        runlog.write_json(os.path.join(run_dir, "meta.json"),
-                          runlog.run_metadata(sync.size, list(run.hostnames), sync.name, str(run.device)))
-        return 0.0
-    runlog.truncate_metrics(run_dir, run.start_epoch)
-    runlog.remove_stale_temp_files(run_dir)
-    if run.resume_at:  # preempted mid-epoch: the time until then
-        return run.resume_at["elapsed_s"]
-    kept = runlog.read_metrics(run_dir)
-    saved = run.resume_record
-    if saved and (not kept or kept[-1]["epoch"] < saved["epoch"]):
-        # Killed after the checkpoint was written and before its metrics line was (record_epoch).
-        runlog.append_metrics(run_dir, saved)
-        kept.append(saved)
-    return kept[-1].get("elapsed_s", 0.0) if kept else 0.0
-
-
 def first_start(run: Training) -> None:
     cfg, sync, run_dir = run.cfg, run.sync, run.run_dir
-    # A write that fails on rank 0 (full disk) stops every rank with rank 0's one line. Elastic:
-    # no collective here (a worker that joins later runs this alone).
-    if sync.elastic:
-        run.elapsed_before = write_start_files(run) if run.is_main else 0.0
-    else:
-        run.elapsed_before = on_main(sync, lambda: write_start_files(run))
+    # Rank 0: config.yaml, and meta.json or (resumed) the metrics cut back to the checkpoint. A
+    # write that fails on rank 0 (full disk) stops every rank with rank 0's one line.
+    meta = lambda: runlog.run_metadata(sync.size, list(run.hostnames), sync.name, str(run.device))
+    run.elapsed_before = before_loop(sync, lambda: runlog.write_start_files(
+        run_dir, cfg, run.start_epoch, run.resume_at, run.resume_record, meta), others=lambda: 0.0)
     run.log(f"run folder {run_dir}: {cfg.model} on {cfg.dataset}, {sync.size} rank(s) "
             f"({', '.join(sorted(set(run.hostnames)))}), sync={cfg.sync}, device={run.device}, "
             f"threads/rank={torch.get_num_threads()}")
@@ -336,7 +171,7 @@ def train(run: Training, state) -> None:
         nic.start()
         usage.start()
         result = run.sync.epoch_loop(engine.train_one_epoch)(run, state, epoch)
-        measured = Measured(nic.interface, nic.stop(), *usage.stop())
+        measured = metrics.Measured(nic.interface, nic.stop(), *usage.stop())
         run.freezing.end_epoch()  # the epoch's gradient measure, before it is recorded and saved
         last = epoch == end_epoch - 1
         checkpoint = bool(cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0) or last
@@ -364,73 +199,20 @@ def follow_freeze_schedule(run: Training, state, epoch: int) -> None:
                                                             run.freezing.why()), runlog.EVENTS)
 
 
-@dataclass
-class Measured:
-    """What this rank's meters read around one epoch's training."""
-    interface: str | None                # the NIC counted (one rank per host), else None
-    nic_bytes: tuple[int, int]           # (received, sent) on it
-    rank_figures: list[float]            # resources.RANK_FIELDS of this process
-    host_cpu_percent: float | None       # the host's CPUs (one rank per host), else None
-
-
-def reduce_epoch(run: Training, state, result: engine.EpochResult, measured: Measured):
-    """The epoch's figures over all ranks, by the epoch end's collectives: one allgather (each
-    host's NIC bytes and CPU), the sums' allreduce, and one allreduce of every rank's phase times
-    with its resource figures in its own slot. Returns (the epoch's SUMS, images of this pass,
-    the metrics line's measured figures)."""
-    sync = run.sync
-    host = (socket.gethostname(), measured.interface, *measured.nic_bytes, measured.host_cpu_percent)
-    per_host = [entry for entry in sync.allgather_object(host if measured.host_cpu_percent is not None else None)
-                if entry]  # (host, interface, rx, tx, cpu %)
-    nic = [entry for entry in per_host if entry[1]]
-    reduced = sync.allreduce_sum(result.sums.cpu())
-    # Each rank timed its own phases (0 where a rank does not train); report the mean over the
-    # ranks that train, which adds up to the step time.
-    own = torch.cat([torch.tensor([result.phase_times[p] for p in engine.PHASES], dtype=torch.float64),
-                     resources.pack(measured.rank_figures, sync.rank, sync.size)])
-    summed = sync.allreduce_sum(own)
-    phase_times = summed[:len(engine.PHASES)] / sync.workers
-    return state.epoch_sums(reduced), reduced[2].item(), {
-        **{f"{phase}_time_s": phase_times[j].item() for j, phase in enumerate(engine.PHASES)},
-        "nic_interface": {h: iface for h, iface, *_ in nic},
-        "nic_rx_bytes": {h: rx for h, _, rx, _, _ in nic},
-        "nic_tx_bytes": {h: tx for h, _, _, tx, _ in nic},
-        **resources.record(summed[len(engine.PHASES):], sync.size, run.device.type == "cuda",
-                           {h: cpu for h, *_, cpu in per_host}),
-    }
-
-
-def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochResult, measured: Measured,
+def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochResult, measured: metrics.Measured,
                         checkpoint: bool):
     """Sums, phase and resource figures over all ranks, the test set, the checkpoint when
     ``checkpoint``, one metrics line (written, then printed)."""
     sync, cfg = run.sync, run.cfg
-    sums, pass_images, figures = reduce_epoch(run, state, result, measured)  # pass: since this pass over the epoch began
+    # pass: since this pass over the epoch began
+    sums, pass_images, figures = metrics.reduce_epoch(sync, state, result, measured, run.device.type == "cuda")
     eval_start = time.perf_counter()
     sync.consolidate(run.model, run.optimizer)  # one model on every rank (BatchNorm statistics averaged)
     test = engine.evaluate(run)
-    loss, correct, images, correct5 = sums.tolist()
-    engine.Diverged.check_epoch(loss / images, test.loss, run.dataset.num_classes, epoch, result.steps, result.lr)
-    wire = sync.wire_bytes_per_sync(run.payload_bytes)
-    record = {
-        "epoch": epoch, "lr": result.lr,
-        "train_loss": loss / images, "train_acc": correct / images, "train_acc5": correct5 / images,
-        "test_loss": test.loss, "test_acc": test.acc, "test_acc5": test.acc5,
-        "epoch_time_s": result.time_s, "eval_time_s": time.perf_counter() - eval_start,
-        "elapsed_s": run.elapsed_s(),
-        "images_per_s": pass_images / result.time_s, "steps": result.steps, "syncs": result.syncs,
-        "step_time_s": result.time_s / (result.steps - result.first_step),
-        "comm_bytes_per_sync": wire, "comm_bytes_per_rank": wire * result.syncs,
-        "comm_bytes_per_sync_unfrozen": sync.wire_bytes_per_sync(run.unfrozen_payload_bytes),
-        **figures,  # phase times, NIC bytes, resources
-        "trainable_params": run.trainable, "frozen_blocks": run.frozen, "world_size": sync.size,
-        **run.freezing.record(),  # freeze: auto: its measure per block
-        "sync": cfg.sync, "fp16_allreduce": cfg.fp16_allreduce,
-        "accumulation_steps": cfg.accumulation_steps, "batch_size": cfg.batch_size,
-        **result.extra,  # what only some methods measure (mpi-async-ps: staleness, server updates/s)
-    }
-    if result.first_step:  # elastic: the epoch was continued after a reset at step `first`
-        record["resumed_at_step"] = result.first_step
+    record = metrics.epoch_record(run, epoch, result, sums, pass_images, figures, test,
+                                  eval_time_s=time.perf_counter() - eval_start)
+    engine.Diverged.check_epoch(record["train_loss"], test.loss, run.dataset.num_classes, epoch, result.steps,
+                                result.lr)
     # Data first, print second; rank 0's write error stops every rank.
     record = on_main(sync, lambda: checkpoint_and_record(run, epoch, record, checkpoint))
     run.log(f"epoch {epoch + 1}/{cfg.epochs}  train loss {record['train_loss']:.4f} acc {record['train_acc']:.4f}"
@@ -446,83 +228,30 @@ def checkpoint_and_record(run: Training, epoch: int, record: dict, checkpoint: b
     figure), so that a job killed between the two gets the line back on resume."""
     if checkpoint:
         began = time.perf_counter()
-        save_checkpoint(run, epoch, record=record)
+        runlog.save_training(run.run_dir, epoch, record=record, **run.checkpointed())
         record = {**record, "checkpoint_time_s": time.perf_counter() - began}
-    runlog.record_epoch(run.run_dir, record)
+    run.records = runlog.record_epoch(run.run_dir, record)
     if run.cfg.tensorboard:
-        run.board = run.board or tboard.Board(run.run_dir, first_epoch=epoch)
+        run.board = run.board or Board(run.run_dir, first_epoch=epoch)
         run.board.epoch(record)
     return record
-
-
-def save_checkpoint(run: Training, epoch: int, position: dict | None = None, record: dict | None = None) -> None:
-    """``epoch`` is done, and ``record`` its metrics line; or, with ``position`` (a preempted
-    run), is under way from there."""
-    ckpt = {"epoch": epoch if position else epoch + 1, "identity": run.identity, "config": run.cfg.to_dict(),
-            "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-            "frozen_blocks": run.frozen, "freezing": run.freezing.state_dict()}
-    if position:
-        ckpt["position"] = position
-    if record:
-        ckpt["record"] = record
-    if run.scaler is not None:
-        ckpt["scaler"] = run.scaler.state_dict()
-    runlog.save_checkpoint(run.run_dir, ckpt)
-
-
-def save_preempted(run: Training, state, stop: preempt.Preempted, buffers: list[dict]) -> None:
-    """Rank 0: the checkpoint of where the epoch stands (the state's step, position and the
-    epoch's sums over all ranks so far, every rank's ``buffers``), then the events.jsonl line."""
-    elapsed = run.elapsed_s()
-    save_checkpoint(run, state.epoch, {"step": state.step, "position": state.position, "totals": state.totals,
-                                       "world_size": run.sync.size, "rank_buffers": buffers,
-                                       "elapsed_s": elapsed})
-    runlog.append_metrics(run.run_dir, stop.event(elapsed), runlog.EVENTS)
 
 
 def finish(run: Training, confusion, record: dict | None) -> None:
     """Data-parallel ranks must end with identical parameters; say so (or not) in eval.json,
     with the classification report of the run's last epoch (``confusion``, ``record``)."""
-    digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in run.model.parameters()))
-    ranks_agree = len(set(run.sync.allgather_object(digest.hexdigest()))) == 1
+    ranks_agree = len(set(run.sync.allgather_object(evaluation.parameters_digest(run.model)))) == 1
     if not ranks_agree:
         run.log("WARNING: ranks finished with different parameters")
     if confusion is None or not run.is_main:
         return
-    report_text, report = classification_summary(confusion)
-    test_acc = confusion.diag().sum().item() / confusion.sum().item()
-    runlog.write_json(os.path.join(run.run_dir, "eval.json"), {
-        "test_acc": test_acc, "test_acc5": record["test_acc5"], "test_loss": record["test_loss"],
-        "classes": run.dataset.num_classes,
-        **runs.time_to_target(runlog.read_metrics(run.run_dir), run.cfg.target_acc),
-        "confusion_matrix": confusion.tolist(), "classification_report": report,
-        "parameters_identical_across_ranks": ranks_agree})
-    run.log("classification report (test set):\n" + report_text)
-    run.log("confusion matrix (rows: true class, columns: predicted):\n" + format_matrix(confusion))
+    test_acc, lines = evaluation.write(run.run_dir, confusion, record, run.dataset.num_classes, run.records,
+                                       run.cfg.target_acc, ranks_agree)
+    for line in lines:
+        run.log(line)
     if run.board:  # this process recorded epochs into TensorBoard: the config, with the final accuracy
         run.board.hparams(run.cfg.to_dict())
     run.log(f"final test accuracy {test_acc:.4f}; run folder {run.run_dir}")
-
-
-def classification_summary(confusion: torch.Tensor) -> tuple[str, dict]:
-    """scikit-learn's report, from (true, predicted) pairs rebuilt from the confusion matrix."""
-    import numpy as np
-    from sklearn.metrics import classification_report
-
-    k = confusion.shape[0]
-    pairs = np.repeat(np.arange(k * k), confusion.flatten().numpy())
-    y_true, y_pred = pairs // k, pairs % k
-    labels = list(range(k))
-    text = classification_report(y_true, y_pred, labels=labels, digits=4, zero_division=0)
-    as_dict = classification_report(y_true, y_pred, labels=labels, output_dict=True, zero_division=0)
-    return text, as_dict
-
-
-def format_matrix(m: torch.Tensor) -> str:
-    width = max(len(str(int(m.max()))), 3)
-    head = " " * 5 + " ".join(f"{j:>{width}}" for j in range(m.shape[1]))
-    rows = [f"{i:>4} " + " ".join(f"{int(v):>{width}}" for v in row) for i, row in enumerate(m.tolist())]
-    return "\n".join([head, *rows])
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -553,8 +282,9 @@ def run(cfg: Config) -> tuple[SyncMethod, preempt.Preempted | None]:
         raise
     except preempt.Preempted as exc:  # every rank raised it after the same update
         # No rank may exit before rank 0 has saved: the launcher ends the job at the first exit.
-        buffers = sync.allgather_object(rank_buffers(training.model))  # each rank's BatchNorm statistics
-        on_main(sync, lambda: save_preempted(training, state, exc, buffers))
+        buffers = sync.allgather_object(runlog.rank_buffers(training.model))  # each rank's BatchNorm statistics
+        on_main(sync, lambda: runlog.save_preempted(training.run_dir, state, sync.size, buffers,
+                                                    training.elapsed_s(), exc, **training.checkpointed()))
         # Without its traceback, which holds the loop's frames and in them the wrapped model.
         stopped, exc.run_dir = exc.with_traceback(None), training.run_dir
     # The wrappers the sync method made hold its communication resources (DDP's reducer holds
@@ -562,20 +292,6 @@ def run(cfg: Config) -> tuple[SyncMethod, preempt.Preempted | None]:
     training.net = training.optimizer = state = None
     sync.close()
     return sync, stopped
-
-
-def say_once(rank: int, line: str, code: int) -> int:
-    """What every rank knows alike is said once, by rank 0; returns ``code``."""
-    if rank == 0:  # one write: launchers that tag output lines would tag a lone newline too
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    else:
-        # Launchers stop the whole job when the first rank exits non-zero. A silent rank that
-        # got there first would have rank 0 killed before it said why; so the others give
-        # rank 0 time to speak. Normally rank 0 exits first and the launcher ends the job
-        # then, so this wait costs nothing.
-        time.sleep(SILENT_RANK_EXIT_DELAY_S)
-    return code
 
 
 def main(argv: list[str] | None = None) -> tuple[int, bool]:

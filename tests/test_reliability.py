@@ -147,9 +147,9 @@ def test_exit_process_skips_interpreter_shutdown_only_when_threads_were_left(lef
 
 def test_a_silent_rank_waits_for_rank_0_to_speak_before_exiting():
     """On a bad input only rank 0 prints; any other rank stays silent and exits 2 only after
-    train.SILENT_RANK_EXIT_DELAY_S, so that a launcher which stops the job at the first non-zero
+    ranks.SILENT_RANK_EXIT_DELAY_S, so that a launcher which stops the job at the first non-zero
     exit cannot stop rank 0 before its one line is out."""
-    from hvd_cifar.train import SILENT_RANK_EXIT_DELAY_S
+    from hvd_cifar.ranks import SILENT_RANK_EXIT_DELAY_S
     env = dict(os.environ, HOROVOD_RANK="1")  # what horovodrun --gloo sets for rank 1
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "hvd_cifar.train", "--model", "resnet999"], cwd=ROOT,

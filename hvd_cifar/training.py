@@ -1,0 +1,82 @@
+"""What a run is made of: the ``Training`` that ``hvd_cifar.train`` builds once per process and the
+epoch loop, ``engine.train_one_epoch`` and ``engine.evaluate`` read (the config, the sync method,
+data, model, optimizer and the run folder's writers), with the few things done to it: setting
+the trainable parameters (and with them the optimizer), autocast and backward, the run's time.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hvd_cifar import autofreeze, data, engine, optim, runlog, tboard
+from hvd_cifar.config import Config
+from hvd_cifar.models import set_frozen_blocks
+from hvd_cifar.sync import SyncMethod
+
+
+@dataclass
+class Training:
+    """Everything the epoch loop and engine.train_one_epoch use, built once by ``train.build``."""
+    cfg: Config
+    sync: SyncMethod
+    device: torch.device
+    dataset: data.DataSet
+    loader: data.ShardedLoader
+    model: torch.nn.Module              # the plain model (checkpoints, freezing)
+    identity: dict                      # what a checkpoint must match to be resumed here
+    freezing: autofreeze.ConfigFreezing | autofreeze.AutoFreeze  # decides ``frozen`` per epoch
+    start_epoch: int = 0
+    resume_at: dict | None = None       # a preempted run's place inside start_epoch (checkpoint's "position")
+    resume_record: dict | None = None   # the metrics line of the checkpoint's epoch, as the checkpoint holds it
+    net: torch.nn.Module = None         # the model as the sync method wrapped it
+    optimizer: torch.optim.Optimizer = None
+    payload_bytes: int = 0              # gradient bytes per synchronisation
+    unfrozen_payload_bytes: int = 0     # ... were nothing frozen: what freezing saves is measured against it
+    trainable: int = 0
+    frozen: int = 0
+    scaler: torch.amp.GradScaler | None = None
+    run_dir: str = ""
+    log: runlog.RankLog | None = None
+    board: tboard.Board | None = None   # rank 0, tensorboard: true: opened at the first epoch recorded
+    hostnames: tuple = ()
+    schedule: engine.LrSchedule | None = None
+    updates_per_epoch: int = 1
+    started: float = 0.0                # time.perf_counter() when this process began the run
+    elapsed_before: float = 0.0         # wall time of the run before a resume
+    records: list[dict] = field(default_factory=list)  # rank 0: the run's epoch records so far, as recorded
+
+    def elapsed_s(self) -> float:
+        """Wall time since the run started (training, evaluation and set-up; across resumes)."""
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    @property
+    def is_main(self) -> bool:
+        return self.sync.rank == 0
+
+    def autocast(self):
+        use = self.cfg.amp != "none"
+        dtype = torch.float16 if self.cfg.amp == "fp16" else torch.bfloat16
+        return torch.autocast(self.device.type, dtype=dtype, enabled=use)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def set_trainable(self, frozen: int, old_optimizer=None) -> None:
+        """Freeze the first ``frozen`` feature blocks and (re)build the optimizer over the rest,
+        wrapped by the sync method; momentum of parameters that stay trainable carries over."""
+        self.frozen = frozen
+        set_frozen_blocks(self.model, frozen)
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        cfg = self.cfg
+        self.net, self.optimizer = self.sync.wrap(self.model, optim.sgd(named, cfg, old_optimizer), named,
+                                                  cfg.accumulation_steps, cfg.fp16_allreduce)
+        self.payload_bytes = self.sync.payload_bytes(named, cfg.fp16_allreduce)
+        self.unfrozen_payload_bytes = self.sync.payload_bytes(list(self.model.named_parameters()), cfg.fp16_allreduce)
+        self.trainable = sum(p.numel() for _, p in named)
+
+    def checkpointed(self) -> dict:
+        """What a checkpoint holds of the run besides where it stands (runlog.save_training)."""
+        return {"identity": self.identity, "cfg": self.cfg, "model": self.model, "optimizer": self.optimizer,
+                "frozen_blocks": self.frozen, "freezing": self.freezing, "scaler": self.scaler}
