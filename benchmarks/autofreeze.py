@@ -27,7 +27,7 @@ from hvd_cifar import jobs
 from hvd_cifar.launchers import ROOT
 from hvd_cifar.netcluster import NetCluster
 from hvd_cifar.runs import load_run
-from hvd_cifar.report import run_bytes
+from hvd_cifar.summary import run_bytes
 from hvd_cifar.tables import Column, markdown_table, num
 
 
@@ -89,7 +89,7 @@ def markdown(results: dict, args) -> str:
               f"- bytes saved by auto: analytic {1 - auto['bytes'] / none['bytes']:.4f}, "
               f"measured tx {1 - auto['nic_tx_bytes'] / none['nic_tx_bytes']:.4f}, "
               f"rx {1 - auto['nic_rx_bytes'] / none['nic_rx_bytes']:.4f}",
-              f"- auto's own record of its saving (report.run_bytes, against its model unfrozen): "
+              f"- auto's own record of its saving (summary.run_bytes, against its model unfrozen): "
               f"{auto['saved_fraction']:.4f}"]
     for event in auto["freezes"]:
         changes = ", ".join("-" if c is None else f"{c:.3f}" for c in event["block_grad_norm_change"])

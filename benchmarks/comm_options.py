@@ -38,7 +38,7 @@ from hvd_cifar.launchers import ROOT
 from hvd_cifar.models import build_model
 from hvd_cifar.netcluster import NetCluster
 from hvd_cifar.runs import load_run
-from hvd_cifar.report import steady_epochs, steady_mean
+from hvd_cifar.summary import steady_epochs, steady_mean
 from hvd_cifar.tables import Column, markdown_table, num
 
 OPTIONS = {  # name -> trainer flags

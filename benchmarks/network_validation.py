@@ -7,7 +7,7 @@ at np=3 and 4 (one rank per host, links shaped), per transport and message size.
 
 As root (network namespaces). Per rate: one hvd_cifar.netcluster cluster of 4 hosts, and
 ``python -m hvd_cifar.probe`` under mpirun at np 2, 3 and 4 (mpi-allreduce, mpi-p2p,
-mpi-gather-scatter, torch-gloo, horovod-mpi). Predicted: hvd_cifar.predict's equation of each
+mpi-gather-scatter, torch-gloo, horovod-mpi). Predicted: hvd_cifar.scaling's equation of each
 transport with the np=2 probe's fit (gather/scatter: the mpi-p2p link and the root's measured
 sum cost, as predict uses them); measured: the np=3/4 probe's median. Only the network: the
 training step's compute is not in it (4 ranks on this machine's 2 cores would not have the
@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from hvd_cifar import jobs, predict
+from hvd_cifar import jobs, scaling
 from hvd_cifar.launchers import ROOT
 from hvd_cifar.tables import Column, markdown_table, num
 
@@ -58,13 +58,13 @@ def compare(rate: str, probes: dict[int, dict], args) -> list[dict]:
     base, rows = probes[2], []
     for name, (source, equation) in CHECKS.items():
         fit = base["transports"][source]
-        link = predict.Link(fit["alpha_s"], fit["beta_bytes_per_s"], base["reduce_s_per_byte"], per_op_s=fit["per_op_s"])
+        link = scaling.Link(fit["alpha_s"], fit["beta_bytes_per_s"], base["reduce_s_per_byte"], per_op_s=fit["per_op_s"])
         for n in args.nps:
             measured = probes[n]["transports"][name]
             for size, median in zip(measured["sizes_bytes"], measured["median_s"]):
                 if size < args.report_from:
                     continue
-                model = predict.ring_s if equation == "ring" else predict.gather_scatter_s
+                model = scaling.ring_s if equation == "ring" else scaling.gather_scatter_s
                 predicted = model(n, size, link)
                 rows.append({"rate": rate, "transport": name, "np": n, "bytes": size, "predicted_s": predicted,
                              "measured_s": median, "error_pct": 100 * (predicted - median) / median})

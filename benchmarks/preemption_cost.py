@@ -15,7 +15,7 @@ place by a sitecustomize hook that also times every call on each rank:
 
 Each repeat runs the same training once per variant under ``mpirun -np 2``, in an order that
 rotates between repeats. Reported per method: the median over repeats of the steady-state step
-time (hvd_cifar.report.steady_mean of ``step_time_s``: the epochs after the first) per variant,
+time (hvd_cifar.summary.steady_mean of ``step_time_s``: the epochs after the first) per variant,
 the difference of each vote from none (its cost per step), and the mean wall time of one call as
 the ranks saw it (for the blocking vote this includes waiting for the slower rank, time the next
 gradient allreduce would otherwise have waited).
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from hvd_cifar import jobs, launchers
-from hvd_cifar.report import steady_mean
+from hvd_cifar.summary import steady_mean
 from hvd_cifar.tables import Column, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]

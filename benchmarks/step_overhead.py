@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hvd_cifar import jobs, launchers
 from hvd_cifar.runs import load_run
-from hvd_cifar.report import summarize
+from hvd_cifar.summary import summarize
 from hvd_cifar.tables import Column, markdown_table, num
 
 ROOT = Path(__file__).resolve().parents[1]

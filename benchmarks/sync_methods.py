@@ -64,7 +64,7 @@ from hvd_cifar import jobs, launchers
 from hvd_cifar.launchers import ROOT
 from hvd_cifar.netcluster import NetCluster
 from hvd_cifar.runs import load_run
-from hvd_cifar.report import steady_epochs, steady_per_step, summarize as summarize_run
+from hvd_cifar.summary import steady_epochs, steady_per_step, summarize as summarize_run
 from hvd_cifar.tables import Column, markdown_table, num
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")

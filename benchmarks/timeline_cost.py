@@ -4,7 +4,7 @@ horovodrun with it off and on, same model, batch, steps and np, interleaved.
     .venv/bin/python benchmarks/timeline_cost.py [--model vgg11] [--batch-size 8] [--np 2] [--steps 12] [--repeats 3]
 
 Each repeat runs off then on (the order alternates between repeats), synthetic data, 3 epochs;
-the step time of each run is hvd_cifar.report's steady-state figure (epochs after the first).
+the step time of each run is hvd_cifar.summary's steady-state figure (epochs after the first).
 Prints every pair, the medians, their difference per step and the spread of the off runs (a
 difference inside that spread is not resolved).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hvd_cifar import jobs, launchers
 from hvd_cifar.runs import load_run
-from hvd_cifar.report import summarize
+from hvd_cifar.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 

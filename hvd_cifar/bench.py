@@ -51,9 +51,12 @@ import time
 from hvd_cifar import config as config_mod
 from hvd_cifar import launchers
 from hvd_cifar.config import ConfigError
-from hvd_cifar.report import (MB, TARGET_CSV_COLUMNS, TARGET_NOTE, Column, OneLineParser, ReportError,
-                              add_speedup, load_run, markdown_table, num, plot_scaling, summarize,
-                              with_target_columns, write_csv)
+from hvd_cifar.errors import ReportError
+from hvd_cifar.plots import plot_scaling
+from hvd_cifar.run_tables import TARGET_CSV_COLUMNS, TARGET_NOTE, with_target_columns
+from hvd_cifar.runs import load_run
+from hvd_cifar.summary import MB, add_speedup, summarize
+from hvd_cifar.tables import Column, OneLineParser, markdown_table, num, write_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Swept options: (bench flag / row key, trainer flag)
@@ -332,7 +335,7 @@ def target_note(row: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- the table
-# The time-to-target columns (report.TARGET_COLUMNS) go between these and the status when there
+# The time-to-target columns (run_tables.TARGET_COLUMNS) go between these and the status when there
 # is a target, beside img/s and its scaling.
 SCALING_COLUMNS = [
     Column("np", "world_size"), Column("sync", "sync"), Column("model", "model"), Column("dataset", "dataset"),

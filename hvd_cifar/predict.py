@@ -1,5 +1,6 @@
 """Predict step time, img/s, scaling efficiency and bytes per rank at worker counts you do not
-have, from one run's measured phases and a network probe (the equations: docs/SCALING.md).
+have, from one run's measured phases and a network probe. The model is hvd_cifar.scaling's
+(docs/SCALING.md); here: reading the probe and the run folders into it, its table and figure.
 
     python -m hvd_cifar.predict logs/RUN --probe probe.json --np 1 2 4 8 16 32 64 128 256 512 1024
     python -m hvd_cifar.predict logs/RUN --probe probe.json --np 1 2 4 --sync horovod mpi-gather-scatter \\
@@ -16,366 +17,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-import numpy as np
+from hvd_cifar.errors import PredictError, ReportError
+from hvd_cifar.files import RunError
+from hvd_cifar.plots import plot_prediction
+from hvd_cifar.runs import load_run
+from hvd_cifar.scaling import (SCENARIO_KEYS, TRANSPORTS, Compute, Link, Network, Scenario, measure, predict,
+                               profile)
+from hvd_cifar.summary import MB, summarize
+from hvd_cifar.tables import Column, OneLineParser, markdown_table, num, write_csv
 
-from hvd_cifar import report, runlog
-from hvd_cifar.errors import PredictError
-from hvd_cifar.sync import SyncMethod
-
-# The collective each sync method's gradients take, and the probe transports that time it (the
-# first the probe holds is used). A Horovod job uses MPI or Gloo as its launcher decided.
-TRANSPORTS = {
-    "horovod": ("horovod-mpi", "horovod-gloo"),
-    "horovod-hierarchical": ("horovod-mpi", "horovod-gloo"),
-    "ddp": ("torch-gloo",),
-    "mpi-allreduce": ("mpi-allreduce",),
-    "mpi-gather-scatter": ("mpi-p2p",),
-}
-# Methods whose allreduce starts inside backward (per-parameter hooks, buckets), so part of it
-# can hide there; the mpi4py methods communicate only after backward.
-OVERLAPS = ("horovod", "horovod-hierarchical", "ddp")
 DEFAULT_NP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-
-
-# ----------------------------------------------------------------------------- the equations
-@dataclass(frozen=True)
-class Link:
-    """One transport between two ranks: latency ``alpha_s`` per message, bandwidth
-    ``beta_bytes_per_s``, ``reduce_s_per_byte``, one rank's cost of summing a buffer in memory
-    (the root of gather/scatter sums N-1 of them), and ``per_op_s``, a wait once per collective
-    whatever N (Horovod's: one negotiation cycle, HOROVOD_CYCLE_TIME)."""
-    alpha_s: float
-    beta_bytes_per_s: float
-    reduce_s_per_byte: float = 0.0
-    source: str = ""
-    per_op_s: float = 0.0
-
-
-def ring_wire_bytes(n: int, payload: int) -> float:
-    """Bytes one rank sends per ring allreduce: the sync methods' own count (SyncMethod)."""
-    ring = SyncMethod()
-    ring.size = n
-    return ring.wire_bytes_per_sync(payload)
-
-
-def star_wire_bytes(n: int, payload: int) -> float:
-    """Bytes the root of gather/scatter sends per synchronisation (it receives as many):
-    mpi-gather-scatter's own count, from an instance that starts no MPI."""
-    from hvd_cifar.sync.mpi import MpiGatherScatterSync
-    star = object.__new__(MpiGatherScatterSync)
-    star.size = n
-    return star.wire_bytes_per_sync(payload)
-
-
-def wire_bytes(method: str, n: int, payload: int, ranks_per_host: int = 1) -> float:
-    """Bytes one rank sends per synchronisation (the root, for gather/scatter). Hierarchical: what
-    each of a host's L ranks sends across hosts, its S/L slice of the host's ring."""
-    if method == "mpi-gather-scatter":
-        return star_wire_bytes(n, payload)
-    if method == "horovod-hierarchical":
-        per_host = max(1, min(ranks_per_host, n))
-        return ring_wire_bytes(math.ceil(n / per_host), payload) / per_host
-    return ring_wire_bytes(n, payload)
-
-
-def ring_s(n: int, payload: int, link: Link) -> float:
-    """Ring allreduce (reduce-scatter, then allgather): 2(N-1) steps, each one message of S/N
-    on every link at once: τ + 2(N-1)·α + 2(N-1)/N·S/β (τ: the link's per-collective wait)."""
-    if n <= 1:
-        return 0.0
-    return link.per_op_s + 2 * (n - 1) * link.alpha_s + ring_wire_bytes(n, payload) / link.beta_bytes_per_s
-
-
-def gather_scatter_s(n: int, payload: int, link: Link) -> float:
-    """Gather to one root, sum there, send the mean to each: the root's link carries N-1
-    buffers in, then N-1 out, one message each: 2(N-1)·α + 2(N-1)·S/β + (N-1)·S·γ."""
-    if n <= 1:
-        return 0.0
-    wire = star_wire_bytes(n, payload)
-    return 2 * (n - 1) * link.alpha_s + 2 * wire / link.beta_bytes_per_s + wire * link.reduce_s_per_byte
-
-
-def hierarchical_s(n: int, ranks_per_host: int, payload: int, link: Link, local: Link) -> float:
-    """Horovod's hierarchical allreduce, L ranks on each of H = ceil(N/L) hosts: reduce-scatter
-    inside each host, an allreduce across hosts of each local rank's S/L slice (the L slices
-    share the host's link, S in all), allgather inside the host:
-    ring_local(L, S) + 2(H-1)·α + 2(H-1)/H·S/β."""
-    per_host = max(1, min(ranks_per_host, n))
-    hosts = math.ceil(n / per_host)
-    return ring_s(per_host, payload, local) + ring_s(hosts, payload, link)
-
-
-def comm_s(method: str, n: int, payload: int, link: Link, local: Link, ranks_per_host: int) -> float:
-    """Seconds one synchronisation of ``payload`` bytes takes over ``n`` ranks."""
-    if method == "mpi-gather-scatter":
-        return gather_scatter_s(n, payload, link)
-    if method == "horovod-hierarchical":
-        return hierarchical_s(n, ranks_per_host, payload, link, local)
-    return ring_s(n, payload, link)
-
-
-def exposed_s(comm: float, hidden_fraction: float, backward_s: float) -> float:
-    """What the step waits for: the communication not hidden behind backward. At most the
-    measured fraction of it hides, and never more than the backward it hides behind."""
-    return comm - min(hidden_fraction * comm, backward_s)
-
-
-def fit_line(sizes: list[float], seconds: list[float]) -> tuple[float, float]:
-    """t = a + b·S: the slope by least squares over all sizes (the large messages, which
-    gradients are, weigh most), the intercept from the smallest message, t_0 - b·S_0, at least 0.
-    One least-squares line fits neither end: over sizes spanning orders of magnitude the large
-    messages' noise sets its intercept (a 1.5 ms latency for a 21 µs link), and weighted by 1/t
-    the small messages set its slope, which shaped links let pass in a burst (a 100 Mbit/s
-    link fitted at 110 MB/s)."""
-    x, y = np.asarray(sizes, float), np.asarray(seconds, float)
-    b = float(np.polyfit(x, y, 1)[0]) if len(set(sizes)) > 1 else float(y.mean() / x.mean())
-    smallest = int(np.argmin(x))
-    return max(float(y[smallest] - b * x[smallest]), 0.0), b
-
-
-def fit_ring(n: int, sizes: list[float], seconds: list[float], per_op_s: float = 0.0) -> Link:
-    """α and β from allreduce times over ``n`` ranks: the ring equation is a line in S,
-    intercept τ + 2(N-1)·α (τ = ``per_op_s``, known) and slope 2(N-1)/(N·β)."""
-    a, b = fit_line(sizes, seconds)
-    return Link(max(a - per_op_s, 0.0) / (2 * (n - 1)), 2 * (n - 1) / (n * b) if b > 0 else math.inf,
-                per_op_s=per_op_s)
-
-
-def fit_gather_scatter(n: int, sizes: list[float], seconds: list[float], reduce_s_per_byte: float) -> Link:
-    """α and β from gather/scatter times over ``n`` ranks, the root's sums taken out: intercept
-    2(N-1)·α, slope (N-1)·(2/β + γ)."""
-    a, b = fit_line(sizes, seconds)
-    per_byte = b / (n - 1) - reduce_s_per_byte
-    return Link(a / (2 * (n - 1)), 2 / per_byte if per_byte > 0 else math.inf, reduce_s_per_byte)
-
-
-def fit_transport(kind: str, ranks: int, sizes: list[float], seconds: list[float],
-                  reduce_s_per_byte: float = 0.0, per_op_s: float = 0.0) -> Link:
-    """A probe transport's link from its timings, by the equation of its ``kind``."""
-    if kind == "allreduce":
-        return fit_ring(ranks, sizes, seconds, per_op_s)
-    if kind == "gather-scatter":
-        return fit_gather_scatter(ranks, sizes, seconds, reduce_s_per_byte)
-    return fit_p2p(sizes, seconds)
-
-
-def fit_p2p(sizes: list[float], seconds: list[float]) -> Link:
-    """α and β from one-way point-to-point times: t = α + S/β."""
-    a, b = fit_line(sizes, seconds)
-    return Link(a, 1 / b if b > 0 else math.inf)
-
-
-# ----------------------------------------------------------------------------- what the run measured
-@dataclass(frozen=True)
-class Compute:
-    """One rank's step as a run measured it (steady-state epochs), and the settings it ran with."""
-    model: str
-    num_classes: int
-    sync: str
-    world_size: int
-    fp16: bool
-    accumulation_steps: int
-    frozen_blocks: int
-    images_per_step: float      # per rank (a micro-batch)
-    data_s: float               # per micro-batch step
-    forward_s: float
-    backward_s: float
-    other_s: float              # step time the phases do not cover (bookkeeping between steps)
-    optimizer_s: float          # per update
-    sync_s: float               # per update: the wait in synchronize()
-    hidden_fraction: float | None  # measured comm_hidden / (hidden + exposed), None if not recorded
-    step_s: float               # measured wall time per micro-batch step
-    comm_s: float | None = None     # per update: comm_hidden_s + comm_exposed_s, if recorded
-    exposed_s: float | None = None  # per micro-batch step: comm_exposed_s, if recorded
-    threads_per_rank: int = 0       # the run's setting (0: chosen from the cores on its host)
-
-
-def _total(records: list[dict], key: str) -> float:
-    return sum(report.value(r, key) for r in records)
-
-
-def measure(run: report.Run) -> Compute:
-    """The run's phases over its steady-state epochs (hvd_cifar.report's rule)."""
-    steady = report.steady_epochs(run.metrics)
-    steps, syncs = _total(steady, "steps"), _total(steady, "syncs")
-    if not steps > 0 or not syncs > 0 or any(math.isnan(_total(steady, f"{p}_time_s")) for p in report.PHASES):
-        raise PredictError(f"{run.path}: metrics.jsonl lacks steps, syncs or phase times")
-    per_step = {p: _total(steady, f"{p}_time_s") / steps for p in ("data", "forward", "backward")}
-    step_s = _total(steady, "epoch_time_s") / steps
-    images = sum(report.value(r, "images_per_s") * report.value(r, "epoch_time_s") for r in steady)
-    hidden, exposed = _total(steady, "comm_hidden_s"), _total(steady, "comm_exposed_s")
-    last = run.metrics[-1]
-    world = int(report.setting(run, "world_size") or 1)
-    optimizer_s, sync_s = _total(steady, "optimizer_time_s") / syncs, _total(steady, "sync_time_s") / syncs
-    covered = sum(per_step.values()) + (optimizer_s + sync_s) * syncs / steps
-    return Compute(
-        model=str(report.setting(run, "model")), num_classes=100 if report.setting(run, "dataset") == "cifar100" else 10,
-        sync=str(report.setting(run, "sync")), world_size=world, fp16=bool(report.setting(run, "fp16_allreduce")),
-        accumulation_steps=int(report.setting(run, "accumulation_steps") or 1),
-        frozen_blocks=int(last.get("frozen_blocks", 0)), images_per_step=images / steps / world,
-        **{f"{p}_s": v for p, v in per_step.items()}, other_s=max(step_s - covered, 0.0),
-        optimizer_s=optimizer_s, sync_s=sync_s,
-        hidden_fraction=hidden / (hidden + exposed) if hidden + exposed > 0 else None, step_s=step_s,
-        comm_s=(hidden + exposed) / syncs if hidden + exposed > 0 else None,
-        exposed_s=exposed / steps if hidden + exposed > 0 else None,
-        threads_per_rank=int(report.setting(run, "threads_per_rank") or 0))
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A model's feature blocks: parameters and forward multiply-adds of each, and of the rest."""
-    block_params: tuple[int, ...]
-    block_macs: tuple[int, ...]
-    head_params: int
-    head_macs: int
-
-    def backward_share(self, frozen: int) -> float:
-        """Share of backward a run with ``frozen`` blocks still does: a frozen block needs no
-        gradient for its weights nor (being first) for its input, so its backward goes; a layer's
-        backward costs about twice its forward, so the share follows forward multiply-adds."""
-        total = sum(self.block_macs) + self.head_macs
-        return 1 - sum(self.block_macs[:frozen]) / total
-
-    def payload_bytes(self, frozen: int, fp16: bool) -> int:
-        """Gradient bytes per synchronisation: the trainable parameters, by SyncMethod's rule."""
-        numel = sum(self.block_params[frozen:]) + self.head_params
-        return SyncMethod().payload_bytes([("trainable", _Numel(numel))], fp16)
-
-
-@dataclass(frozen=True)
-class _Numel:
-    """Stands for a parameter where only its size and fp32 element size matter."""
-    n: int
-
-    def numel(self) -> int:
-        return self.n
-
-    def element_size(self) -> int:
-        return 4
-
-
-def profile(model_name: str, num_classes: int) -> Profile:
-    """Counts parameters and multiply-adds (convolutions, linear layers) per feature block on one
-    32x32 image, with forward hooks on the real model."""
-    import torch
-    from hvd_cifar.models import build_model
-    model = build_model(model_name, num_classes)
-    macs: dict[int, int] = {}
-
-    def count(module, inputs, output):
-        per_out = (module.in_channels // module.groups * math.prod(module.kernel_size)
-                   if isinstance(module, torch.nn.Conv2d) else module.in_features)
-        macs[id(module)] = output.numel() * per_out
-    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
-    with torch.no_grad():
-        model.eval()(torch.zeros(1, 3, 32, 32))
-    for h in hooks:
-        h.remove()
-    blocks = model.feature_blocks
-    block_macs = tuple(sum(macs.get(id(m), 0) for m in b.modules()) for b in blocks)
-    block_params = tuple(sum(p.numel() for p in b.parameters()) for b in blocks)
-    all_params = sum(p.numel() for p in model.parameters())
-    return Profile(block_params, block_macs, all_params - sum(block_params), sum(macs.values()) - sum(block_macs))
-
-
-# ----------------------------------------------------------------------------- one prediction
-@dataclass(frozen=True)
-class Scenario:
-    """What to predict: a method and the options of docs/COMM_OPTIONS.md."""
-    method: str
-    fp16: bool
-    accumulation_steps: int
-    freeze: int
-
-
-@dataclass(frozen=True)
-class Network:
-    """The links the prediction runs over, per method (from a probe or from --bandwidth)."""
-    links: dict          # method -> Link across hosts
-    local: Link | None   # inside a host (hierarchical allreduce); None: the cross-host link
-    ranks_per_host: int = 1
-    cast_s_per_byte: float = 0.0  # fp32 -> fp16 -> fp32 of the gradients, both casts, per fp16 byte
-    shared_cores: int = 0         # every rank on one machine with this many cores; 0: each rank its own
-
-
-def cpu_share(n: int, threads_per_rank: int, shared_cores: int) -> float:
-    """How many times slower a rank computes at ``n`` ranks than with cores to itself: 1 when each
-    rank has its own cores (``shared_cores`` 0), else n·t/C when the n ranks' t threads each
-    oversubscribe the C cores of the one machine they all run on (the namespace cluster)."""
-    return max(1.0, n * threads_per_rank / shared_cores) if shared_cores else 1.0
-
-
-def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -> dict:
-    """Seconds per micro-batch step on one rank at ``n`` ranks, and what makes them up."""
-    link = net.links[s.method]
-    slower = (cpu_share(n, c.threads_per_rank, net.shared_cores)
-              / cpu_share(c.world_size, c.threads_per_rank, net.shared_cores))
-    backward = slower * c.backward_s * prof.backward_share(s.freeze) / prof.backward_share(c.frozen_blocks)
-    payload = prof.payload_bytes(s.freeze, s.fp16)
-    comm = comm_s(s.method, n, payload, link, net.local or link, net.ranks_per_host)
-    if s.fp16 and n > 1:  # Horovod and DDP cast each gradient to fp16 and back; the MPI methods the buffer
-        comm += 2 * payload * net.cast_s_per_byte
-    hidden = (c.hidden_fraction or 0.0) if s.method in OVERLAPS else 0.0
-    exposed = exposed_s(comm, hidden, backward)
-    compute = slower * (c.data_s + c.forward_s + c.other_s) + backward
-    step = compute + (slower * c.optimizer_s + exposed) / s.accumulation_steps
-    wire = wire_bytes(s.method, n, payload, net.ranks_per_host)
-    return {"method": s.method, "np": n, "fp16_allreduce": s.fp16, "accumulation_steps": s.accumulation_steps,
-            "freeze": s.freeze, "payload_bytes": payload, "comm_s_per_sync": comm, "exposed_s_per_sync": exposed,
-            "compute_s": compute, "step_s": step, "images_per_s": n * c.images_per_step / step,
-            "bytes_per_rank_per_step": wire / s.accumulation_steps}
-
-
-def predict(c: Compute, prof: Profile, net: Network, scenarios: list[Scenario], nps: list[int]) -> list[dict]:
-    """One row per scenario and world size; efficiency against the same scenario at one rank."""
-    rows = []
-    for s in scenarios:
-        one = predict_step(c, prof, net, s, 1)["step_s"]
-        for n in nps:
-            row = predict_step(c, prof, net, s, n)
-            row["efficiency"] = one / row["step_s"]
-            rows.append(row)
-    return rows
-
-
-def break_even_bandwidth(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -> float | None:
-    """The link bandwidth (bytes/s) below which fp16 compression shortens this step at ``n``
-    ranks (bisection on the model; None if it never does between 1 kbit/s and 10 Tbit/s)."""
-    def gain(beta: float) -> float:
-        slow = replace(net, links={s.method: replace(net.links[s.method], beta_bytes_per_s=beta)})
-        return (predict_step(c, prof, slow, replace(s, fp16=False), n)["step_s"]
-                - predict_step(c, prof, slow, replace(s, fp16=True), n)["step_s"])
-    low, high = 125.0, 1.25e12
-    if gain(low) <= 0:
-        return None
-    if gain(high) > 0:
-        return high
-    for _ in range(200):
-        mid = math.sqrt(low * high)
-        low, high = (mid, high) if gain(mid) > 0 else (low, mid)
-    return low
-
-
-def gather_scatter_falls_behind(c: Compute, prof: Profile, net: Network, s: Scenario,
-                                factor: float = 2.0, limit: int = 1 << 20) -> int | None:
-    """The smallest world size at which gather/scatter's step takes ``factor`` times ring
-    allreduce's (None up to ``limit``), both over the same cross-host link."""
-    link = net.links.get(s.method) or next(iter(net.links.values()))
-    same = replace(net, links={"mpi-gather-scatter": link, "mpi-allreduce": link})
-    star, ring = replace(s, method="mpi-gather-scatter"), replace(s, method="mpi-allreduce")
-    ratio = lambda n: predict_step(c, prof, same, star, n)["step_s"] / predict_step(c, prof, same, ring, n)["step_s"]  # noqa: E731
-    if ratio(limit) < factor:
-        return None
-    low, high = 1, limit   # the ratio grows with n: the root's bytes grow, the ring's do not
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if ratio(mid) < factor else (low, mid)
-    return high
 
 
 # ----------------------------------------------------------------------------- the network
@@ -424,19 +79,16 @@ def network(methods: list[str], args: argparse.Namespace) -> Network:
 
 # ----------------------------------------------------------------------------- measured points
 def measured_rows(paths: list[str]) -> list[dict]:
-    """Steady-state step time and img/s of other runs (hvd_cifar.report's summary)."""
+    """Steady-state step time and img/s of other runs (hvd_cifar.summary's)."""
     rows = []
     for path in paths:
-        run = report.load_run(path)
-        s = report.summarize(run)
+        run = load_run(path)
+        s = summarize(run)
         rows.append({"run": s["run"], "method": s["sync"], "np": s["world_size"],
                      "fp16_allreduce": bool(s["fp16_allreduce"]), "accumulation_steps": int(s["accumulation_steps"]),
                      "freeze": int(run.metrics[-1].get("frozen_blocks", 0)),
                      "step_s": s["step_time_s"], "images_per_s": s["images_per_s"]})
     return rows
-
-
-SCENARIO_KEYS = ("method", "np", "fp16_allreduce", "accumulation_steps", "freeze")
 
 
 def attach_measured(rows: list[dict], measured: list[dict]) -> None:
@@ -448,115 +100,26 @@ def attach_measured(rows: list[dict], measured: list[dict]) -> None:
             row["error_pct"] = 100 * (row["step_s"] - row["measured_step_s"]) / row["measured_step_s"]
 
 
-# ----------------------------------------------------------------------------- where the time went
-def effective_link(method: str, n: int, payload: int, comm: float) -> Link:
-    """The link a run's own communication implies, latency taken as 0: the β at which the
-    method's equation gives the measured ``comm`` seconds per synchronisation."""
-    at_one_byte_per_s = comm_s(method, n, payload, Link(0.0, 1.0), Link(0.0, 1.0), 1)
-    return Link(0.0, at_one_byte_per_s / comm if comm > 0 else math.inf, source=f"effective, from the np={n} run")
-
-
-def step_parts(c: Compute) -> dict:
-    """One micro-batch step of a run in the report's four parts (seconds): compute (forward,
-    backward, optimizer), exposed communication (the wait in synchronize(), or the recorded
-    comm_exposed_s), data, and idle (the rest: bookkeeping, a wait that moved no bytes)."""
-    k = c.accumulation_steps
-    exposed = c.sync_s / k if c.exposed_s is None else c.exposed_s
-    parts = {"compute": c.forward_s + c.backward_s + c.optimizer_s / k, "exposed communication": exposed, "data": c.data_s}
-    parts["idle"] = c.step_s - sum(parts.values())
-    return parts
-
-
-def explain(multi: report.Run, single: report.Run, probe_path: str | None = None) -> dict:
-    """Ideal against measured img/s of ``multi`` (np=N) with the np=1 run ``single`` of the same
-    configuration beside it, the gap split by step_parts, and the model's two answers: the link
-    bandwidth below which fp16 would shorten this run's step, and the worker count at which
-    gather/scatter takes twice ring allreduce's step."""
-    cn, c1 = measure(multi), measure(single)
-    n = cn.world_size
-    ideal, measured = n * c1.images_per_step / c1.step_s, n * cn.images_per_step / cn.step_s
-    parts_n, parts_1 = step_parts(cn), step_parts(c1)
-    gap_s = cn.step_s - c1.step_s
-    rows = [{"part": k, "np1_ms": parts_1[k] * 1e3, "npN_ms": parts_n[k] * 1e3, "delta_ms": (parts_n[k] - parts_1[k]) * 1e3,
-             "img_s_lost": (ideal - measured) * (parts_n[k] - parts_1[k]) / gap_s if gap_s else 0.0} for k in parts_n]
-    prof = profile(cn.model, cn.num_classes)
-    s = Scenario(cn.sync if cn.sync in TRANSPORTS else "horovod", False, cn.accumulation_steps, cn.frozen_blocks)
-    payload = prof.payload_bytes(s.freeze, False)
-    if probe_path:
-        probe = read_probe(probe_path)
-        name = next((t for t in TRANSPORTS[s.method] if t in probe["transports"]), None)
-        if name is None:
-            raise PredictError(f"{probe_path}: no {' or '.join(TRANSPORTS[s.method])} timings for {s.method}")
-        link = probe_link(probe, name, probe_path)
-    else:
-        comm = (cn.comm_s if cn.comm_s is not None else cn.sync_s)
-        link = effective_link(s.method, n, payload, comm)
-    net = Network({s.method: link}, None, 1, read_probe(probe_path).get("cast_s_per_byte", 0.0) if probe_path else 0.0)
-    base = replace(c1, hidden_fraction=cn.hidden_fraction)  # compute as at np=1, overlap as measured at N
-    return {"np": n, "ideal_images_per_s": ideal, "measured_images_per_s": measured, "parts": rows, "link": link,
-            "fp16_break_even_bytes_per_s": break_even_bandwidth(base, prof, net, s, n),
-            "gather_scatter_2x_np": gather_scatter_falls_behind(base, prof, net, s)}
-
-
 # ----------------------------------------------------------------------------- output
 COLUMNS = [
-    report.Column("method", "method"), report.Column("np", "np", numeric=True),
-    report.Column("fp16", "fp16_allreduce"), report.Column("accum", "accumulation_steps", numeric=True),
-    report.Column("freeze", "freeze", numeric=True),
-    report.num("payload (MB/sync)", "payload_bytes", ".2f", report.MB),
-    report.num("comm (ms/sync)", "comm_s_per_sync", ".2f", 1e-3),
-    report.num("exposed (ms/sync)", "exposed_s_per_sync", ".2f", 1e-3),
-    report.num("step (ms)", "step_s", ".2f", 1e-3),
-    report.num("img/s", "images_per_s", ".1f"),
-    report.num("efficiency", "efficiency", ".3f"),
-    report.num("bytes/rank/step (MB)", "bytes_per_rank_per_step", ".3f", report.MB),
-    report.num("measured step (ms)", "measured_step_s", ".2f", 1e-3),
-    report.num("error (%)", "error_pct", "+.1f"),
+    Column("method", "method"), Column("np", "np", numeric=True),
+    Column("fp16", "fp16_allreduce"), Column("accum", "accumulation_steps", numeric=True),
+    Column("freeze", "freeze", numeric=True),
+    num("payload (MB/sync)", "payload_bytes", ".2f", MB),
+    num("comm (ms/sync)", "comm_s_per_sync", ".2f", 1e-3),
+    num("exposed (ms/sync)", "exposed_s_per_sync", ".2f", 1e-3),
+    num("step (ms)", "step_s", ".2f", 1e-3),
+    num("img/s", "images_per_s", ".1f"),
+    num("efficiency", "efficiency", ".3f"),
+    num("bytes/rank/step (MB)", "bytes_per_rank_per_step", ".3f", MB),
+    num("measured step (ms)", "measured_step_s", ".2f", 1e-3),
+    num("error (%)", "error_pct", "+.1f"),
 ]
-
-
-def _series(row: dict) -> tuple:
-    return tuple(row[k] for k in SCENARIO_KEYS if k != "np")
-
-
-def _label(key: tuple) -> str:
-    method, fp16, k, freeze = key
-    return f"{method}{' fp16' if fp16 else ''}{f' accum {k}' if k > 1 else ''}{f' freeze {freeze}' if freeze else ''}"
-
-
-def plot(rows: list[dict], measured: list[dict], path: str, title: str) -> str:
-    """img/s and efficiency against np, log axes; measured runs as points in their series' colour."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(11.0, 4.4), dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax_ips, ax_eff = fig.subplots(1, 2)
-    colours = {}
-    for key in dict.fromkeys(_series(r) for r in rows):
-        series = [r for r in rows if _series(r) == key]
-        line, = ax_ips.plot([r["np"] for r in series], [r["images_per_s"] for r in series], "-", label=f"{_label(key)} (predicted)")
-        ax_eff.plot([r["np"] for r in series], [r["efficiency"] for r in series], "-", color=line.get_color())
-        colours[key] = line.get_color()
-    for m in measured:
-        key = _series(m)
-        ax_ips.plot([m["np"]], [m["images_per_s"]], "o", color=colours.get(key, "k"), markersize=7,
-                    label=f"{m['run']} (measured)")
-    for ax, ylabel in ((ax_ips, "images per second (all ranks)"), (ax_eff, "scaling efficiency (step at np=1 / step)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("ranks (np)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3, which="both")
-    ax_ips.set_yscale("log")
-    ax_eff.set_ylim(0, 1.05)
-    ax_ips.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    runlog.atomic_write(path, lambda f: fig.savefig(f, format="png"))
-    return path
 
 
 # ----------------------------------------------------------------------------- command line
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = report.OneLineParser(prog="python -m hvd_cifar.predict", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog="python -m hvd_cifar.predict", description=__doc__.split("\n\n")[0],
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", metavar="RUN_DIR", help="run folder whose phases are the compute (best: np=1)")
     p.add_argument("--probe", help="probe.json from python -m hvd_cifar.probe")
@@ -601,9 +164,9 @@ def scenarios(c: Compute, args: argparse.Namespace, depth: int) -> list[Scenario
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict], str]:
-    c = measure(report.load_run(args.run))
+    c = measure(load_run(args.run))
     if args.overlap_from:
-        c = replace(c, hidden_fraction=measure(report.load_run(args.overlap_from)).hidden_fraction)
+        c = replace(c, hidden_fraction=measure(load_run(args.overlap_from)).hidden_fraction)
     if c.sync not in TRANSPORTS and not args.sync:
         raise PredictError(f"{args.run}: sync {c.sync} has no model here; pick --sync from {', '.join(TRANSPORTS)}")
     if args.shared_cores and not c.threads_per_rank:
@@ -617,23 +180,23 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
     attach_measured(rows, measured)
     out = args.out or os.path.join(args.run, "predict")
     os.makedirs(out, exist_ok=True)
-    report.write_csv(os.path.join(out, "predict.csv"), COLUMNS, rows)
+    write_csv(os.path.join(out, "predict.csv"), COLUMNS, rows)
     sources = "; ".join(sorted({link.source for link in net.links.values()}))
-    plot(rows, measured, os.path.join(out, "predict.png"), f"{c.model}, compute from {os.path.basename(os.path.normpath(args.run))} "
+    plot_prediction(rows, measured, os.path.join(out, "predict.png"), f"{c.model}, compute from {os.path.basename(os.path.normpath(args.run))} "
          f"(np={c.world_size}); network: {sources}")
     head = (f"compute from {args.run} (np={c.world_size}, {c.sync}): {c.step_s * 1e3:.2f} ms/step measured, "
             f"hidden fraction {'not recorded (0)' if c.hidden_fraction is None else f'{c.hidden_fraction:.2f}'}"
             f"{f' (from {args.overlap_from})' if args.overlap_from else ''}; "
             f"network: {sources}"
             f"{f'; all ranks on {args.shared_cores} cores, {c.threads_per_rank} thread(s) each' if args.shared_cores else ''}\n")
-    return rows, head + report.markdown_table(COLUMNS, rows) + f"\nwritten to {out}/predict.csv and predict.png"
+    return rows, head + markdown_table(COLUMNS, rows) + f"\nwritten to {out}/predict.csv and predict.png"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         _, text = run(args)
-    except (PredictError, report.ReportError, runlog.RunError) as exc:
+    except (PredictError, ReportError, RunError) as exc:
         print(f"hvd_cifar: error: {exc}", file=sys.stderr)
         return 2
     print(text)

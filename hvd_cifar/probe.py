@@ -19,7 +19,7 @@ the probe once with each launcher and pass either file to predict.
 Each message size (geometric, --min-bytes to --max-bytes, default the model's fp32 gradient) is
 timed --iters times after one warm-up, each time after a 1-element allreduce that starts the
 ranks together; rank 0's times are recorded. The fit is least squares on the medians
-(hvd_cifar.predict.fit_transport). Also timed on rank 0: summing two buffers
+(hvd_cifar.scaling.fit_transport). Also timed on rank 0: summing two buffers
 (``reduce_s_per_byte``) and fp32 -> fp16 -> fp32 (``cast_s_per_byte``).
 """
 from __future__ import annotations
@@ -33,8 +33,8 @@ import time
 
 import torch
 
-from hvd_cifar import lifecycle, predict, runlog
-from hvd_cifar.report import OneLineParser
+from hvd_cifar import lifecycle, runlog, scaling
+from hvd_cifar.tables import OneLineParser
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -53,7 +53,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def message_sizes(args: argparse.Namespace) -> list[int]:
     """Geometric from --min-bytes to --max-bytes, whole float32 elements."""
-    top = args.max_bytes or predict.profile(args.model, 10).payload_bytes(0, False)
+    top = args.max_bytes or scaling.profile(args.model, 10).payload_bytes(0, False)
     ratio = (top / args.min_bytes) ** (1 / (args.sizes - 1))
     return sorted({max(1, round(args.min_bytes * ratio ** i / 4)) * 4 for i in range(args.sizes)})
 
@@ -79,7 +79,7 @@ def result(kind: str, ranks: int, scope: str, sizes: list[int], seconds: list[li
     """One transport's raw timings and its fit (allreduce: the ring equation; p2p: α + S/β;
     gather-scatter: its own equation, the root's sums at ``reduce_s_per_byte``)."""
     medians = [statistics.median(s) for s in seconds]
-    link = predict.fit_transport(kind, ranks, sizes, medians, reduce_s_per_byte, per_op_s)
+    link = scaling.fit_transport(kind, ranks, sizes, medians, reduce_s_per_byte, per_op_s)
     return {"kind": kind, "ranks": ranks, "scope": scope, "sizes_bytes": sizes, "seconds": seconds,
             "median_s": medians, "alpha_s": link.alpha_s, "beta_bytes_per_s": link.beta_bytes_per_s,
             "per_op_s": link.per_op_s}

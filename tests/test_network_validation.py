@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import NEEDS_NETNS, ROOT
-from hvd_cifar import predict
+from hvd_cifar import scaling
 
 SCRIPT = ROOT / "benchmarks" / "network_validation.py"
 
@@ -31,8 +31,8 @@ def test_np2_fits_predict_np3_times_by_the_models_equations(tmp_path):
     for r in rows:
         source = "mpi-p2p" if r["transport"] == "mpi-gather-scatter" else r["transport"]
         fit = np2["transports"][source]
-        link = predict.Link(fit["alpha_s"], fit["beta_bytes_per_s"], np2["reduce_s_per_byte"], per_op_s=fit["per_op_s"])
-        equation = predict.gather_scatter_s if source == "mpi-p2p" else predict.ring_s
+        link = scaling.Link(fit["alpha_s"], fit["beta_bytes_per_s"], np2["reduce_s_per_byte"], per_op_s=fit["per_op_s"])
+        equation = scaling.gather_scatter_s if source == "mpi-p2p" else scaling.ring_s
         assert r["predicted_s"] == pytest.approx(equation(3, r["bytes"], link))
         measured = np3["transports"][r["transport"]]
         assert r["measured_s"] == measured["median_s"][measured["sizes_bytes"].index(r["bytes"])]

@@ -1,16 +1,17 @@
-"""hvd_cifar.predict: the model's equations on hand-computed cases, the fits recovering known
-α/β, one whole prediction worked by hand, and the command on a real run folder."""
+"""hvd_cifar.scaling and hvd_cifar.predict: the model's equations on hand-computed cases, the fits
+recovering known α/β, one whole prediction worked by hand, the command on run folders written
+here (tests/runfolders.py) and, once, on a real run folder."""
 from __future__ import annotations
 
-import json
-import math
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, md_table, read_csv, run_train
-from hvd_cifar import predict as p
+from conftest import ROOT, md_table, read_csv
+from hvd_cifar import predict
+from hvd_cifar import scaling as p
+from runfolders import epoch_record, write_run
 
 LINK = p.Link(alpha_s=1e-3, beta_bytes_per_s=1000.0, reduce_s_per_byte=1e-6)
 
@@ -120,12 +121,12 @@ def test_fp16_pays_below_a_bandwidth_and_gather_scatter_falls_behind_at_a_worker
     assert ratio(n) >= 2 > ratio(n - 1)
 
 
-def test_predict_on_a_real_run_folder(tmp_path, tiny_args):
-    run_train(tiny_args + ["--sync", "mpi-allreduce"])
-    run_dir = tmp_path / "logs" / "run"
+@pytest.mark.slow  # a real run (shared): the trainer's own metrics.jsonl is the point
+def test_predict_on_a_real_run_folder(tmp_path, tiny_run):
+    run_dir = tiny_run("single").run  # read only; the outputs go to tmp_path
     out = tmp_path / "pred"
     proc = subprocess.run([sys.executable, "-m", "hvd_cifar.predict", str(run_dir), "--bandwidth", "100mbit",
-                           "--np", "1", "2", "8", "--sync", "mpi-allreduce", "mpi-gather-scatter", "--fp16-allreduce",
+                           "--np", "1", "2", "8", "--sync", "horovod", "mpi-gather-scatter", "--fp16-allreduce",
                            "--measured", str(run_dir), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -133,39 +134,35 @@ def test_predict_on_a_real_run_folder(tmp_path, tiny_args):
     assert len(rows) == 2 * 2 * 3 and (out / "predict.png").stat().st_size > 10_000
     by = {(r["method"], r["fp16_allreduce"], r["np"]): r for r in rows}
     smallcnn_bytes = 94_986 * 4
-    assert int(by["mpi-allreduce", "false", "1"]["payload_bytes"]) == smallcnn_bytes
-    assert int(by["mpi-allreduce", "true", "1"]["payload_bytes"]) == smallcnn_bytes // 2
+    assert int(by["horovod", "false", "1"]["payload_bytes"]) == smallcnn_bytes
+    assert int(by["horovod", "true", "1"]["payload_bytes"]) == smallcnn_bytes // 2
     # np=1 predicts the run itself back (only its near-zero sync wait is left out)
-    assert abs(float(by["mpi-allreduce", "false", "1"]["error_pct"])) < 5
+    assert abs(float(by["horovod", "false", "1"]["error_pct"])) < 5
     assert float(by["mpi-gather-scatter", "false", "8"]["comm_s_per_sync"]) == pytest.approx(
         14 * 50e-6 + 2 * 7 * smallcnn_bytes / 12.5e6)
     assert "| mpi-gather-scatter | 8 |" in proc.stdout
 
 
-def test_no_network_is_one_line_and_status_2(tmp_path, tiny_args):
-    run_train(tiny_args)
-    proc = subprocess.run([sys.executable, "-m", "hvd_cifar.predict", str(tmp_path / "logs" / "run"), "--np", "2"],
+def test_no_network_is_one_line_and_status_2(tmp_path):
+    run = write_run(tmp_path / "run")
+    proc = subprocess.run([sys.executable, "-m", "hvd_cifar.predict", str(run), "--np", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--probe" in proc.stderr
 
 
-def write_run(path, world_size: int, epoch_time_s: float, phases: dict, **extra) -> None:
-    """A run folder as the trainer writes it: config.yaml and two epochs in metrics.jsonl."""
-    path.mkdir(parents=True)
-    (path / "config.yaml").write_text("model: smallcnn\ndataset: digits\nbatch_size: 32\nsync: horovod\n"
-                                      "fp16_allreduce: false\naccumulation_steps: 1\nfreeze: 0\n")
-    epoch = {"steps": 10, "syncs": 10, "epoch_time_s": epoch_time_s, "world_size": world_size,
-             "images_per_s": world_size * 32 * 10 / epoch_time_s, "frozen_blocks": 0,
-             **{f"{p}_time_s": v for p, v in phases.items()}, **extra}
-    (path / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, **epoch}) + "\n" for e in range(2)))
+def two_epochs(path, world_size: int, epoch_time_s: float, phases: dict, **extra) -> None:
+    """A run folder of two epochs of 10 steps of 32 images per rank, with these phase times."""
+    write_run(path, [epoch_record(e, world_size, steps=10, epoch_time_s=epoch_time_s,
+                                  images_per_s=world_size * 32 * 10 / epoch_time_s,
+                                  **{f"{phase}_time_s": v for phase, v in phases.items()}, **extra) for e in range(2)])
 
 
 def test_report_says_where_the_time_went(tmp_path):
     # np=1: 100 ms steps (compute 90, data 10); np=2: 150 ms (compute 110, 20 of its 30 ms sync
     # wait moved bytes, data 10, so 10 ms idle). Ideal 640 img/s, measured 426.7: 213.3 lost.
-    write_run(tmp_path / "np1", 1, 1.0, {"data": 0.1, "forward": 0.2, "backward": 0.5, "sync": 0.0, "optimizer": 0.2})
-    write_run(tmp_path / "np2", 2, 1.5, {"data": 0.1, "forward": 0.2, "backward": 0.7, "sync": 0.3, "optimizer": 0.2},
-              comm_exposed_s=0.2, comm_hidden_s=0.1)
+    two_epochs(tmp_path / "np1", 1, 1.0, {"data": 0.1, "forward": 0.2, "backward": 0.5, "sync": 0.0, "optimizer": 0.2})
+    two_epochs(tmp_path / "np2", 2, 1.5, {"data": 0.1, "forward": 0.2, "backward": 0.7, "sync": 0.3, "optimizer": 0.2},
+               comm_exposed_s=0.2, comm_hidden_s=0.1)
     proc = subprocess.run([sys.executable, "-m", "hvd_cifar.report", str(tmp_path / "np1"), str(tmp_path / "np2"),
                            "--out", str(tmp_path / "cmp")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -182,12 +179,24 @@ def test_report_says_where_the_time_went(tmp_path):
 
 def test_overlap_from_another_run_and_shared_cores_need_the_runs_thread_count(tmp_path):
     phases = {"data": 0.0, "forward": 0.1, "backward": 0.2, "sync": 0.0, "optimizer": 0.1}
-    write_run(tmp_path / "np1", 1, 0.4, phases)
-    write_run(tmp_path / "np2", 2, 0.6, {**phases, "sync": 0.2}, comm_exposed_s=0.15, comm_hidden_s=0.05)
-    args = p.parse_args([str(tmp_path / "np1"), "--bandwidth", "1gbit", "--np", "2", "--overlap-from", str(tmp_path / "np2"),
+    two_epochs(tmp_path / "np1", 1, 0.4, phases)
+    two_epochs(tmp_path / "np2", 2, 0.6, {**phases, "sync": 0.2}, comm_exposed_s=0.15, comm_hidden_s=0.05)
+    args = predict.parse_args([str(tmp_path / "np1"), "--bandwidth", "1gbit", "--np", "2", "--overlap-from", str(tmp_path / "np2"),
                          "--out", str(tmp_path / "out")])
-    _, text = p.run(args)
+    _, text = predict.run(args)
     assert "hidden fraction 0.25 (from " in text
     # the run chose its threads from its host's cores: no share can be computed from it
-    with pytest.raises(p.PredictError, match="--shared-cores: .* threads_per_rank set"):
-        p.run(p.parse_args([str(tmp_path / "np1"), "--bandwidth", "1gbit", "--np", "2", "--shared-cores", "2"]))
+    with pytest.raises(predict.PredictError, match="--shared-cores: .* threads_per_rank set"):
+        predict.run(predict.parse_args([str(tmp_path / "np1"), "--bandwidth", "1gbit", "--np", "2", "--shared-cores", "2"]))
+
+
+def test_the_model_loads_no_plotting_no_report_and_no_torch(tmp_path):
+    """Dependencies point one way: the scaling model, the run readers and the tables load neither
+    matplotlib nor the report (nor torch, until a byte count or a profile asks for it); the
+    probe, an MPI program, loads the model without plotting."""
+    check = ("import sys, hvd_cifar.{0}; bad = [m for m in ('torch', 'matplotlib', 'hvd_cifar.report', "
+             "'hvd_cifar.predict') if m in sys.modules and m not in {1}]; print(bad)")
+    for module, allowed in (("scaling", ()), ("summary", ()), ("run_tables", ()), ("probe", ("torch",))):
+        done = subprocess.run([sys.executable, "-c", check.format(module, allowed)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == "[]", (module, done.stdout, done.stderr)

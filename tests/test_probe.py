@@ -1,6 +1,6 @@
 """hvd_cifar.probe run for real with 2 ranks and tiny messages: through launch/mpirun.sh --probe
 (the MPI transports, torch's Gloo, Horovod over MPI) and horovodrun --gloo (Horovod's Gloo);
-probe.json's raw timings and fits, and hvd_cifar.predict reading them."""
+probe.json's raw timings and fits (hvd_cifar.scaling's), and hvd_cifar.predict reading them."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import BIN, PYTHON, ROOT, read_csv
-from hvd_cifar import launchers, predict
+from hvd_cifar import launchers, scaling
 
 SMALL = ["--min-bytes", "4096", "--max-bytes", "200000", "--sizes", "3", "--iters", "2"]
 
@@ -29,7 +29,7 @@ def probe(argv: list[str], out) -> dict:
 def check_transport(t: dict, sizes: list[int], reduce_s_per_byte: float) -> None:
     assert t["sizes_bytes"] == sizes and len(t["seconds"]) == len(sizes)
     assert all(len(s) == 2 and all(0 < x < 10 for x in s) for s in t["seconds"])
-    fit = predict.fit_transport(t["kind"], t["ranks"], sizes, t["median_s"], reduce_s_per_byte, t["per_op_s"])
+    fit = scaling.fit_transport(t["kind"], t["ranks"], sizes, t["median_s"], reduce_s_per_byte, t["per_op_s"])
     assert (t["alpha_s"], t["beta_bytes_per_s"]) == (fit.alpha_s, fit.beta_bytes_per_s)
     assert t["alpha_s"] >= 0 and t["beta_bytes_per_s"] > 0
 

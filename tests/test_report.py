@@ -1,8 +1,9 @@
-"""hvd_cifar.report on real run folders: a one-process run and a 2-rank horovodrun run of
-configs/tiny.yaml (3 epochs of 3 steps), trained once for the whole module, and three runs of
-whole epochs with a target test accuracy (two that reach it, one that does not). The tables are
-checked against metrics.jsonl / eval.json with numbers computed here, independently of the
-report's own code, and every figure must be a readable, non-blank PNG."""
+"""hvd_cifar.report on run folders: folders written by the test (tests/runfolders.py: a one-rank
+and a two-rank run of three epochs, runs with a target test accuracy, odd and torn ones), and the
+session's real 2-rank horovodrun run of configs/tiny.yaml (conftest's tiny_run) reported through the
+command line, where the trainer's own files are the point. The tables are checked against metrics.jsonl / eval.json with
+numbers computed here, independently of the report's own code, and every figure must be a
+readable, non-blank PNG."""
 from __future__ import annotations
 
 import json
@@ -14,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_png, launch_argv, md_table, read_csv, shown
-from hvd_cifar import report
-from hvd_cifar.engine import PHASES
+from conftest import assert_png, md_table, read_csv, shown
+from hvd_cifar import plots, report
+from hvd_cifar.runs import PHASES, load_run
+from runfolders import epoch_record, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_FIGURES = ("acc_train_test.png", "loss.png", "training_time.png", "step_breakdown.png", "comm_bytes.png",
@@ -24,8 +26,6 @@ RUN_FIGURES = ("acc_train_test.png", "loss.png", "training_time.png", "step_brea
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
@@ -49,20 +49,6 @@ def reached(records: list[dict], target: float) -> dict | None:
     return next((r for r in records if r["test_acc"] >= target), None)
 
 
-def train_all(logs: Path, jobs: dict[str, list[str]]) -> dict[str, Path]:
-    """Run the jobs at once (their start-up overlaps; these tests read the numbers, not judge
-    the speed); returns each job's run folder."""
-    procs = {}
-    for name, cmd in jobs.items():
-        log = open(logs / f"{name}.out", "w")
-        procs[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
-    for name, (proc, log) in procs.items():
-        proc.wait(timeout=600)
-        log.close()
-        assert proc.returncode == 0, f"{name} failed:\n{(logs / f'{name}.out').read_text()[-3000:]}"
-    return {name: logs / name for name in jobs}
-
-
 def run_main(argv: list[str], capsys) -> tuple[int, str]:
     """report.main in this process; returns (exit status, stderr)."""
     try:
@@ -72,31 +58,84 @@ def run_main(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def summary_of(text: str) -> dict[str, str]:
+    return {r["item"]: r["value"] for r in md_table(text, "## Summary")}
+
+
+def check_epoch_table(records: list[dict], text: str) -> None:
+    rows = md_table(text, "## Per epoch")
+    assert [int(r["epoch"]) for r in rows] == [r["epoch"] for r in records]
+    for row, rec in zip(rows, records):
+        shown(row["train loss"], rec["train_loss"], 4)
+        shown(row["test loss"], rec["test_loss"], 4)
+        shown(row["train acc (%)"], rec["train_acc"], 2, 0.01)
+        shown(row["test acc (%)"], rec["test_acc"], 2, 0.01)
+        assert math.isclose(float(row["lr"]), rec["lr"], rel_tol=1e-3)
+        shown(row["epoch time (s)"], rec["epoch_time_s"], 3)
+        shown(row["img/s"], rec["images_per_s"], 1)
+        for phase in PHASES:
+            shown(row[f"{phase} (ms/step)"], rec[f"{phase}_time_s"] / rec["steps"] * 1000, 2)
+        shown(row["bytes/rank (MB)"], rec["comm_bytes_per_rank"], 3, 1e6)
+
+
+def check_summary(records: list[dict], text: str, world_size: int) -> None:
+    want = expected(records)
+    summary = summary_of(text)
+    assert summary["world size (ranks)"] == str(world_size)
+    assert summary["model"] == "smallcnn" and summary["dataset"] == "digits"
+    assert summary["sync method"] == "horovod" and summary["fp16 allreduce"] == "false"
+    assert summary["batch size per rank"] == "32" and summary["accumulation steps"] == "1"
+    assert summary["frozen blocks (config)"] == "0"
+    shown(summary["mean epoch time (s, first epoch excluded)"], want["mean_epoch_time_s"], 3)
+    shown(summary["total training time (s, all epochs)"], want["total_epoch_time_s"], 3)
+    shown(summary["throughput (img/s, same epochs)"], want["images_per_s"], 1)
+    shown(summary["bytes per epoch per rank (MB, same epochs)"], want["bytes_per_epoch_per_rank"], 3, 1e6)
+    shown(summary["final test accuracy (%)"], want["final_test_acc"], 2, 0.01)
+    shown(summary["final train accuracy (%)"], want["final_train_acc"], 2, 0.01)
+    # One rank sends nothing; two ranks send their gradients every step.
+    assert (want["bytes_per_epoch_per_rank"] > 0) == (world_size > 1)
+
+
+def check_eval_sections(evaluation: dict, text: str) -> None:
+    rows = {r["class"]: r for r in md_table(text, "### Classification report")}
+    for name, scores in evaluation["classification_report"].items():
+        if isinstance(scores, dict):
+            for key in ("precision", "recall", "f1-score"):
+                shown(rows[name][key], scores[key], 4)
+            assert float(rows[name]["support"]) == scores["support"]
+    matrix = md_table(text, "### Confusion matrix")
+    assert [[int(row[str(j)]) for j in range(len(matrix))] for row in matrix] == evaluation["confusion_matrix"]
+
+
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """Two real training runs: one plain process and a 2-rank horovodrun job."""
+    """A one-rank and a two-rank run of three epochs, written here."""
     logs = tmp_path_factory.mktemp("report-runs")
-    train = ["--config", "configs/tiny.yaml", "--epochs", "3", "--max-steps-per-epoch", "3", "--log-dir", str(logs)]
-    return train_all(logs, {"np1": [*launch_argv("single", 1), *train, "--run-name", "np1"],
-                            "np2": [*launch_argv("horovodrun", 2), *train, "--run-name", "np2"]})
+    return {"np1": write_run(logs / "np1", world_size=1), "np2": write_run(logs / "np2", world_size=2)}
 
 
-TARGET = 0.5  # tiny.yaml passes it within 3 whole epochs at np=1 and np=2 (about 73 % after one)
+TARGET = 0.5
 TIME_ITEM = "time to target (s, wall time since the run started)"
+TARGET_ACCURACIES = {"np1": [0.3, 0.55, 0.7], "np2": [0.3, 0.45, 0.62], "never": [0.4]}  # test acc by epoch
+
+
+def target_run(folder: Path, world_size: int, accuracies: list[float], target: float) -> Path:
+    """A finished run with a target: its eval.json says when it was first reached (as the trainer's)."""
+    records = [epoch_record(e, world_size, test_acc=acc) for e, acc in enumerate(accuracies)]
+    first = reached(records, target)
+    keys = {"target_acc": target, "epochs_to_target": first["epoch"] + 1 if first else None,
+            "time_to_target_s": first["elapsed_s"] if first else None}
+    return write_run(folder, records, config={"target_acc": target}, target=keys)
 
 
 @pytest.fixture(scope="module")
 def target_runs(tmp_path_factory) -> dict[str, Path]:
-    """Whole epochs with a target: np1 and np2 (3 epochs, 50 %), never (1 epoch, 99 %)."""
+    """Whole epochs with a target: np1 and np2 (3 epochs, 50 %; np2 later), never (1 epoch, 99 %)."""
     logs = tmp_path_factory.mktemp("target-runs")
-    train = ["--config", "configs/tiny.yaml", "--max-steps-per-epoch", "0", "--log-dir", str(logs)]
-    to_half = ["--epochs", "3", "--target-acc", str(TARGET)]
-    return train_all(logs, {
-        "np1": [*launch_argv("single", 1), *train, *to_half, "--run-name", "np1"],
-        "np2": [*launch_argv("horovodrun", 2), *train, *to_half, "--run-name", "np2"],
-        "never": [*launch_argv("single", 1), *train, "--epochs", "1", "--target-acc", "0.99", "--run-name", "never"],
-    })
+    return {"np1": target_run(logs / "np1", 1, TARGET_ACCURACIES["np1"], TARGET),
+            "np2": target_run(logs / "np2", 2, TARGET_ACCURACIES["np2"], TARGET),
+            "never": target_run(logs / "never", 1, TARGET_ACCURACIES["never"], 0.99)}
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +147,6 @@ def target_reports(target_runs, tmp_path_factory) -> dict[str, str]:
         assert report.main([str(run), "--out", str(out)]) == 0
         texts[name] = (out / "report.md").read_text()
     return texts
-
-
-def summary_of(text: str) -> dict[str, str]:
-    return {r["item"]: r["value"] for r in md_table(text, "## Summary")}
 
 
 @pytest.fixture(scope="module")
@@ -130,62 +165,42 @@ def comparison(runs, tmp_path_factory) -> Path:
     return out
 
 
+# ----------------------------------------------------------------------------- a real run, end to end
+@pytest.mark.slow  # the session's 2-rank horovodrun run of tiny.yaml
+def test_a_real_runs_report_from_the_command_line(tmp_path, tiny_run):
+    """The trainer's own files, through ``python -m hvd_cifar.report RUN``: the default output
+    folder, every figure, and the tables matching metrics.jsonl and eval.json."""
+    run = tiny_run("horovodrun").copy_to(tmp_path)  # the report goes into RUN/report
+    done = subprocess.run([sys.executable, "-m", "hvd_cifar.report", str(run)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"report written to {run / 'report' / 'report.md'}" and not done.stderr
+    assert sorted(p.name for p in (run / "report").glob("*.png")) == sorted(RUN_FIGURES)
+    for figure in RUN_FIGURES:
+        assert_png(run / "report" / figure)
+    text = (run / "report" / "report.md").read_text()
+    records = metrics(run)
+    assert len(records) == 2
+    check_epoch_table(records, text)
+    check_summary(records, text, 2)
+    check_eval_sections(json.loads((run / "eval.json").read_text()), text)
+
+
 # ----------------------------------------------------------------------------- one run
-@pytest.mark.slow  # uses the module's 2-rank run
 @pytest.mark.parametrize("name", ["np1", "np2"])
 def test_epoch_table_matches_metrics(name, runs, reports):
-    records = metrics(runs[name])
-    assert len(records) == 3
-    rows = md_table((reports[name] / "report.md").read_text(), "## Per epoch")
-    assert [int(r["epoch"]) for r in rows] == [r["epoch"] for r in records]
-    for row, rec in zip(rows, records):
-        shown(row["train loss"], rec["train_loss"], 4)
-        shown(row["test loss"], rec["test_loss"], 4)
-        shown(row["train acc (%)"], rec["train_acc"], 2, 0.01)
-        shown(row["test acc (%)"], rec["test_acc"], 2, 0.01)
-        assert math.isclose(float(row["lr"]), rec["lr"], rel_tol=1e-3)
-        shown(row["epoch time (s)"], rec["epoch_time_s"], 3)
-        shown(row["img/s"], rec["images_per_s"], 1)
-        for phase in PHASES:
-            shown(row[f"{phase} (ms/step)"], rec[f"{phase}_time_s"] / rec["steps"] * 1000, 2)
-        shown(row["bytes/rank (MB)"], rec["comm_bytes_per_rank"], 3, 1e6)
+    check_epoch_table(metrics(runs[name]), (reports[name] / "report.md").read_text())
 
 
-@pytest.mark.slow  # uses the module's 2-rank run
 @pytest.mark.parametrize("name, world_size", [("np1", 1), ("np2", 2)])
 def test_summary_matches_metrics_and_config(name, world_size, runs, reports):
-    want = expected(metrics(runs[name]))
-    summary = {r["item"]: r["value"] for r in md_table((reports[name] / "report.md").read_text(), "## Summary")}
-    assert summary["world size (ranks)"] == str(world_size)
-    assert summary["model"] == "smallcnn" and summary["dataset"] == "digits"
-    assert summary["sync method"] == "horovod" and summary["fp16 allreduce"] == "false"
-    assert summary["batch size per rank"] == "32" and summary["accumulation steps"] == "1"
-    assert summary["frozen blocks (config)"] == "0"
-    shown(summary["mean epoch time (s, first epoch excluded)"], want["mean_epoch_time_s"], 3)
-    shown(summary["total training time (s, all epochs)"], want["total_epoch_time_s"], 3)
-    shown(summary["throughput (img/s, same epochs)"], want["images_per_s"], 1)
-    shown(summary["bytes per epoch per rank (MB, same epochs)"], want["bytes_per_epoch_per_rank"], 3, 1e6)
-    shown(summary["final test accuracy (%)"], want["final_test_acc"], 2, 0.01)
-    shown(summary["final train accuracy (%)"], want["final_train_acc"], 2, 0.01)
-    # One rank sends nothing; two ranks send their gradients every step.
-    assert (want["bytes_per_epoch_per_rank"] > 0) == (world_size > 1)
+    check_summary(metrics(runs[name]), (reports[name] / "report.md").read_text(), world_size)
 
 
-@pytest.mark.slow  # uses the module's 2-rank run
 def test_eval_sections_match_eval_json(runs, reports):
-    evaluation = json.loads((runs["np2"] / "eval.json").read_text())
-    text = (reports["np2"] / "report.md").read_text()
-    rows = {r["class"]: r for r in md_table(text, "### Classification report")}
-    for name, scores in evaluation["classification_report"].items():
-        if isinstance(scores, dict):
-            for key in ("precision", "recall", "f1-score"):
-                shown(rows[name][key], scores[key], 4)
-            assert float(rows[name]["support"]) == scores["support"]
-    matrix = md_table(text, "### Confusion matrix")
-    assert [[int(row[str(j)]) for j in range(len(matrix))] for row in matrix] == evaluation["confusion_matrix"]
+    check_eval_sections(json.loads((runs["np2"] / "eval.json").read_text()), (reports["np2"] / "report.md").read_text())
 
 
-@pytest.mark.slow  # uses the module's 2-rank run
 @pytest.mark.parametrize("name", ["np1", "np2"])
 def test_run_figures_are_readable_pngs(name, reports):
     text = (reports[name] / "report.md").read_text()
@@ -194,16 +209,15 @@ def test_run_figures_are_readable_pngs(name, reports):
         assert f"]({figure})" in text  # and the report shows it
 
 
-@pytest.mark.slow  # uses the module's 2-rank run
 @pytest.mark.parametrize("run_name", ["20250101-120000-vgg11-cifar10-horovod-np2-fp16-accumulation4-freeze2-sweep",
                                       "ARunNameWithoutHyphensThatIsLongerThanAnyFigureIsWideAndThenSomeMoreToBeSure"])
 def test_a_long_run_name_fits_in_every_figure(runs, run_name):
     """matplotlib cuts a title off at the figure's edges: each figure's title, the run's name
     included, lies inside the figure."""
-    run = report.load_run(str(runs["np2"]))
+    run = load_run(str(runs["np2"]))
     run.name = run_name
     epochs = [r["epoch"] for r in run.metrics]
-    for file_name, plot in report.RUN_PLOTS:
+    for file_name, plot in plots.RUN_PLOTS:
         fig, _ = plot(run, epochs)
         fig.canvas.draw()
         renderer, box = fig.canvas.get_renderer(), fig.bbox
@@ -216,18 +230,6 @@ def test_a_long_run_name_fits_in_every_figure(runs, run_name):
             assert box.y0 - 1 <= extent.y0 and extent.y1 <= box.y1 + 1, (file_name, t.get_text(), extent, box)
 
 
-@pytest.mark.slow  # uses the module's 2-rank run
-def test_cli_default_out_and_exit_status(runs, tmp_path):
-    run = tmp_path / "copy"
-    shutil.copytree(runs["np1"], run, ignore=shutil.ignore_patterns("report", "*.pt"))
-    done = subprocess.run([sys.executable, "-m", "hvd_cifar.report", str(run)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert (run / "report" / "report.md").is_file()
-    assert sorted(p.name for p in (run / "report").glob("*.png")) == sorted(RUN_FIGURES)
-
-
-@pytest.mark.slow  # uses the module's 2-rank run
 def test_missing_and_unknown_keys_are_tolerated(runs, tmp_path, capsys):
     """Older or newer runs: optional keys missing, new keys (NIC counters) present, no eval.json."""
     run = tmp_path / "odd-keys"
@@ -254,8 +256,28 @@ def test_missing_and_unknown_keys_are_tolerated(runs, tmp_path, capsys):
         assert_png(tmp_path / "out" / figure)
 
 
+TORN = '{"epoch": 3, "lr": 0.0125, "train_loss": 0.4, "train_a'  # a write cut short: no newline, not JSON
+
+
+def test_a_torn_last_line_is_left_out_and_said(runs, tmp_path, capsys):
+    """A run killed while writing its last metrics line: the whole epochs are reported, and the
+    report and the command both say one line was torn."""
+    records = [epoch_record(e, 2) for e in range(3)]
+    run = write_run(tmp_path / "killed", records, eval_json=False, metrics_tail=TORN)
+    code, err = run_main([str(run), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    note = "metrics.jsonl: its last line is torn (the run was killed while writing it); the 3 whole epochs are reported"
+    assert err == f"hvd_cifar: note: {run / note}\n"
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert f"Note: {note}." in text
+    check_epoch_table(records, text)
+    code, err = run_main([str(runs["np1"]), str(run), "--out", str(tmp_path / "cmp")], capsys)
+    assert code == 0 and err == f"hvd_cifar: note: {run / note}\n"
+    assert f"- killed: `{run}` ({note})" in (tmp_path / "cmp" / "compare.md").read_text()
+    assert (tmp_path / "cmp" / "compare.md").read_text().count("its last line is torn") == 1  # np1 is whole
+
+
 # ----------------------------------------------------------------------------- several runs
-@pytest.mark.slow  # uses the module's 2-rank run
 def test_compare_csv_and_markdown_match_metrics(runs, comparison):
     want = {name: expected(metrics(runs[name])) for name in ("np1", "np2")}
     speedup = want["np2"]["images_per_s"] / want["np1"]["images_per_s"]
@@ -279,7 +301,6 @@ def test_compare_csv_and_markdown_match_metrics(runs, comparison):
     shown(md_rows["np2"]["scaling efficiency"], speedup / 2, 2)
 
 
-@pytest.mark.slow  # uses the module's 2-rank run
 def test_compare_figures(comparison):
     text = (comparison / "compare.md").read_text()
     for figure in ("compare_test_acc.png", "compare_epoch_time.png", "scaling.png"):
@@ -287,7 +308,6 @@ def test_compare_figures(comparison):
         assert f"]({figure})" in text
 
 
-@pytest.mark.slow  # uses the module's 2-rank run
 def test_speedup_only_against_np1_of_the_same_config(runs, tmp_path, capsys):
     """An np=1 run with another batch size is no baseline: no speedup, and no scaling plot."""
     other = tmp_path / "np1-b64"
@@ -306,15 +326,11 @@ def test_speedup_only_against_np1_of_the_same_config(runs, tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- time to target
-@pytest.mark.slow  # real runs of whole epochs, one of them 2-rank
 @pytest.mark.parametrize("name", ["np1", "np2"])
 def test_summary_shows_time_to_target(name, target_runs, target_reports):
     records, evaluation = metrics(target_runs[name]), json.loads((target_runs[name] / "eval.json").read_text())
     first = reached(records, TARGET)
-    assert first is not None, [r["test_acc"] for r in records]  # the premise: the run reached 50 %
-    assert evaluation["target_acc"] == TARGET
-    assert evaluation["epochs_to_target"] == first["epoch"] + 1
-    assert evaluation["time_to_target_s"] == first["elapsed_s"]
+    assert evaluation["epochs_to_target"] == first["epoch"] + 1  # the premise: eval.json says when
     summary = summary_of(target_reports[name])
     assert summary["target test accuracy (%)"] == "50.00"
     assert summary["epochs to target"] == str(evaluation["epochs_to_target"])
@@ -326,7 +342,6 @@ def test_summary_shows_time_to_target(name, target_runs, target_reports):
         shown(row["elapsed (s)"], rec["elapsed_s"], 1)
 
 
-@pytest.mark.slow  # real runs of whole epochs
 def test_summary_says_not_reached(target_runs, target_reports):
     evaluation = json.loads((target_runs["never"] / "eval.json").read_text())
     assert evaluation["target_acc"] == 0.99 and all(r["test_acc"] < 0.99 for r in metrics(target_runs["never"]))
@@ -336,14 +351,12 @@ def test_summary_says_not_reached(target_runs, target_reports):
     assert summary["epochs to target"] == summary[TIME_ITEM] == "not reached in 1 epoch"
 
 
-@pytest.mark.slow  # uses the module's 2-rank run
 def test_summary_without_a_target(reports):
     summary = summary_of((reports["np1"] / "report.md").read_text())
     assert summary["target test accuracy (%)"] == "none (target_acc not set)"
     assert summary["epochs to target"] == summary[TIME_ITEM] == "- (no target)"
 
 
-@pytest.mark.slow  # real runs of whole epochs
 def test_time_to_target_of_a_run_without_eval_json(target_runs, tmp_path, capsys):
     """An unfinished run (no eval.json yet): found in metrics.jsonl, as the trainer finds it."""
     run = tmp_path / "unfinished"
@@ -357,7 +370,6 @@ def test_time_to_target_of_a_run_without_eval_json(target_runs, tmp_path, capsys
     shown(summary[TIME_ITEM], first["elapsed_s"], 3)
 
 
-@pytest.mark.slow  # real runs of whole epochs, one of them 2-rank
 def test_compare_shows_time_to_target_and_its_speedup(target_runs, tmp_path):
     """'never' (np=1, another target) comes first: np2's baseline must be np1, whose target it shares."""
     out = tmp_path / "compare"
@@ -384,7 +396,6 @@ def test_compare_shows_time_to_target_and_its_speedup(target_runs, tmp_path):
             never_md["time-to-target speedup vs np=1"]) == ("not reached",) * 3
 
 
-@pytest.mark.slow  # uses the module's 2-rank run
 def test_compare_without_targets_has_no_target_columns(comparison):
     assert "time to target" not in (comparison / "compare.md").read_text()
     assert all(r["target_acc"] == r["time_to_target_s"] == "" and r["target_speedup_note"] == "no target"
@@ -406,6 +417,7 @@ GOOD_LINE = json.dumps({"epoch": 0, "epoch_time_s": 1.0, "steps": 2})
     ("no-metrics", None, "no metrics.jsonl"),
     ("empty", "", "holds no epoch records"),
     ("blank-lines", "\n\n", "holds no epoch records"),
+    ("torn-only-line", '{"epoch": 0, "lr"', "holds no epoch records (its only line is torn"),
     ("corrupt-line", GOOD_LINE + "\n" + '{"epoch": 1, "lr": 0.1, trunc' + "\n", "line 2 is not valid JSON"),
     ("not-a-record", GOOD_LINE + "\n[1, 2]\n", "line 2 is not an epoch record"),
 ])

@@ -11,6 +11,7 @@ import torch
 
 from conftest import assert_png, md_table, read_metrics, run_train, shown
 from hvd_cifar import engine, report, resources
+from hvd_cifar.summary import per_name
 
 
 def test_each_rank_fills_its_own_slot_and_the_sum_holds_every_rank():
@@ -100,7 +101,7 @@ def test_the_report_shows_resources_and_top5_and_tolerates_runs_without_them(tmp
     assert summary["mean checkpoint write (s, epochs with one)"] == "0.250"
     assert summary["peak RSS of any rank (MB)"] == "902"
     assert_png(tmp_path / "new-report" / "resources.png")
-    assert report.per_name(measured, "cpu_percent") == {"0": [150.0, 151.0, 152.0], "1": [170.0] * 3}
+    assert per_name(measured, "cpu_percent") == {"0": [150.0, 151.0, 152.0], "1": [170.0] * 3}
 
     old = write_run(tmp_path / "old", [epoch_record(e) for e in range(2)])
     assert report.main([str(old), "--out", str(tmp_path / "old-report")]) == 0

@@ -14,7 +14,9 @@ from dataclasses import replace
 import pytest
 
 from conftest import NEEDS_NETNS, ROOT
-from hvd_cifar import predict, report
+from hvd_cifar import predict, scaling
+from hvd_cifar.runs import load_run
+from hvd_cifar.summary import summarize
 
 SCRIPT = ROOT / "benchmarks" / "step_validation.py"
 
@@ -31,26 +33,26 @@ def test_np3_steps_predicted_from_np1_and_np2_beside_the_trained_ones(tmp_path):
     rows = json.loads((tmp_path / "step_validation.json").read_text())["rows"]
     assert [(r["method"], r["np"]) for r in rows] == [("horovod", 3), ("mpi-gather-scatter", 3)]
     runs = tmp_path / "1gbit"
-    single = predict.measure(report.load_run(str(runs / "np1")))
-    overlap = predict.measure(report.load_run(str(runs / "np2-horovod-timeline")))
+    single = scaling.measure(load_run(str(runs / "np1")))
+    overlap = scaling.measure(load_run(str(runs / "np2-horovod-timeline")))
     assert single.world_size == 1 and single.threads_per_rank == 1 and overlap.world_size == 2
     assert overlap.hidden_fraction is not None            # the np=2 run recorded its timeline
     probe = predict.read_probe(str(tmp_path / "probe-1gbit-np2.json"))
     assert probe["world_size"] == 2
-    prof = predict.profile("smallcnn", 10)
+    prof = scaling.profile("smallcnn", 10)
     for r in rows:
         source = "horovod-mpi" if r["method"] == "horovod" else "mpi-p2p"
-        net = predict.Network({r["method"]: predict.probe_link(probe, source, "p")}, None,
+        net = scaling.Network({r["method"]: predict.probe_link(probe, source, "p")}, None,
                               cast_s_per_byte=probe.get("cast_s_per_byte", 0.0), shared_cores=os.cpu_count())
-        expected = predict.predict_step(replace(single, hidden_fraction=overlap.hidden_fraction), prof, net,
-                                        predict.Scenario(r["method"], False, 1, 0), 3)
+        expected = scaling.predict_step(replace(single, hidden_fraction=overlap.hidden_fraction), prof, net,
+                                        scaling.Scenario(r["method"], False, 1, 0), 3)
         assert r["step_s"] == pytest.approx(expected["step_s"])
-        trained = report.summarize(report.load_run(str(runs / f"np3-{r['method']}-plain")))
+        trained = summarize(load_run(str(runs / f"np3-{r['method']}-plain")))
         assert trained["world_size"] == 3
         assert r["measured_step_s"] == pytest.approx(trained["step_time_s"])
         assert r["error_pct"] == pytest.approx(100 * (r["step_s"] / r["measured_step_s"] - 1))
     # 3 ranks of one thread on this machine's cores: compute slower by 3/cores when there are fewer
-    share = predict.cpu_share(3, 1, os.cpu_count())
+    share = scaling.cpu_share(3, 1, os.cpu_count())
     assert rows[0]["compute_s"] == pytest.approx(share * (single.data_s + single.forward_s + single.backward_s
                                                           + single.other_s))
     assert "| 1gbit | mpi-gather-scatter | plain | 3 |" in proc.stdout

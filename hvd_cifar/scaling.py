@@ -1,0 +1,430 @@
+"""The scaling model (docs/SCALING.md): what one training step costs at a worker count, from one
+run's measured phases, the model's parameters and a network's links.
+
+* the equations: seconds per synchronisation (ring, gather/scatter, hierarchical allreduce), the
+  bytes each rank sends, what of it backward hides;
+* the fits: latency α and bandwidth β of a link from timed messages (hvd_cifar.probe's);
+* the prediction: a run's step (``measure``) at other worker counts, sync methods and options
+  (fp16, accumulation, freezing), and "where the time went" between np=1 and np=N (``explain``).
+
+Imported by the probe (an MPI program), ``hvd_cifar.predict`` and the report; no plotting and
+no command line here. The byte counts are the sync methods' own, and ``profile`` counts on the
+real model: both load torch when first called, and nothing else here needs it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hvd_cifar.errors import PredictError
+from hvd_cifar.runs import PHASES, Run
+from hvd_cifar.summary import setting, steady_epochs, value
+
+# The collective each sync method's gradients take, and the probe transports that time it (the
+# first the probe holds is used). A Horovod job uses MPI or Gloo as its launcher decided.
+TRANSPORTS = {
+    "horovod": ("horovod-mpi", "horovod-gloo"),
+    "horovod-hierarchical": ("horovod-mpi", "horovod-gloo"),
+    "ddp": ("torch-gloo",),
+    "mpi-allreduce": ("mpi-allreduce",),
+    "mpi-gather-scatter": ("mpi-p2p",),
+}
+# Methods whose allreduce starts inside backward (per-parameter hooks, buckets), so part of it
+# can hide there; the mpi4py methods communicate only after backward.
+OVERLAPS = ("horovod", "horovod-hierarchical", "ddp")
+
+
+# ----------------------------------------------------------------------------- the equations
+@dataclass(frozen=True)
+class Link:
+    """One transport between two ranks: latency ``alpha_s`` per message, bandwidth
+    ``beta_bytes_per_s``, ``reduce_s_per_byte``, one rank's cost of summing a buffer in memory
+    (the root of gather/scatter sums N-1 of them), and ``per_op_s``, a wait once per collective
+    whatever N (Horovod's: one negotiation cycle, HOROVOD_CYCLE_TIME)."""
+    alpha_s: float
+    beta_bytes_per_s: float
+    reduce_s_per_byte: float = 0.0
+    source: str = ""
+    per_op_s: float = 0.0
+
+
+def _byte_counter(gather_scatter: bool = False):
+    """A sync method that only counts bytes (it starts no communication): ring allreduce's count
+    is SyncMethod's, gather/scatter's is mpi-gather-scatter's. The counts are one fact, kept with
+    the methods; their modules load torch, so they are imported when a count is first asked for
+    (the fits and the probe's numbers need none of it). They import nothing of this module."""
+    from hvd_cifar.sync import SyncMethod
+    if not gather_scatter:
+        return SyncMethod()
+    from hvd_cifar.sync.mpi import MpiGatherScatterSync
+    return object.__new__(MpiGatherScatterSync)  # its __init__ would start MPI
+
+
+def ring_wire_bytes(n: int, payload: int) -> float:
+    """Bytes one rank sends per ring allreduce: the sync methods' own count (SyncMethod)."""
+    ring = _byte_counter()
+    ring.size = n
+    return ring.wire_bytes_per_sync(payload)
+
+
+def star_wire_bytes(n: int, payload: int) -> float:
+    """Bytes the root of gather/scatter sends per synchronisation (it receives as many):
+    mpi-gather-scatter's own count."""
+    star = _byte_counter(gather_scatter=True)
+    star.size = n
+    return star.wire_bytes_per_sync(payload)
+
+
+def wire_bytes(method: str, n: int, payload: int, ranks_per_host: int = 1) -> float:
+    """Bytes one rank sends per synchronisation (the root, for gather/scatter). Hierarchical: what
+    each of a host's L ranks sends across hosts, its S/L slice of the host's ring."""
+    if method == "mpi-gather-scatter":
+        return star_wire_bytes(n, payload)
+    if method == "horovod-hierarchical":
+        per_host = max(1, min(ranks_per_host, n))
+        return ring_wire_bytes(math.ceil(n / per_host), payload) / per_host
+    return ring_wire_bytes(n, payload)
+
+
+def ring_s(n: int, payload: int, link: Link) -> float:
+    """Ring allreduce (reduce-scatter, then allgather): 2(N-1) steps, each one message of S/N
+    on every link at once: τ + 2(N-1)·α + 2(N-1)/N·S/β (τ: the link's per-collective wait)."""
+    if n <= 1:
+        return 0.0
+    return link.per_op_s + 2 * (n - 1) * link.alpha_s + ring_wire_bytes(n, payload) / link.beta_bytes_per_s
+
+
+def gather_scatter_s(n: int, payload: int, link: Link) -> float:
+    """Gather to one root, sum there, send the mean to each: the root's link carries N-1
+    buffers in, then N-1 out, one message each: 2(N-1)·α + 2(N-1)·S/β + (N-1)·S·γ."""
+    if n <= 1:
+        return 0.0
+    wire = star_wire_bytes(n, payload)
+    return 2 * (n - 1) * link.alpha_s + 2 * wire / link.beta_bytes_per_s + wire * link.reduce_s_per_byte
+
+
+def hierarchical_s(n: int, ranks_per_host: int, payload: int, link: Link, local: Link) -> float:
+    """Horovod's hierarchical allreduce, L ranks on each of H = ceil(N/L) hosts: reduce-scatter
+    inside each host, an allreduce across hosts of each local rank's S/L slice (the L slices
+    share the host's link, S in all), allgather inside the host:
+    ring_local(L, S) + 2(H-1)·α + 2(H-1)/H·S/β."""
+    per_host = max(1, min(ranks_per_host, n))
+    hosts = math.ceil(n / per_host)
+    return ring_s(per_host, payload, local) + ring_s(hosts, payload, link)
+
+
+def comm_s(method: str, n: int, payload: int, link: Link, local: Link, ranks_per_host: int) -> float:
+    """Seconds one synchronisation of ``payload`` bytes takes over ``n`` ranks."""
+    if method == "mpi-gather-scatter":
+        return gather_scatter_s(n, payload, link)
+    if method == "horovod-hierarchical":
+        return hierarchical_s(n, ranks_per_host, payload, link, local)
+    return ring_s(n, payload, link)
+
+
+def exposed_s(comm: float, hidden_fraction: float, backward_s: float) -> float:
+    """What the step waits for: the communication not hidden behind backward. At most the
+    measured fraction of it hides, and never more than the backward it hides behind."""
+    return comm - min(hidden_fraction * comm, backward_s)
+
+
+def fit_line(sizes: list[float], seconds: list[float]) -> tuple[float, float]:
+    """t = a + b·S: the slope by least squares over all sizes (the large messages, which
+    gradients are, weigh most), the intercept from the smallest message, t_0 - b·S_0, at least 0.
+    One least-squares line fits neither end: over sizes spanning orders of magnitude the large
+    messages' noise sets its intercept (a 1.5 ms latency for a 21 µs link), and weighted by 1/t
+    the small messages set its slope, which shaped links let pass in a burst (a 100 Mbit/s
+    link fitted at 110 MB/s)."""
+    x, y = np.asarray(sizes, float), np.asarray(seconds, float)
+    b = float(np.polyfit(x, y, 1)[0]) if len(set(sizes)) > 1 else float(y.mean() / x.mean())
+    smallest = int(np.argmin(x))
+    return max(float(y[smallest] - b * x[smallest]), 0.0), b
+
+
+def fit_ring(n: int, sizes: list[float], seconds: list[float], per_op_s: float = 0.0) -> Link:
+    """α and β from allreduce times over ``n`` ranks: the ring equation is a line in S,
+    intercept τ + 2(N-1)·α (τ = ``per_op_s``, known) and slope 2(N-1)/(N·β)."""
+    a, b = fit_line(sizes, seconds)
+    return Link(max(a - per_op_s, 0.0) / (2 * (n - 1)), 2 * (n - 1) / (n * b) if b > 0 else math.inf,
+                per_op_s=per_op_s)
+
+
+def fit_gather_scatter(n: int, sizes: list[float], seconds: list[float], reduce_s_per_byte: float) -> Link:
+    """α and β from gather/scatter times over ``n`` ranks, the root's sums taken out: intercept
+    2(N-1)·α, slope (N-1)·(2/β + γ)."""
+    a, b = fit_line(sizes, seconds)
+    per_byte = b / (n - 1) - reduce_s_per_byte
+    return Link(a / (2 * (n - 1)), 2 / per_byte if per_byte > 0 else math.inf, reduce_s_per_byte)
+
+
+def fit_transport(kind: str, ranks: int, sizes: list[float], seconds: list[float],
+                  reduce_s_per_byte: float = 0.0, per_op_s: float = 0.0) -> Link:
+    """A probe transport's link from its timings, by the equation of its ``kind``."""
+    if kind == "allreduce":
+        return fit_ring(ranks, sizes, seconds, per_op_s)
+    if kind == "gather-scatter":
+        return fit_gather_scatter(ranks, sizes, seconds, reduce_s_per_byte)
+    return fit_p2p(sizes, seconds)
+
+
+def fit_p2p(sizes: list[float], seconds: list[float]) -> Link:
+    """α and β from one-way point-to-point times: t = α + S/β."""
+    a, b = fit_line(sizes, seconds)
+    return Link(a, 1 / b if b > 0 else math.inf)
+
+
+# ----------------------------------------------------------------------------- what the run measured
+@dataclass(frozen=True)
+class Compute:
+    """One rank's step as a run measured it (steady-state epochs), and the settings it ran with."""
+    model: str
+    num_classes: int
+    sync: str
+    world_size: int
+    fp16: bool
+    accumulation_steps: int
+    frozen_blocks: int
+    images_per_step: float      # per rank (a micro-batch)
+    data_s: float               # per micro-batch step
+    forward_s: float
+    backward_s: float
+    other_s: float              # step time the phases do not cover (bookkeeping between steps)
+    optimizer_s: float          # per update
+    sync_s: float               # per update: the wait in synchronize()
+    hidden_fraction: float | None  # measured comm_hidden / (hidden + exposed), None if not recorded
+    step_s: float               # measured wall time per micro-batch step
+    comm_s: float | None = None     # per update: comm_hidden_s + comm_exposed_s, if recorded
+    exposed_s: float | None = None  # per micro-batch step: comm_exposed_s, if recorded
+    threads_per_rank: int = 0       # the run's setting (0: chosen from the cores on its host)
+
+
+def _total(records: list[dict], key: str) -> float:
+    return sum(value(r, key) for r in records)
+
+
+def measure(run: Run) -> Compute:
+    """The run's phases over its steady-state epochs (hvd_cifar.summary's rule)."""
+    steady = steady_epochs(run.metrics)
+    steps, syncs = _total(steady, "steps"), _total(steady, "syncs")
+    if not steps > 0 or not syncs > 0 or any(math.isnan(_total(steady, f"{p}_time_s")) for p in PHASES):
+        raise PredictError(f"{run.path}: metrics.jsonl lacks steps, syncs or phase times")
+    per_step = {p: _total(steady, f"{p}_time_s") / steps for p in ("data", "forward", "backward")}
+    step_s = _total(steady, "epoch_time_s") / steps
+    images = sum(value(r, "images_per_s") * value(r, "epoch_time_s") for r in steady)
+    hidden, exposed = _total(steady, "comm_hidden_s"), _total(steady, "comm_exposed_s")
+    last = run.metrics[-1]
+    world = int(setting(run, "world_size") or 1)
+    optimizer_s, sync_s = _total(steady, "optimizer_time_s") / syncs, _total(steady, "sync_time_s") / syncs
+    covered = sum(per_step.values()) + (optimizer_s + sync_s) * syncs / steps
+    return Compute(
+        model=str(setting(run, "model")), num_classes=100 if setting(run, "dataset") == "cifar100" else 10,
+        sync=str(setting(run, "sync")), world_size=world, fp16=bool(setting(run, "fp16_allreduce")),
+        accumulation_steps=int(setting(run, "accumulation_steps") or 1),
+        frozen_blocks=int(last.get("frozen_blocks", 0)), images_per_step=images / steps / world,
+        **{f"{p}_s": v for p, v in per_step.items()}, other_s=max(step_s - covered, 0.0),
+        optimizer_s=optimizer_s, sync_s=sync_s,
+        hidden_fraction=hidden / (hidden + exposed) if hidden + exposed > 0 else None, step_s=step_s,
+        comm_s=(hidden + exposed) / syncs if hidden + exposed > 0 else None,
+        exposed_s=exposed / steps if hidden + exposed > 0 else None,
+        threads_per_rank=int(setting(run, "threads_per_rank") or 0))
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model's feature blocks: parameters and forward multiply-adds of each, and of the rest."""
+    block_params: tuple[int, ...]
+    block_macs: tuple[int, ...]
+    head_params: int
+    head_macs: int
+
+    def backward_share(self, frozen: int) -> float:
+        """Share of backward a run with ``frozen`` blocks still does: a frozen block needs no
+        gradient for its weights nor (being first) for its input, so its backward goes; a layer's
+        backward costs about twice its forward, so the share follows forward multiply-adds."""
+        total = sum(self.block_macs) + self.head_macs
+        return 1 - sum(self.block_macs[:frozen]) / total
+
+    def payload_bytes(self, frozen: int, fp16: bool) -> int:
+        """Gradient bytes per synchronisation: the trainable parameters, by SyncMethod's rule."""
+        numel = sum(self.block_params[frozen:]) + self.head_params
+        return _byte_counter().payload_bytes([("trainable", _Numel(numel))], fp16)
+
+
+@dataclass(frozen=True)
+class _Numel:
+    """Stands for a parameter where only its size and fp32 element size matter."""
+    n: int
+
+    def numel(self) -> int:
+        return self.n
+
+    def element_size(self) -> int:
+        return 4
+
+
+def profile(model_name: str, num_classes: int) -> Profile:
+    """Counts parameters and multiply-adds (convolutions, linear layers) per feature block on one
+    32x32 image, with forward hooks on the real model."""
+    import torch
+    from hvd_cifar.models import build_model
+    model = build_model(model_name, num_classes)
+    macs: dict[int, int] = {}
+
+    def count(module, inputs, output):
+        per_out = (module.in_channels // module.groups * math.prod(module.kernel_size)
+                   if isinstance(module, torch.nn.Conv2d) else module.in_features)
+        macs[id(module)] = output.numel() * per_out
+    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    with torch.no_grad():
+        model.eval()(torch.zeros(1, 3, 32, 32))
+    for h in hooks:
+        h.remove()
+    blocks = model.feature_blocks
+    block_macs = tuple(sum(macs.get(id(m), 0) for m in b.modules()) for b in blocks)
+    block_params = tuple(sum(p.numel() for p in b.parameters()) for b in blocks)
+    all_params = sum(p.numel() for p in model.parameters())
+    return Profile(block_params, block_macs, all_params - sum(block_params), sum(macs.values()) - sum(block_macs))
+
+
+# ----------------------------------------------------------------------------- one prediction
+# The keys of a prediction's row that name its scenario (predict_step's row; a measured run's).
+SCENARIO_KEYS = ("method", "np", "fp16_allreduce", "accumulation_steps", "freeze")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What to predict: a method and the options of docs/COMM_OPTIONS.md."""
+    method: str
+    fp16: bool
+    accumulation_steps: int
+    freeze: int
+
+
+@dataclass(frozen=True)
+class Network:
+    """The links the prediction runs over, per method (from a probe or from --bandwidth)."""
+    links: dict          # method -> Link across hosts
+    local: Link | None   # inside a host (hierarchical allreduce); None: the cross-host link
+    ranks_per_host: int = 1
+    cast_s_per_byte: float = 0.0  # fp32 -> fp16 -> fp32 of the gradients, both casts, per fp16 byte
+    shared_cores: int = 0         # every rank on one machine with this many cores; 0: each rank its own
+
+
+def cpu_share(n: int, threads_per_rank: int, shared_cores: int) -> float:
+    """How many times slower a rank computes at ``n`` ranks than with cores to itself: 1 when each
+    rank has its own cores (``shared_cores`` 0), else n·t/C when the n ranks' t threads each
+    oversubscribe the C cores of the one machine they all run on (the namespace cluster)."""
+    return max(1.0, n * threads_per_rank / shared_cores) if shared_cores else 1.0
+
+
+def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -> dict:
+    """Seconds per micro-batch step on one rank at ``n`` ranks, and what makes them up."""
+    link = net.links[s.method]
+    slower = (cpu_share(n, c.threads_per_rank, net.shared_cores)
+              / cpu_share(c.world_size, c.threads_per_rank, net.shared_cores))
+    backward = slower * c.backward_s * prof.backward_share(s.freeze) / prof.backward_share(c.frozen_blocks)
+    payload = prof.payload_bytes(s.freeze, s.fp16)
+    comm = comm_s(s.method, n, payload, link, net.local or link, net.ranks_per_host)
+    if s.fp16 and n > 1:  # Horovod and DDP cast each gradient to fp16 and back; the MPI methods the buffer
+        comm += 2 * payload * net.cast_s_per_byte
+    hidden = (c.hidden_fraction or 0.0) if s.method in OVERLAPS else 0.0
+    exposed = exposed_s(comm, hidden, backward)
+    compute = slower * (c.data_s + c.forward_s + c.other_s) + backward
+    step = compute + (slower * c.optimizer_s + exposed) / s.accumulation_steps
+    wire = wire_bytes(s.method, n, payload, net.ranks_per_host)
+    return {"method": s.method, "np": n, "fp16_allreduce": s.fp16, "accumulation_steps": s.accumulation_steps,
+            "freeze": s.freeze, "payload_bytes": payload, "comm_s_per_sync": comm, "exposed_s_per_sync": exposed,
+            "compute_s": compute, "step_s": step, "images_per_s": n * c.images_per_step / step,
+            "bytes_per_rank_per_step": wire / s.accumulation_steps}
+
+
+def predict(c: Compute, prof: Profile, net: Network, scenarios: list[Scenario], nps: list[int]) -> list[dict]:
+    """One row per scenario and world size; efficiency against the same scenario at one rank."""
+    rows = []
+    for s in scenarios:
+        one = predict_step(c, prof, net, s, 1)["step_s"]
+        for n in nps:
+            row = predict_step(c, prof, net, s, n)
+            row["efficiency"] = one / row["step_s"]
+            rows.append(row)
+    return rows
+
+
+def break_even_bandwidth(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -> float | None:
+    """The link bandwidth (bytes/s) below which fp16 compression shortens this step at ``n``
+    ranks (bisection on the model; None if it never does between 1 kbit/s and 10 Tbit/s)."""
+    def gain(beta: float) -> float:
+        slow = replace(net, links={s.method: replace(net.links[s.method], beta_bytes_per_s=beta)})
+        return (predict_step(c, prof, slow, replace(s, fp16=False), n)["step_s"]
+                - predict_step(c, prof, slow, replace(s, fp16=True), n)["step_s"])
+    low, high = 125.0, 1.25e12
+    if gain(low) <= 0:
+        return None
+    if gain(high) > 0:
+        return high
+    for _ in range(200):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if gain(mid) > 0 else (low, mid)
+    return low
+
+
+def gather_scatter_falls_behind(c: Compute, prof: Profile, net: Network, s: Scenario,
+                                factor: float = 2.0, limit: int = 1 << 20) -> int | None:
+    """The smallest world size at which gather/scatter's step takes ``factor`` times ring
+    allreduce's (None up to ``limit``), both over the same cross-host link."""
+    link = net.links.get(s.method) or next(iter(net.links.values()))
+    same = replace(net, links={"mpi-gather-scatter": link, "mpi-allreduce": link})
+    star, ring = replace(s, method="mpi-gather-scatter"), replace(s, method="mpi-allreduce")
+    ratio = lambda n: predict_step(c, prof, same, star, n)["step_s"] / predict_step(c, prof, same, ring, n)["step_s"]  # noqa: E731
+    if ratio(limit) < factor:
+        return None
+    low, high = 1, limit   # the ratio grows with n: the root's bytes grow, the ring's do not
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if ratio(mid) < factor else (low, mid)
+    return high
+
+
+# ----------------------------------------------------------------------------- where the time went
+def effective_link(method: str, n: int, payload: int, comm: float) -> Link:
+    """The link a run's own communication implies, latency taken as 0: the β at which the
+    method's equation gives the measured ``comm`` seconds per synchronisation."""
+    at_one_byte_per_s = comm_s(method, n, payload, Link(0.0, 1.0), Link(0.0, 1.0), 1)
+    return Link(0.0, at_one_byte_per_s / comm if comm > 0 else math.inf, source=f"effective, from the np={n} run")
+
+
+def step_parts(c: Compute) -> dict:
+    """One micro-batch step of a run in the report's four parts (seconds): compute (forward,
+    backward, optimizer), exposed communication (the wait in synchronize(), or the recorded
+    comm_exposed_s), data, and idle (the rest: bookkeeping, a wait that moved no bytes)."""
+    k = c.accumulation_steps
+    exposed = c.sync_s / k if c.exposed_s is None else c.exposed_s
+    parts = {"compute": c.forward_s + c.backward_s + c.optimizer_s / k, "exposed communication": exposed, "data": c.data_s}
+    parts["idle"] = c.step_s - sum(parts.values())
+    return parts
+
+
+def explain(multi: Run, single: Run) -> dict:
+    """Ideal against measured img/s of ``multi`` (np=N) with the np=1 run ``single`` of the same
+    configuration beside it, the gap split by step_parts, and the model's two answers on the
+    link the run's own communication implies (effective_link): the link bandwidth below which
+    fp16 would shorten this run's step, and the worker count at which gather/scatter takes
+    twice ring allreduce's step."""
+    cn, c1 = measure(multi), measure(single)
+    n = cn.world_size
+    ideal, measured = n * c1.images_per_step / c1.step_s, n * cn.images_per_step / cn.step_s
+    parts_n, parts_1 = step_parts(cn), step_parts(c1)
+    gap_s = cn.step_s - c1.step_s
+    rows = [{"part": k, "np1_ms": parts_1[k] * 1e3, "npN_ms": parts_n[k] * 1e3, "delta_ms": (parts_n[k] - parts_1[k]) * 1e3,
+             "img_s_lost": (ideal - measured) * (parts_n[k] - parts_1[k]) / gap_s if gap_s else 0.0} for k in parts_n]
+    prof = profile(cn.model, cn.num_classes)
+    s = Scenario(cn.sync if cn.sync in TRANSPORTS else "horovod", False, cn.accumulation_steps, cn.frozen_blocks)
+    comm = cn.comm_s if cn.comm_s is not None else cn.sync_s
+    link = effective_link(s.method, n, prof.payload_bytes(s.freeze, False), comm)
+    net = Network({s.method: link}, None)
+    base = replace(c1, hidden_fraction=cn.hidden_fraction)  # compute as at np=1, overlap as measured at N
+    return {"np": n, "ideal_images_per_s": ideal, "measured_images_per_s": measured, "parts": rows, "link": link,
+            "fp16_break_even_bytes_per_s": break_even_bandwidth(base, prof, net, s, n),
+            "gather_scatter_2x_np": gather_scatter_falls_behind(base, prof, net, s)}

@@ -1,0 +1,228 @@
+"""A run's numbers as every table shows them (reports, comparisons, bench, predict): a metric
+of an epoch record, means over the steady-state epochs, the summary row of a run, and speedups
+against the np=1 run of the same configuration. No torch, no plotting: reading and counting only.
+
+How the numbers are made:
+* "steady-state" epochs are all epochs but the first one recorded, when a run has two or
+  more; the first epoch holds the warm-up (allocator, first allreduces, thread pools) and
+  is slower. A run with one epoch has only that one. Means over epochs use these epochs.
+* img/s over several epochs is (images) / (seconds), summed over the steady-state epochs,
+  counting the images of all ranks.
+* speedup = img/s of a run / img/s of the run with world size 1 of the same configuration
+  (model, dataset, batch size per rank, sync, fp16_allreduce, accumulation_steps, freeze)
+  among the inputs (the first one given, if several); efficiency = speedup / world size.
+  Throughput rather than epoch time, because with --max-steps-per-epoch each rank runs the
+  same number of steps whatever the world size, so an epoch holds N times more images.
+* per-rank and per-host figures (``{rank or host: value}`` in metrics.jsonl: CPU, memory, NIC
+  counters) read as their mean over the ranks or hosts in the tables; the resources figure
+  draws each rank's own line.
+* bytes are the gradient bytes one rank sends (``comm_bytes_per_rank`` in metrics.jsonl,
+  counted by the sync method), 1 MB = 10^6 bytes.
+* time to target = ``elapsed_s`` (wall time since the run started: set-up, training and
+  evaluation, continued across resumes) of the first epoch whose test accuracy reached the
+  run's ``target_acc``, and epochs to target its count (eval.json's ``time_to_target_s`` and
+  ``epochs_to_target``; for a run without eval.json, found in metrics.jsonl the same way).
+  Time-to-target speedup = np=1's time to target / the run's, against the np=1 run of the
+  same configuration and target, and only when both reached the target.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Iterable
+
+from hvd_cifar import runs
+from hvd_cifar.runs import TARGET_KEYS, Run
+
+# What makes two runs "the same configuration" for speedup; world size is what differs.
+CONFIG_KEYS = ("model", "dataset", "batch_size", "sync", "fp16_allreduce", "accumulation_steps", "freeze")
+MB = 1e6  # bytes
+
+
+def value(record: dict, key: str) -> float:
+    """A numeric metric, or NaN when the record lacks it (older runs, optional keys). A per-host
+    figure (``{host: bytes}``, the NIC counters) reads as its mean over the hosts."""
+    v = record.get(key)
+    if isinstance(v, dict):
+        numbers = [value(v, host) for host in v]
+        return sum(numbers) / len(numbers) if numbers else math.nan
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def steady_epochs(records: list[dict]) -> list[dict]:
+    """All epochs but the first (warm-up), when there are two or more."""
+    return records[1:] if len(records) >= 2 else records
+
+
+def _ratio(num: Iterable[float], den: Iterable[float]) -> float:
+    n, d = sum(num), sum(den)
+    return n / d if d and not math.isnan(d) else math.nan
+
+
+def steady_mean(records: list[dict], key: str) -> float:
+    """Mean of a metric over the steady-state epochs (per epoch)."""
+    steady = steady_epochs(records)
+    return sum(value(r, key) for r in steady) / len(steady)
+
+
+def present_mean(records: list[dict], key: str) -> float:
+    """Mean of a metric over the epochs that have it (checkpoint_time_s: those that wrote one);
+    NaN when none has."""
+    present = [value(r, key) for r in records if not math.isnan(value(r, key))]
+    return sum(present) / len(present) if present else math.nan
+
+
+def rank_max(records: list[dict], key: str) -> float:
+    """The largest per-rank figure (``{rank: value}``) of any rank in any epoch; NaN when none."""
+    figures = [value(r[key], rank) for r in records if isinstance(r.get(key), dict) for rank in r[key]]
+    return max(figures, default=math.nan)
+
+
+def steady_per_step(records: list[dict], key: str) -> float:
+    """A metric summed over the steady-state epochs, per training step of those epochs."""
+    steady = steady_epochs(records)
+    return _ratio((value(r, key) for r in steady), (value(r, "steps") for r in steady))
+
+
+def run_bytes(records: list[dict]) -> dict:
+    """Gradient bytes per rank over the whole run (every epoch, the first included): ``bytes``
+    as the sync method counted them, ``unfrozen_bytes`` what the same synchronisations would
+    have sent with nothing frozen, ``saved_fraction`` the share freezing saved (NaN for one
+    rank or runs older than ``comm_bytes_per_sync_unfrozen``), and the NIC's measured
+    ``nic_tx_bytes`` / ``nic_rx_bytes`` (mean over the hosts; NaN without counters)."""
+    sent = sum(value(r, "comm_bytes_per_rank") for r in records)
+    unfrozen = sum(value(r, "comm_bytes_per_sync_unfrozen") * value(r, "syncs") for r in records)
+    return {"bytes": sent, "unfrozen_bytes": unfrozen,
+            "saved_fraction": 1 - sent / unfrozen if unfrozen else math.nan,
+            "nic_tx_bytes": sum(value(r, "nic_tx_bytes") for r in records),
+            "nic_rx_bytes": sum(value(r, "nic_rx_bytes") for r in records)}
+
+
+def setting(run: Run, key: str) -> Any:
+    """A run's setting: config.yaml first, then what the last epoch record says."""
+    last = run.metrics[-1]
+    if key == "world_size":
+        return last.get("world_size", run.meta.get("world_size"))
+    if key == "freeze":
+        freeze = run.config.get("freeze", last.get("frozen_blocks"))
+        schedule = run.config.get("freeze_schedule") or {}
+        return f"{freeze} {json.dumps(schedule, sort_keys=True)}" if schedule else freeze
+    return run.config.get(key, last.get(key))
+
+
+def time_to_target(run: Run) -> dict:
+    """The run's target test accuracy and the epochs and wall time it took to reach it (see the
+    module doc): eval.json's, as the trainer wrote them at the end; for a run without them
+    (unfinished, or older than these keys), found in metrics.jsonl by the trainer's own rule."""
+    if run.evaluation and all(k in run.evaluation for k in TARGET_KEYS):
+        return {k: run.evaluation[k] for k in TARGET_KEYS}
+    target = run.config.get("target_acc") or 0.0
+    return runs.time_to_target([r for r in run.metrics if "test_acc" in r], target)
+
+
+def summarize(run: Run) -> dict:
+    """One row of numbers for a run; averages are over steady-state epochs (see module doc)."""
+    m = run.metrics
+    steady = steady_epochs(m)
+    images = [value(r, "images_per_s") * value(r, "epoch_time_s") for r in steady]
+    row = {"run": run.name, **{k: setting(run, k) for k in CONFIG_KEYS}}
+    row.update({
+        "world_size": setting(run, "world_size"),
+        "epochs": len(m),
+        "mean_epoch_time_s": steady_mean(m, "epoch_time_s"),
+        "total_epoch_time_s": sum(value(r, "epoch_time_s") for r in m),
+        "images_per_s": _ratio(images, (value(r, "epoch_time_s") for r in steady)),
+        "step_time_s": steady_per_step(m, "epoch_time_s"),
+        "sync_time_per_step_s": steady_per_step(m, "sync_time_s"),
+        "bytes_per_epoch_per_rank": steady_mean(m, "comm_bytes_per_rank"),
+        "bytes_per_step_per_rank": steady_per_step(m, "comm_bytes_per_rank"),
+        "final_test_acc": value(m[-1], "test_acc"),
+        "final_test_acc5": value(m[-1], "test_acc5"),
+        "final_train_acc": value(m[-1], "train_acc"),
+        "final_train_acc5": value(m[-1], "train_acc5"),
+        "elapsed_s": value(m[-1], "elapsed_s"),
+        **time_to_target(run),
+        "path": run.path,
+    })
+    return row
+
+
+def config_key(row: dict) -> tuple:
+    return tuple(str(row.get(k)) for k in CONFIG_KEYS)
+
+
+def add_speedup(rows: list[dict]) -> None:
+    """Fill ``speedup`` and ``efficiency`` in place against the first world-size-1 row of the
+    same configuration; NaN where there is none (or the row has no throughput)."""
+    baselines: dict[tuple, float] = {}
+    for row in rows:
+        if row.get("world_size") == 1 and not math.isnan(row.get("images_per_s", math.nan)):
+            baselines.setdefault(config_key(row), row["images_per_s"])
+    for row in rows:
+        base = baselines.get(config_key(row))
+        ips, n = row.get("images_per_s", math.nan), row.get("world_size")
+        if base and isinstance(n, int) and not math.isnan(ips):
+            row["speedup"] = ips / base
+            row["efficiency"] = row["speedup"] / n
+        else:
+            row["speedup"] = row["efficiency"] = math.nan
+    add_target_speedup(rows)
+
+
+def add_target_speedup(rows: list[dict]) -> None:
+    """Fill ``target_speedup`` in place: time to target of the first world-size-1 row of the same
+    configuration and target / the row's; NaN unless both reached the target, with
+    ``target_speedup_note`` saying why ('' when there is a number, and for rows without the
+    target keys: a failed bench job)."""
+    baselines: dict[tuple, dict] = {}
+    for row in rows:
+        if row.get("world_size") == 1 and row.get("target_acc"):
+            baselines.setdefault((config_key(row), row["target_acc"]), row)
+    for row in rows:
+        base = baselines.get((config_key(row), row.get("target_acc")))
+        note = target_speedup_note(row, base) if "target_acc" in row else ""
+        reached = "target_acc" in row and not note
+        row["target_speedup"] = base["time_to_target_s"] / row["time_to_target_s"] if reached else math.nan
+        row["target_speedup_note"] = note
+
+
+def target_speedup_note(row: dict, base: dict | None) -> str:
+    """Why ``row`` has no time-to-target speedup against its np=1 row ``base`` ('' if it has one)."""
+    if not row.get("target_acc"):
+        return "no target"
+    if base is None:
+        return "no np=1 result"
+    if row.get("time_to_target_s") is None:
+        return "not reached"
+    if base.get("time_to_target_s") is None:
+        return "np=1 did not reach it"
+    return ""
+
+
+def compare_rows(runs: list[Run]) -> list[dict]:
+    """The summary rows of several runs, with their speedups; a folder name that several runs
+    share is told apart by its parent's."""
+    rows = [summarize(run) for run in runs]
+    names = [r["run"] for r in rows]
+    for run, row in zip(runs, rows):  # same folder name under different parents: say which
+        if names.count(row["run"]) > 1:
+            row["run"] = os.path.join(os.path.basename(os.path.dirname(run.path)), row["run"])
+    add_speedup(rows)
+    return rows
+
+
+def scaling_groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows with a throughput, by configuration, each group sorted by world size."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if isinstance(row.get("world_size"), int) and not math.isnan(row.get("images_per_s", math.nan)):
+            groups.setdefault(config_key(row), []).append(row)
+    return {k: sorted(v, key=lambda r: r["world_size"]) for k, v in groups.items()}
+
+
+def per_name(records: list[dict], key: str) -> dict[str, list[float]]:
+    """A per-rank or per-host figure as {rank or host: its value per epoch} (NaN in epochs
+    without it), ranks in numeric order."""
+    names = sorted({n for r in records if isinstance(r.get(key), dict) for n in r[key]}, key=lambda n: (len(n), n))
+    return {n: [value(r.get(key) or {}, n) for r in records] for n in names}
