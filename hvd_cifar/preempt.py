@@ -16,7 +16,10 @@ boundary after the signal (in an epoch's first update, the third). The entry poi
 writes the checkpoint (the epoch, the steps taken in it, the images consumed and the epoch's
 running sums over all ranks), appends a ``preempted`` line to ``events.jsonl`` and exits with
 EXIT_PREEMPTED. A second stop signal takes its default action and ends the process at once;
-SIGINT stays an immediate stop too (train.main aborts the job).
+SIGINT stays an immediate stop too (train.main aborts the job). Under Slurm (SLURM_JOB_ID set)
+later stop signals are ignored instead: Slurm delivers one preemption or requeue more than once
+(SIGTERM from the step, then again when srun forwards its own), and ends a job that does not
+stop with SIGKILL after KillWait anyway (docs/SLURM.md).
 """
 from __future__ import annotations
 
@@ -25,10 +28,13 @@ import time
 
 import torch
 
+from hvd_cifar import slurm_job
+
 EXIT_PREEMPTED = 4                                # beside 2 = bad input, 3 = diverged
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)   # what Slurm's --signal and preemption send
 
 _asked = {"signal": 0}  # set by the handler: the number of the first stop signal, 0 = none
+_after_first = {"action": signal.SIG_DFL}  # what a later stop signal does: end (SIG_IGN under Slurm)
 
 
 def _handler(signum, frame) -> None:
@@ -36,12 +42,13 @@ def _handler(signum, frame) -> None:
     ends at once); nothing else: no I/O, no collective, no exception in the middle of a step."""
     _asked["signal"] = signum
     for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
+        signal.signal(sig, _after_first["action"])
 
 
 def install() -> None:
     """Catch the stop signals from here on (call from the main thread)."""
     _asked["signal"] = 0
+    _after_first["action"] = signal.SIG_IGN if slurm_job.facts() else signal.SIG_DFL
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handler)
 
@@ -93,7 +100,8 @@ class Preempted(Exception):
         """The events.jsonl line (``signal``: what reached the rank that writes it, "" if none)."""
         return {"event": "preempted", "time": time.time(), "signal": self.signal, "epoch": self.epoch,
                 "step": self.step, "position": self.position,
-                "ranks_asked": self.ranks_asked, "world_size": self.world_size, "elapsed_s": elapsed_s}
+                "ranks_asked": self.ranks_asked, "world_size": self.world_size, "elapsed_s": elapsed_s,
+                **slurm_job.facts()}  # under Slurm: the job, its nodes and its restart count
 
     def line(self) -> str:
         """What rank 0 says, once."""

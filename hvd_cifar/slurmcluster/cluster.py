@@ -1,0 +1,128 @@
+"""SlurmCluster: munged, slurmctld and N slurmd nodes on this machine's loopback, up until every
+node is idle, and down again by process id, also when the code using it fails half-way (a
+context manager, an atexit hook, and SIGTERM/SIGHUP turned into an unwinding SystemExit:
+netcluster.cleanup's, shared)."""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import time
+
+from hvd_cifar.netcluster.cleanup import exit_on_signals, kill, restore_signals, signals_deferred
+from hvd_cifar.slurmcluster import cleanup, daemons
+from hvd_cifar.slurmcluster.daemons import SlurmError
+from hvd_cifar.slurmcluster.layout import Layout
+
+
+class SlurmCluster:
+    """``with SlurmCluster(nodes=2) as cluster:`` then Slurm's commands with ``env=cluster.env()``
+    (or the helpers in ``hvd_cifar.slurmcluster.jobs``). ``keep_dir``: leave the temp dir (logs,
+    completion log) in place after ``down``, for a look at what happened."""
+
+    def __init__(self, nodes: int = 2, cpus_per_node: int = 2, ready_timeout_s: float = 60,
+                 keep_dir: bool = False):
+        if not 1 <= nodes <= 16:
+            raise SlurmError(f"--nodes {nodes}: 1 to 16 nodes")
+        self.n_nodes, self.cpus_per_node = nodes, cpus_per_node
+        self.ready_timeout_s, self.keep_dir = ready_timeout_s, keep_dir
+        self.layout: Layout | None = None
+        self.daemons: dict[str, subprocess.Popen] = {}
+        self.namespaces: set[str] = set()   # the nodes' UTS namespaces
+        self._old_signals: dict = {}
+        self._up = False
+
+    def __enter__(self) -> "SlurmCluster":
+        self.up()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.layout.nodes if self.layout else []
+
+    def env(self) -> dict[str, str]:
+        """This process's environment with SLURM_CONF pointing at the cluster."""
+        return self.layout.env()
+
+    def up(self) -> None:
+        missing = daemons.missing_programs()
+        if missing:
+            raise SlurmError(f"not installed: {', '.join(missing)} (bash scripts/install.sh installs "
+                             "slurm-wlm and munge)")
+        if os.geteuid() != 0:
+            raise SlurmError("the daemons run as root here: run as root")
+        self._up = True
+        self._old_signals = exit_on_signals()
+        atexit.register(self.down)
+        try:
+            self._start()
+        except BaseException:
+            self.down()
+            raise
+
+    def _start(self) -> None:
+        self.layout = layout = Layout.create(self.n_nodes)
+        with open(layout.conf, "w") as f:
+            f.write(layout.slurm_conf(self.cpus_per_node))
+        self.daemons["munged"] = daemons.start_munged(layout)
+        self._wait("munged", lambda: os.path.exists(layout.munge_socket), 10)
+        self.daemons["slurmctld"] = daemons.start_slurmctld(layout)
+        own = daemons.uts_namespace(os.getpid())
+        for node in layout.nodes:
+            proc = self.daemons[f"slurmd-{node}"] = daemons.start_slurmd(layout, node)
+            self._wait(f"slurmd-{node}", lambda: daemons.uts_namespace(proc.pid) not in ("", own), 10)
+            self.namespaces.add(daemons.uts_namespace(proc.pid))
+        cleanup.record(layout.tmpdir, [p.pid for p in self.daemons.values()], self.namespaces)
+        self._wait("slurmctld", self._all_idle, self.ready_timeout_s)
+
+    def _wait(self, what: str, ready, timeout_s: float) -> None:
+        """Poll ``ready()`` until true; a daemon that died or a timeout is a SlurmError naming
+        the daemon and the last lines of its log."""
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            dead = [name for name, p in self.daemons.items() if p.poll() is not None]
+            if dead:
+                raise SlurmError(f"{dead[0]} exited ({self.daemons[dead[0]].returncode}): "
+                                 f"{daemons.log_tail(self.layout, dead[0])}")
+            if time.monotonic() > deadline:
+                raise SlurmError(f"{what} not ready after {timeout_s:.0f} s: {self.node_states() or ''} "
+                                 f"{daemons.log_tail(self.layout, what)}")
+            time.sleep(0.2)
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's state as sinfo says it (idle, allocated, down, ...); {} if slurmctld does not answer."""
+        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env(), capture_output=True,
+                              text=True, timeout=30)
+        if proc.returncode != 0:
+            return {}
+        return dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
+
+    def _all_idle(self) -> bool:
+        states = self.node_states()
+        return sorted(states) == sorted(self.nodes) and all(s == "idle" for s in states.values())
+
+    def down(self) -> None:
+        """Stop everything this cluster started, by process id: the nodes' processes (slurmd,
+        slurmstepd, job tasks: everything in the nodes' UTS namespaces), then slurmctld and
+        munged; SIGTERM, then SIGKILL after a few seconds (slurmd may ignore SIGTERM while it
+        retries registering). Then the temp dir. Safe to call twice."""
+        if not self._up:
+            return
+        self._up = False
+        with signals_deferred():
+            node_procs = [p.pid for name, p in self.daemons.items() if name.startswith("slurmd-")]
+            kill(sorted(set(node_procs + daemons.node_pids(self.namespaces))), grace_s=3.0)
+            kill([p.pid for name, p in self.daemons.items() if not name.startswith("slurmd-")], grace_s=3.0)
+            for proc in self.daemons.values():
+                try:
+                    proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.layout and not self.keep_dir:
+                shutil.rmtree(self.layout.tmpdir, ignore_errors=True)
+        restore_signals(self._old_signals)
+        atexit.unregister(self.down)

@@ -1,0 +1,90 @@
+"""The daemons of a Slurm cluster on this machine, started from Debian's packages in the
+foreground (so that their process ids are ours): munged, slurmctld, and one slurmd per node,
+each slurmd in a UTS namespace of its own so that every node has its own hostname (Open MPI's
+shared-memory transport crashes when ranks of two nodes share one). Everything a node starts
+(slurmstepd, the job's tasks) stays in its namespace: ``node_pids`` finds it there."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+
+from hvd_cifar.netcluster.system import ClusterError
+from hvd_cifar.slurmcluster.layout import Layout
+
+PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "unshare")
+
+
+class SlurmError(ClusterError):
+    """Starting or using the Slurm cluster failed; the message says which step and why."""
+
+
+def missing_programs() -> list[str]:
+    """The programs this needs that are not installed (scripts/install.sh installs them)."""
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    return [p for p in PROGRAMS if not shutil.which(p, path=path)]
+
+
+def _start(argv: list[str], layout: Layout, name: str) -> subprocess.Popen:
+    out = open(layout.path("log", f"{name}.out"), "ab")
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=layout.env(), cwd=layout.tmpdir, start_new_session=True)
+    finally:
+        out.close()
+
+
+def start_munged(layout: Layout) -> subprocess.Popen:
+    """munged with a fresh key; its socket, pid, seed and log files in the cluster's munge/."""
+    key = layout.path("munge", "munge.key")
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(1024))
+    return _start(["munged", "--foreground", "--force", f"--socket={layout.munge_socket}", f"--key-file={key}",
+                   f"--pid-file={layout.path('munge', 'munged.pid')}",
+                   f"--seed-file={layout.path('munge', 'munged.seed')}",
+                   f"--log-file={layout.log('munged')}"], layout, "munged")
+
+
+def start_slurmctld(layout: Layout) -> subprocess.Popen:
+    # -i: start without the state of an earlier controller (there is none: a fresh folder)
+    return _start(["slurmctld", "-D", "-i", "-f", layout.conf], layout, "slurmctld")
+
+
+def start_slurmd(layout: Layout, node: str) -> subprocess.Popen:
+    """slurmd for ``node`` (multiple-slurmd mode: -N), with hostname ``node`` in a UTS namespace
+    of its own; unshare and sh exec, so the Popen's pid is slurmd's."""
+    inner = f"hostname {shlex.quote(node)} && exec slurmd -D -N {shlex.quote(node)} -f {shlex.quote(layout.conf)}"
+    return _start(["unshare", "--uts", "--", "sh", "-c", inner], layout, f"slurmd-{node}")
+
+
+def uts_namespace(pid: int) -> str:
+    """The UTS namespace a process is in (``uts:[INODE]``), "" if it is gone."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return ""
+
+
+def node_pids(namespaces: set[str]) -> list[int]:
+    """Every process in one of ``namespaces`` (UTS namespaces of the cluster's nodes): the
+    slurmd, its slurmstepds and the tasks of the jobs they run."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid() and uts_namespace(int(entry)) in namespaces:
+            found.append(int(entry))
+    return found
+
+
+def log_tail(layout: Layout, name: str, lines: int = 3) -> str:
+    """The last lines of a daemon's log (its own log file, else what it printed)."""
+    for path in (layout.log(name), layout.path("log", f"{name}.out")):
+        try:
+            with open(path, errors="replace") as f:
+                text = f.read().strip().splitlines()
+        except OSError:
+            continue
+        if text:
+            return " | ".join(text[-lines:])
+    return "no log"

@@ -1,0 +1,62 @@
+"""Slurm's client commands, as the tests and the CLI use them on a cluster: submit, read a job's
+state, wait for one, let a requeued job start now, and the completion log (``sacct -c``)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from typing import Iterable, Mapping, Sequence
+
+from hvd_cifar.slurmcluster.daemons import SlurmError
+
+_FIELD = re.compile(r"(\w+)=(\S*)")
+SACCT_FIELDS = ("jobid", "jobname", "partition", "nodelist", "state", "exitcode")
+
+
+def command(argv: Sequence[str], env: Mapping[str, str], timeout: float = 30) -> str:
+    """Run one of Slurm's commands; its stdout, or a SlurmError with its last line."""
+    proc = subprocess.run(list(argv), env=dict(env), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        raise SlurmError(f"`{' '.join(argv)}` failed ({proc.returncode}): {lines[-1] if lines else 'no output'}")
+    return proc.stdout
+
+
+def sbatch(args: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> str:
+    """``sbatch --parsable ARGS`` from ``cwd``; the job id."""
+    proc = subprocess.run(["sbatch", "--parsable", *args], env=dict(env), cwd=cwd, capture_output=True,
+                          text=True, timeout=30)
+    if proc.returncode != 0:
+        raise SlurmError(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def job(job_id: str, env: Mapping[str, str]) -> dict[str, str]:
+    """``scontrol show job``'s fields (JobState, Reason, Restarts, ExitCode, NodeList, ...)."""
+    return dict(_FIELD.findall(command(["scontrol", "-o", "show", "job", job_id], env)))
+
+
+def wait(job_id: str, env: Mapping[str, str], states: Iterable[str], timeout_s: float = 120,
+         restarts: int | None = None) -> dict[str, str]:
+    """Poll until the job is in one of ``states`` (with ``restarts`` requeues behind it, if
+    given); its fields. A timeout is a SlurmError saying where the job stood."""
+    wanted, info = set(states), {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = job(job_id, env)
+        if info.get("JobState") in wanted and (restarts is None or info.get("Restarts") == str(restarts)):
+            return info
+        time.sleep(0.3)
+    raise SlurmError(f"job {job_id} not {'/'.join(sorted(wanted))} after {timeout_s:.0f} s: state "
+                     f"{info.get('JobState')}, reason {info.get('Reason')}, restarts {info.get('Restarts')}")
+
+
+def start_now(job_id: str, env: Mapping[str, str]) -> None:
+    """A requeued job waits about 120 s (reason BeginTime) before it may start again; start it now."""
+    command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env)
+
+
+def completions(env: Mapping[str, str]) -> list[dict[str, str]]:
+    """``sacct -c``: one row per end of a job's run (its state and exit code), oldest first."""
+    out = command(["sacct", "-c", "-n", "-P", "-o", ",".join(SACCT_FIELDS)], env)
+    return [dict(zip(SACCT_FIELDS, line.split("|"))) for line in out.splitlines() if line.strip()]
