@@ -43,13 +43,13 @@ import itertools
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
 
 from hvd_cifar import config as config_mod
 from hvd_cifar import launchers
+from hvd_cifar.jobs import stop
 from hvd_cifar.config import ConfigError
 from hvd_cifar.errors import ReportError
 from hvd_cifar.plots import plot_scaling
@@ -272,19 +272,6 @@ def launch(cmd: list[str], stdout_path: str, stderr_path: str, timeout: int) -> 
             stop(proc)
             raise
     return code, time.perf_counter() - start
-
-
-def stop(proc: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
