@@ -50,7 +50,7 @@ import time
 from hvd_cifar import config as config_mod
 from hvd_cifar import launchers
 from hvd_cifar.jobs import stop
-from hvd_cifar.config import ConfigError
+from hvd_cifar.errors import ConfigError
 from hvd_cifar.errors import ReportError
 from hvd_cifar.plots import plot_scaling
 from hvd_cifar.run_tables import TARGET_CSV_COLUMNS, TARGET_NOTE, with_target_columns

@@ -22,7 +22,7 @@ import sys
 from typing import Mapping
 
 from hvd_cifar import config as config_mod
-from hvd_cifar.config import ConfigError
+from hvd_cifar.errors import ConfigError
 from hvd_cifar.runlog import CHECKPOINT
 
 

@@ -41,7 +41,7 @@ import time
 import torch
 
 from hvd_cifar import preempt
-from hvd_cifar.config import ConfigError
+from hvd_cifar.errors import ConfigError
 from hvd_cifar.engine import PHASES, EpochResult, LrSchedule, TrainingState, progress_bar, zero_sums
 from hvd_cifar.sync import SyncMethod
 from hvd_cifar.sync.mpi import MpiSync

@@ -10,7 +10,7 @@ import horovod.torch as hvd
 import torch
 
 from hvd_cifar import overlap
-from hvd_cifar.config import ConfigError
+from hvd_cifar.errors import ConfigError
 from hvd_cifar.sync import SyncMethod, openmpi
 
 

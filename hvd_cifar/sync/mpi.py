@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hvd_cifar.config import ConfigError
+from hvd_cifar.errors import ConfigError
 from hvd_cifar.lifecycle import launched_by_mpi
 from hvd_cifar.sync import SyncMethod, openmpi
 
