@@ -174,3 +174,33 @@ def test_sacct_lists_each_run_of_each_job(slurm_runs):
     for how in STOPPED:  # Slurm 22.05's completion log: a requeued run as the job's state after it
         first = "PREEMPTED" if how == "preempted" else "PENDING"
         assert states[ids[how]] == [first, "COMPLETED"], (how, states)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@needs_slurm
+def test_the_cli_passes_on_the_exit_status_and_sigterm_leaves_nothing_running(tmp_path):
+    """`run -- COMMAND`: COMMAND's exit status is the CLI's; SIGTERM to the CLI while a job runs
+    stops the job's processes and every daemon, and removes the temp dir."""
+    cli = [sys.executable, "-m", "hvd_cifar.slurmcluster", "run", "--nodes", "1", "--"]
+    proc = subprocess.run([*cli, "sinfo -h -o %D; exit 3"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (3, "1\n"), proc.stderr
+    pid_file = tmp_path / "job.pid"
+    proc = subprocess.Popen([*cli, f"sbatch --output=/dev/null --wrap 'echo $$ > {pid_file}; exec sleep 300'; sleep 300"],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "no job"
+        time.sleep(0.2)
+    tmpdir = Path(proc.stderr.readline().split("SLURM_CONF=")[1].split()[0].rstrip(";")).parent
+    daemons = json.loads((tmpdir / "pids.json").read_text())["daemons"]
+    proc.terminate()
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    job = int(pid_file.read_text())
+    assert not [pid for pid in [job, *daemons] if alive(pid)] and not tmpdir.exists()

@@ -31,7 +31,12 @@ def _cmdline(pid: int) -> str:
 
 
 def _alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
+    """Running (a zombie nobody reaped yet is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def cleanup_leftovers(everything: bool = False, tmp: str = "/tmp") -> list[str]:

@@ -16,6 +16,7 @@ import sys
 from hvd_cifar.netcluster.system import ClusterError
 from hvd_cifar.slurmcluster.cleanup import cleanup_leftovers
 from hvd_cifar.slurmcluster.cluster import SlurmCluster
+from hvd_cifar.slurmcluster.daemons import die_with_parent
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +37,8 @@ def _run(cluster: SlurmCluster, cmd: list[str]) -> int:
     argv = ["bash", "-c", cmd[0]] if len(cmd) == 1 else cmd
     print(f"slurmcluster: {len(cluster.nodes)} node(s) idle, SLURM_CONF={cluster.layout.conf}; "
           f"running {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(argv, env=cluster.env())
+    # COMMAND gets SIGTERM if this harness dies (even by SIGKILL), as the daemons get SIGKILL
+    proc = subprocess.Popen(argv, env=cluster.env(), preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     try:
         return proc.wait()
     finally:

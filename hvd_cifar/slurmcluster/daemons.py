@@ -5,14 +5,17 @@ shared-memory transport crashes when ranks of two nodes share one). Everything a
 (slurmstepd, the job's tasks) stays in its namespace: ``node_pids`` finds it there."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 
 from hvd_cifar.netcluster.system import ClusterError
 from hvd_cifar.slurmcluster.layout import Layout
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "unshare")
 
 
@@ -26,11 +29,18 @@ def missing_programs() -> list[str]:
     return [p for p in PROGRAMS if not shutil.which(p, path=path)]
 
 
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In a child before exec: the kernel sends ``sig`` when the harness dies, even by SIGKILL
+    (the flag survives exec; the processes a daemon forks do not inherit it: ``down`` finds those)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
 def _start(argv: list[str], layout: Layout, name: str) -> subprocess.Popen:
     out = open(layout.path("log", f"{name}.out"), "ab")
     try:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env=layout.env(), cwd=layout.tmpdir, start_new_session=True)
+                                env=layout.env(), cwd=layout.tmpdir, start_new_session=True,
+                                preexec_fn=die_with_parent)
     finally:
         out.close()
 
