@@ -21,11 +21,10 @@ torch.save(state, sys.argv[1])
 """
 
 
-def test_a_checkpoint_carrying_code_is_refused_not_run(tmp_path, tiny_args):
-    run_train([*tiny_args, "--epochs", "1", "--max-steps-per-epoch", "1"])
-    run, marker = tmp_path / "logs" / "run", tmp_path / "pwned"
+def test_a_checkpoint_carrying_code_is_refused_not_run(tmp_path, tiny_run):
+    run, marker = tiny_run().copy_to(tmp_path), tmp_path / "pwned"  # a run of 2 epochs, checkpoint and all
     subprocess.run([PYTHON, "-c", EVIL, str(run / "checkpoint_last.pt"), str(marker)], check=True, cwd=ROOT)
-    proc = run_train(["--resume", str(run), "--epochs", "2"], check=False)
+    proc = run_train(["--resume", str(run), "--epochs", "3"], check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"hvd_cifar: error: resume: {run}/checkpoint_last.pt is not a readable checkpoint (UnpicklingError)"]
