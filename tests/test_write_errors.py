@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PYTHON, ROOT, TINY, run_train
+from conftest import PYTHON, ROOT
 from hvd_cifar import runlog
 from test_stopping import MPIRUN_SH, HOROVODRUN_SH, alive, job_tree, start, stop_leftovers
 
@@ -177,11 +177,9 @@ def test_a_write_error_keeps_the_writers_own_bugs_as_they_are(tmp_path):
 
 
 @AS_ROOT
-def test_a_report_on_a_full_disk_is_one_line(tmpfs, tmp_path):
-    run_train(["--config", TINY, "--epochs", "1", "--max-steps-per-epoch", "1", "--log-dir", str(tmp_path),
-               "--run-name", "run"])
+def test_a_report_on_a_full_disk_is_one_line(tmpfs, tiny_run):
     out = tmpfs(100)  # room for some of the five figures, not all
-    proc = subprocess.run([PYTHON, "-m", "hvd_cifar.report", str(tmp_path / "run"), "--out", str(out / "report")],
+    proc = subprocess.run([PYTHON, "-m", "hvd_cifar.report", str(tiny_run().run), "--out", str(out / "report")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
@@ -244,13 +242,12 @@ def test_a_full_disk_in_the_training_loop_ends_the_job_in_one_line(tmpfs, launch
 @pytest.mark.slow
 @AS_ROOT
 @pytest.mark.parametrize("fault", ["full", "read-only"])
-def test_resuming_into_a_folder_that_cannot_be_written(tmpfs, fault):
+def test_resuming_into_a_folder_that_cannot_be_written(tmpfs, tiny_run, fault):
     """--resume of a run whose folder is full (rank 0 cannot rewrite config.yaml) or read-only
     (no rank can open its log): one line, exit != 0, the checkpoint as it was."""
     work = tmpfs(4096)
-    run_train(["--config", TINY, "--epochs", "1", "--max-steps-per-epoch", "1", "--log-dir", str(work),
-               "--run-name", "run"])
-    run = work / "run"
+    run = tiny_run().copy_to(work)  # a run of 2 epochs
+    before = (run / "checkpoint_last.pt").read_bytes()
     fill(work) if fault == "full" else read_only(work)
     stderr = work.parent / "stderr.txt"
     job = start([MPIRUN_SH, "-np", "2"], work, flags=["--resume", str(run), "--epochs", "3"], stderr=stderr)
@@ -263,4 +260,5 @@ def test_resuming_into_a_folder_that_cannot_be_written(tmpfs, fault):
     expected = {"full": f"cannot write {run}/config.yaml (No space left on device, ENOSPC)",
                 "read-only": f"cannot write {run}/rank0.log (Read-only file system, EROFS)"}[fault]
     assert_one_line(lines, expected)
-    assert torch.load(run / "checkpoint_last.pt", weights_only=True)["epoch"] == 1
+    assert (run / "checkpoint_last.pt").read_bytes() == before
+    assert torch.load(run / "checkpoint_last.pt", weights_only=True)["epoch"] == 2
