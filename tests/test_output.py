@@ -12,8 +12,8 @@ TAG = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")  # [JOB,RANK] under MPI, 
 LOG_PREFIX = re.compile(r"^\d\d:\d\d:\d\d \[rank 0\] ")   # runlog.RankLog's, on a message's first line
 
 
-def test_each_line_from_rank_0_arrives_whole_under_horovodrun(tiny_args, tmp_path):
-    proc = run_train(tiny_args, launcher="horovodrun", np=2)
+def test_each_line_from_rank_0_arrives_whole_under_horovodrun(tiny_run):
+    proc, run = tiny_run("horovodrun").proc, tiny_run("horovodrun").run  # 2 ranks, 2 epochs
     lines = proc.stdout.splitlines()
     assert len(lines) > 5, proc.stdout
     for line in lines:
@@ -21,7 +21,7 @@ def test_each_line_from_rank_0_arrives_whole_under_horovodrun(tiny_args, tmp_pat
         assert len(tags) == 1 and line.startswith(tags[0]), f"a line not whole: {line!r}"
     # What came out is what rank 0 logged, line for line (blank lines of a message included).
     printed = [TAG.sub("", line, count=1) for line in lines]
-    logged = [LOG_PREFIX.sub("", line) for line in (tmp_path / "logs" / "run" / "rank0.log").read_text().splitlines()]
+    logged = [LOG_PREFIX.sub("", line) for line in (run / "rank0.log").read_text().splitlines()]
     assert printed == logged
 
 
