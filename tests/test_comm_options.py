@@ -33,20 +33,20 @@ def test_accumulated_update_equals_one_big_batch_update(tmp_path):
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun-gloo"])
-def test_options_under_two_ranks(tmp_path, launcher):
+def test_options_under_two_ranks(tmp_path, tiny_run, launcher):
     """fp16 halves the payload; k=4 over 6 steps syncs twice (the tail of 2 still syncs); ranks agree."""
     base = ["--config", "configs/tiny.yaml", "--epochs", "1", "--log-dir", str(tmp_path)]
-    run_train([*base, "--run-name", "fp32"], launcher=launcher, np=2)
     run_train([*base, "--run-name", "mixed", "--fp16-allreduce", "--accumulation-steps", "4"],
               launcher=launcher, np=2)
-    [fp32], [mixed] = read_metrics(tmp_path / "fp32"), read_metrics(tmp_path / "mixed")
+    fp32_run = tiny_run(launcher).run  # the tiny config as it is: 2 epochs, fp32, k=1
+    (fp32, _), [mixed] = read_metrics(fp32_run), read_metrics(tmp_path / "mixed")
     params = fp32["trainable_params"]
     assert fp32["comm_bytes_per_sync"] == round(2 * (2 - 1) / 2 * params * 4)
     assert mixed["comm_bytes_per_sync"] * 2 == fp32["comm_bytes_per_sync"]
     assert (fp32["steps"], fp32["syncs"]) == (6, 6) and (mixed["steps"], mixed["syncs"]) == (6, 2)
     assert mixed["comm_bytes_per_rank"] == 2 * mixed["comm_bytes_per_sync"]
-    for run in ("fp32", "mixed"):
-        assert json.loads((tmp_path / run / "eval.json").read_text())["parameters_identical_across_ranks"]
+    for run in (fp32_run, tmp_path / "mixed"):
+        assert json.loads((run / "eval.json").read_text())["parameters_identical_across_ranks"]
 
 
 def test_frozen_blocks_do_not_change(tmp_path):
