@@ -62,16 +62,14 @@ def event_files(run: Path) -> list[Path]:
     return sorted(run.rglob("events.out.tfevents.*"))
 
 
-def test_a_two_rank_run_in_tensorboard(tmp_path):
-    run = tmp_path / "run"
-    run_train(["--config", "configs/tiny.yaml", "--epochs", "3", "--max-steps-per-epoch", "3",
-               "--log-dir", str(tmp_path), "--run-name", "run"], launcher="horovodrun", np=2)
+def test_a_two_rank_run_in_tensorboard(tiny_run):
+    run = tiny_run("horovodrun").run  # configs/tiny.yaml: 2 epochs of 6 steps
     assert len(event_files(run)) == 1 and event_files(run)[0].parent == run  # rank 0's alone
     assert_board_matches_metrics(run)
     records = read_metrics(run)
     evaluation = json.loads((run / "eval.json").read_text())
     values, metrics = hparams(run)
-    assert values["model"] == "smallcnn" and values["epochs"] == 3 and values["max_steps_per_epoch"] == 3
+    assert values["model"] == "smallcnn" and values["epochs"] == 2 and values["max_steps_per_epoch"] == 6
     assert metrics == ["accuracy/test_acc", "accuracy/test_acc5"]
     assert evaluation["test_acc"] == records[-1]["test_acc"]
     assert evaluation["test_acc5"] == records[-1]["test_acc5"]
