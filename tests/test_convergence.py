@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import TINY, read_metrics, run_train
+from conftest import TINY, SharedRun, read_metrics, run_train
 from hvd_cifar.config import Config
 from hvd_cifar.engine import LrSchedule, guard_gradients
 
@@ -63,13 +63,21 @@ def test_grad_clip_bounds_the_global_norm_and_a_nan_is_divergence():
         guard_gradients(opt, 0.0, None, epoch=2, step=7)
 
 
+@pytest.fixture(scope="module")
+def one_good_epoch(tmp_path_factory):
+    """A 2-rank run of 1 good epoch of configs/tiny.yaml, for the tests to copy and resume."""
+    logs = tmp_path_factory.mktemp("good") / "logs"
+    run_train(["--config", TINY, "--log-dir", str(logs), "--run-name", "run", "--epochs", "1"],
+              launcher="horovodrun", np=2)
+    return SharedRun(None, logs / "run")
+
+
 @pytest.mark.parametrize("lr, what", [("1e30", "non-finite"), ("1000", "chance level")])
-def test_divergence_stops_every_rank_with_one_line_and_keeps_the_checkpoint(tmp_path, tiny_args, lr, what):
+def test_divergence_stops_every_rank_with_one_line_and_keeps_the_checkpoint(tmp_path, one_good_epoch, lr, what):
     """A diverging run (1 good epoch, then resumed with an absurd lr) ends with exit status 3 on
     both ranks, one line from rank 0 saying where and what to try, an event line, and the good
     epoch's checkpoint and metrics left as they were."""
-    run = tmp_path / "logs" / "run"
-    run_train([*tiny_args, "--epochs", "1"], launcher="horovodrun", np=2)
+    run = one_good_epoch.copy_to(tmp_path)
     before = (run / "checkpoint_last.pt").read_bytes()
     proc = run_train(["--resume", str(run), "--epochs", "3", "--lr", lr], launcher="horovodrun", np=2,
                      check=False)
