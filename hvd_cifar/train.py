@@ -11,8 +11,10 @@ Launch it any of these ways; the code is the same:
 
 This file only wires things together: config -> sync method -> data -> model and optimizer ->
 resume -> the epoch loop (train, evaluate, record, checkpoint) -> final report. One epoch of
-training and the evaluation are in hvd_cifar/engine.py. Every rank computes; rank 0 speaks
-(progress bar, printed lines, run folder files). Each epoch appends one line to
+training and the evaluation are in hvd_cifar/engine.py, the epoch's figures and its metrics line
+in metrics.py, what goes into the run folder's files and the checkpoint in runlog.py, eval.json
+in evaluation.py. Every rank computes; rank 0 speaks (progress bar, printed lines, run folder
+files; ranks.py hands its errors to every rank). Each epoch appends one line to
 logs/RUN_NAME/metrics.jsonl before anything is printed.
 """
 from __future__ import annotations
