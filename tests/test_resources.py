@@ -7,9 +7,10 @@ import math
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
-from conftest import assert_png, md_table, read_metrics, run_train, shown
+from conftest import TINY, SharedRun, assert_png, md_table, read_metrics, run_train, shown
 from hvd_cifar import engine, report, resources
 from hvd_cifar.summary import per_name
 
@@ -50,11 +51,20 @@ def test_top5_counts_labels_among_the_five_highest_scores():
     assert engine.top_k_correct(torch.randn(8, 3), torch.randint(0, 3, (8,))).item() == 8
 
 
-def test_a_line_lost_after_its_checkpoint_comes_back_on_resume(tmp_path, tiny_args):
+@pytest.fixture(scope="module")
+def two_of_three_epochs(tmp_path_factory) -> SharedRun:
+    """configs/tiny.yaml at 2 steps an epoch, stopped after the second of 3 epochs: the tests
+    copy it, change the copy and resume it."""
+    logs = tmp_path_factory.mktemp("two_of_three") / "logs"
+    run_train(["--config", TINY, "--log-dir", str(logs), "--run-name", "run", "--max-steps-per-epoch", "2",
+               "--epochs", "3", "--stop-after", "2"])
+    return SharedRun(None, logs / "run")
+
+
+def test_a_line_lost_after_its_checkpoint_comes_back_on_resume(tmp_path, two_of_three_epochs):
     """A job killed between an epoch's checkpoint and its metrics line (they are written in that
     order, so the line can hold checkpoint_time_s): the checkpoint carries the line."""
-    run = tmp_path / "logs" / "run"
-    run_train([*tiny_args, "--max-steps-per-epoch", "2", "--epochs", "3", "--stop-after", "2"])
+    run = two_of_three_epochs.copy_to(tmp_path)
     first, second = read_metrics(run)
     (run / "metrics.jsonl").write_text(json.dumps(first) + "\n")  # as if killed before line 1
     run_train(["--resume", str(run), "--stop-after", "0"])
@@ -112,14 +122,14 @@ def test_the_report_shows_resources_and_top5_and_tolerates_runs_without_them(tmp
     assert (tmp_path / "old-report" / "resources.png").exists()
 
 
-def test_a_preempted_checkpoint_from_before_top5_resumes_with_that_epochs_top5_unknown(tmp_path, tiny_args):
+def test_a_preempted_checkpoint_from_before_top5_resumes_with_that_epochs_top5_unknown(tmp_path, two_of_three_epochs):
     """Its epoch's running sums lack the top-5 count: the epoch's train_acc5 is NaN, not a guess."""
-    run = tmp_path / "logs" / "run"
-    run_train([*tiny_args, "--max-steps-per-epoch", "2", "--stop-after", "1"])
-    ckpt = torch.load(run / "checkpoint_last.pt", weights_only=True)  # epoch 1 next: as if stopped in it
+    run = two_of_three_epochs.copy_to(tmp_path)
+    ckpt = torch.load(run / "checkpoint_last.pt", weights_only=True)  # epoch 2 next: as if stopped in it
+    assert ckpt["epoch"] == 2
     ckpt["position"] = {"step": 1, "position": 32, "totals": [64.0, 5.0, 32.0], "world_size": 1, "elapsed_s": 1.0}
     torch.save(ckpt, run / "checkpoint_last.pt")
     run_train(["--resume", str(run), "--stop-after", "0"])
-    first, second = read_metrics(run)
-    assert first["train_acc5"] > 0 and math.isnan(second["train_acc5"]) and second["resumed_at_step"] == 1
-    assert second["train_acc"] > 0 and second["test_acc5"] > 0
+    first, _, third = read_metrics(run)
+    assert first["train_acc5"] > 0 and math.isnan(third["train_acc5"]) and third["resumed_at_step"] == 1
+    assert third["train_acc"] > 0 and third["test_acc5"] > 0
