@@ -26,9 +26,9 @@ import psutil
 import pytest
 import torch
 
-from conftest import NEEDS_NETNS, TINY, md_table, read_metrics, run_train
+from conftest import NEEDS_NETNS, TINY, SharedRun, md_table, read_metrics, run_train
 from hvd_cifar import data, drill, engine, report
-from hvd_cifar.config import Config
+from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.models import build_model
 from hvd_cifar.netcluster import NetCluster
 
@@ -106,10 +106,22 @@ def test_the_server_update_is_torch_sgd():
 
 
 def test_settings_it_cannot_honour_are_one_line(tmp_path):
-    alone = run_train(["--config", TINY, *PS, "--log-dir", str(tmp_path)], check=False)
-    assert alone.returncode == 2 and alone.stderr.strip().splitlines() == [
-        "hvd_cifar: error: ps_servers: 1 server rank(s) leave no worker among 1 rank(s); "
-        "sync: mpi-async-ps needs at least 2 ranks"]
+    from hvd_cifar.sync.async_ps import AsyncPsSync
+
+    def refused(size: int, **settings) -> str:
+        """What configure, which every rank runs before anything else, says at ``size`` ranks."""
+        method = AsyncPsSync.__new__(AsyncPsSync)  # its checks need no MPI: none is started here
+        method.size = size
+        with pytest.raises(ConfigError) as err:
+            method.configure(Config(sync="mpi-async-ps", **settings).validate())
+        return str(err.value)
+
+    assert refused(1) == ("ps_servers: 1 server rank(s) leave no worker among 1 rank(s); "
+                          "sync: mpi-async-ps needs at least 2 ranks")
+    assert refused(3, ps_servers=3) == ("ps_servers: 3 server rank(s) leave no worker among 3 rank(s); "
+                                        "sync: mpi-async-ps needs at least 4 ranks")
+    assert refused(3, fp16_allreduce=True) == "fp16_allreduce: not with sync: mpi-async-ps (pushes and pulls are fp32)"
+    # A real job: configure's error, raised on all 3 ranks, is one line from one rank and exit status 2.
     fp16 = run_train(["--config", TINY, *PS, "--fp16-allreduce", "--log-dir", str(tmp_path)], launcher="mpirun",
                      np=3, check=False)
     assert fp16.returncode == 2
@@ -117,17 +129,25 @@ def test_settings_it_cannot_honour_are_one_line(tmp_path):
         "hvd_cifar: error: fp16_allreduce: not with sync: mpi-async-ps (pushes and pulls are fp32)"]
 
 
+@pytest.fixture(scope="module")
+def first_epoch(tmp_path_factory) -> SharedRun:
+    """1 server + 2 workers under mpirun, stopped after the first of 3 epochs of 10 updates
+    per worker: the tests copy it and resume."""
+    log_dir = tmp_path_factory.mktemp("first_epoch")
+    run_train(["--config", TINY, "--max-steps-per-epoch", "10", "--epochs", "3", *PS, "--log-dir", str(log_dir),
+               "--run-name", "run", "--stop-after", "1"], launcher="mpirun", np=3)
+    return SharedRun(None, log_dir / "run")
+
+
 @pytest.mark.timeout(300)
-def test_a_diverging_worker_ends_the_job_with_status_3_and_says_so(tmp_path):
+def test_a_diverging_worker_ends_the_job_with_status_3_and_says_so(tmp_path, first_epoch):
     """A worker's guard sees a gradient no other rank sees: that worker says it diverged (naming
     itself), writes the event and ends the job with status 3, instead of waiting in MPI's
     shutdown for a server that waits for its push (the hang this replaced)."""
-    run = tmp_path / "run"
-    run_train(["--config", TINY, *PS, "--epochs", "1", "--log-dir", str(tmp_path), "--run-name", "run"],
-              launcher="mpirun", np=3)
+    run = first_epoch.copy_to(tmp_path)  # 1 epoch done
     before = (run / "checkpoint_last.pt").read_bytes()
-    proc = run_train(["--resume", str(run), *PS, "--epochs", "3", "--lr", "1e30"], launcher="mpirun", np=3,
-                     timeout=120, check=False)
+    proc = run_train(["--resume", str(run), *PS, "--epochs", "3", "--stop-after", "0", "--lr", "1e30"],
+                     launcher="mpirun", np=3, timeout=120, check=False)
     assert proc.returncode == 3, proc.stderr[-3000:]
     ours = [line for line in proc.stderr.splitlines() if "hvd_cifar" in line]
     assert ours and all(line.startswith("hvd_cifar: diverged: non-finite gradients at epoch 2") and " on rank " in line
@@ -153,14 +173,11 @@ def _accuracy_of(checkpoint: dict, model_name: str) -> float:
     return correct / len(ds.test_labels)
 
 
-def test_server_checkpoint_is_the_evaluated_model_and_resume_continues(tmp_path):
+def test_server_checkpoint_is_the_evaluated_model_and_resume_continues(tmp_path, first_epoch):
     """Stopped after epoch 1 of 3, then resumed: rank 0's checkpoint holds the model evaluated
     (server weights, workers' mean BatchNorm statistics) and the servers' momentum; the resumed
     epochs start from it (a loss far below a fresh start's) at the schedule's place."""
-    run = tmp_path / "run"
-    flags = ["--config", TINY, "--max-steps-per-epoch", "10", "--epochs", "3", *PS,
-             "--log-dir", str(tmp_path), "--run-name", "run"]
-    run_train([*flags, "--stop-after", "1"], launcher="mpirun", np=3)
+    run = first_epoch.copy_to(tmp_path)
     [first] = read_metrics(run)
     ckpt = torch.load(run / "checkpoint_last.pt", weights_only=True)
     assert ckpt["epoch"] == 1
