@@ -12,11 +12,16 @@
   on, orphaned (dash, Debian's sh, does not exec a ``-c`` command itself). Here the shell is told
   to ``exec mpirun``, so mpirun holds the launcher's pid and its signals, and stops the ranks.
 * The launcher gets SIGTERM when its parent dies (``launchers.die_with_parent``), in both modes.
+* A host that ssh cannot reach ends the launch with one line naming it and ssh's last word
+  (``horovodrun: cannot reach host HOST by ssh: ...``, status 2) instead of horovodrun's
+  per-host dump and 20-line ``RuntimeError: could not connect to some hosts via ssh`` traceback.
 
 ``launch/horovodrun.sh`` runs horovodrun this way.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import signal
@@ -45,6 +50,32 @@ def exec_mpirun_in_place() -> None:
     os.execve = execve
 
 
+_SSH_FAILED = re.compile(r"^ssh not successful for host (?P<host>\S+):\n(?P<output>.*?)(?=^ssh not successful|\Z)",
+                         re.S | re.M)
+_unreachable: list[tuple[str, str]] = []  # (host, ssh's last line) from horovodrun's ssh check
+
+
+def record_unreachable_hosts() -> None:
+    """Wrap horovodrun's ssh check of the hosts: its per-host report (printed, then a
+    RuntimeError) is kept here instead, for ``main`` to say in one line."""
+    from horovod.runner import launch
+
+    check = launch._check_all_hosts_ssh_successful
+
+    def quiet_check(*args, **kwargs):
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            ok = check(*args, **kwargs)
+        for m in _SSH_FAILED.finditer(printed.getvalue()):
+            lines = [line.strip() for line in m["output"].splitlines() if line.strip()]
+            _unreachable.append((m["host"], lines[-1] if lines else "no output"))
+        if not ok and not _unreachable:
+            sys.stdout.write(printed.getvalue())
+        return ok
+
+    launch._check_all_hosts_ssh_successful = quiet_check
+
+
 def status_text(code: int) -> str:
     """'143 (SIGTERM)' for a status that says a signal ended the process."""
     try:
@@ -58,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     exec_mpirun_in_place()
     from horovod.runner.launch import run_commandline
 
+    record_unreachable_hosts()
+
     if argv is not None:
         sys.argv[1:] = argv
     sys.argv[0] = "horovodrun"
@@ -65,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_commandline() or 0
     except RuntimeError as exc:
         text = str(exc)
+        if _unreachable and "could not connect to some hosts via ssh" in text:
+            for host, why in _unreachable:
+                print(f"horovodrun: cannot reach host {host} by ssh: {why}", file=sys.stderr)
+            return 2
         if m := _GLOO_FAILED.search(text):
             code = int(m["code"])
             print(f"horovodrun: job stopped: process {m['name']} exited with status {status_text(code)}",
