@@ -128,6 +128,14 @@ class HorovodSync(SyncMethod):
 
     def configure(self, cfg):
         self.timeline = Timeline() if cfg.comm_timeline else None
+        if self.size == 1 and not self.elastic and not self.timeline and not cfg.fp16_allreduce:
+            # A world of one has nothing to average: every gradient, stop vote and metric sum
+            # would only pass through Horovod's wrapper and background thread and come back
+            # unchanged, at a cost (docs/SYNC_METHODS.md, "One rank"). From here on this object
+            # trains locally. fp16_allreduce keeps Horovod's path: its rounding of each gradient
+            # to half precision and back, redone here with .half(), gave other weights after a
+            # few updates (cause not found), and compressing for no wire is no one's fast path.
+            self.__class__ = HorovodAlone
 
     def epoch_loop(self, train_one_epoch):
         """With ``comm_timeline: true``: record Horovod's timeline (rank 0 writes RUN/timeline.json,
@@ -175,6 +183,38 @@ class HorovodSync(SyncMethod):
 
     def close(self):
         hvd.shutdown()
+
+
+class HorovodAlone(HorovodSync):
+    """Horovod at size 1, outside elastic training, the timeline and fp16 compression: what
+    each collective computes for one rank, without Horovod's optimizer wrapper and with nothing
+    handed to its background thread (which hvd.init() started and which now idles). Bit for bit
+    what the communicating path computes: an average or sum over one rank is the tensor itself
+    (tests/test_horovod_alone.py)."""
+
+    def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
+        return model, optimizer  # gradients accumulate in .grad over the micro-batches as they are
+
+    def synchronize(self, optimizer):
+        pass
+
+    def step(self, optimizer, scaler=None):
+        SyncMethod.step(self, optimizer, scaler)
+
+    def broadcast_state(self, model):
+        pass
+
+    def allreduce_sum(self, tensor):
+        return tensor.clone()
+
+    def allreduce_sum_async(self, tensor, name):
+        return lambda: tensor.clone()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return obj
+
+    def allgather_object(self, obj: Any) -> list:
+        return [obj]
 
 
 class Timeline:
