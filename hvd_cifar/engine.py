@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from hvd_cifar import data, preempt
+from hvd_cifar import data, preempt, resources
 from hvd_cifar.runs import PHASES
 
 # An epoch's running sums, per rank, summed over the ranks by the epoch-end allreduce: the loss
@@ -247,6 +247,7 @@ class EpochResult:
     time_s: float                      # wall time of the pass
     lr: float                          # the rate of the last update
     extra: dict = field(default_factory=dict)
+    cpu_s: float = 0.0                 # this process's CPU seconds in the pass (resources.process_cpu_s)
 
 
 class PlainProgress:
@@ -292,7 +293,7 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
     timer, syncs = PhaseTimer(run.device), first // cfg.accumulation_steps  # a pass begins at an update boundary
     bar = progress_bar(steps, first, f"epoch {epoch + 1}/{cfg.epochs}", run.is_main and cfg.progress)
     batches = run.loader.epoch(epoch, start, first)
-    began = time.perf_counter()
+    began, cpu_began = time.perf_counter(), resources.process_cpu_s()
     timer.restart()
     for step in range(first, steps):
         x, y = next(batches)
@@ -326,7 +327,7 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
         timer.restart()
     bar.close()
     return EpochResult(sums, timer.totals, steps, first, syncs, time.perf_counter() - began,
-                       optimizer.param_groups[0]["lr"])
+                       optimizer.param_groups[0]["lr"], cpu_s=resources.process_cpu_s() - cpu_began)
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -38,15 +38,18 @@ def reduce_epoch(sync, state, result, measured: Measured, cuda: bool):
     # Each rank timed its own phases (0 where a rank does not train); report the mean over the
     # ranks that train, which adds up to the step time.
     own = torch.cat([torch.tensor([result.phase_times[p] for p in PHASES], dtype=torch.float64),
-                     resources.pack(measured.rank_figures, sync.rank, sync.size)])
+                     resources.pack(measured.rank_figures, sync.rank, sync.size),
+                     resources.per_image(result.cpu_s, result.sums[2].item(), sync.rank, sync.size)])
     summed = sync.allreduce_sum(own)
     phase_times = summed[:len(PHASES)] / sync.workers
+    per_image = summed[-sync.size:].tolist()
     return state.epoch_sums(reduced), reduced[2].item(), {
         **{f"{phase}_time_s": phase_times[j].item() for j, phase in enumerate(PHASES)},
         "nic_interface": {h: iface for h, iface, *_ in nic},
         "nic_rx_bytes": {h: rx for h, _, rx, _, _ in nic},
         "nic_tx_bytes": {h: tx for h, _, _, tx, _ in nic},
-        **resources.record(summed[len(PHASES):], sync.size, cuda, {h: cpu for h, *_, cpu in per_host}),
+        **resources.record(summed[len(PHASES):-sync.size], sync.size, cuda, {h: cpu for h, *_, cpu in per_host}),
+        resources.PER_IMAGE_FIELD: {str(rank): value for rank, value in enumerate(per_image)},
     }
 
 

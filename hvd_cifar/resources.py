@@ -20,7 +20,10 @@ import torch
 # The per-rank figures, in the order of their slots; gpu_mem_peak_bytes only on CUDA.
 RANK_FIELDS = ("cpu_percent", "rss_bytes", "rss_peak_bytes", "gpu_mem_peak_bytes")
 HOST_FIELD = "host_cpu_percent"
-FIELDS = (*RANK_FIELDS, HOST_FIELD)  # every key this module puts into a metrics line
+# CPU seconds of this rank's process per image it trained in the epoch's pass (all its threads:
+# the training threads, the communication library's, Python's), 0 on a rank that trained none.
+PER_IMAGE_FIELD = "cpu_s_per_image"
+FIELDS = (*RANK_FIELDS, PER_IMAGE_FIELD, HOST_FIELD)  # every key this module puts into a metrics line
 # ru_maxrss is in KiB on Linux and in bytes on macOS.
 MAXRSS_BYTES = 1 if sys.platform == "darwin" else 1024
 
@@ -31,6 +34,20 @@ def host_busy_s() -> float:
     t = psutil.cpu_times()
     total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
     return total - t.idle - getattr(t, "iowait", 0.0)
+
+
+def process_cpu_s(process: psutil.Process | None = None) -> float:
+    """CPU seconds this process used so far, user and system, all threads."""
+    t = (process or psutil.Process()).cpu_times()
+    return t.user + t.system
+
+
+def per_image(cpu_s: float, images: float, rank: int, size: int) -> torch.Tensor:
+    """This rank's CPU seconds per trained image in its own slot of a zero ``size`` vector, for
+    the epoch-end allreduce (like ``pack``)."""
+    vector = torch.zeros(size, dtype=torch.float64)
+    vector[rank] = cpu_s / images if images else 0.0
+    return vector
 
 
 class ResourceMeter:
@@ -44,8 +61,7 @@ class ResourceMeter:
         self._start = (0.0, 0.0, 0.0)
 
     def _cpu_s(self) -> float:
-        t = self.process.cpu_times()
-        return t.user + t.system
+        return process_cpu_s(self.process)
 
     def start(self) -> None:
         if self.cuda:

@@ -137,6 +137,7 @@ def summarize(run: Run) -> dict:
         "sync_time_per_step_s": steady_per_step(m, "sync_time_s"),
         "bytes_per_epoch_per_rank": steady_mean(m, "comm_bytes_per_rank"),
         "bytes_per_step_per_rank": steady_per_step(m, "comm_bytes_per_rank"),
+        "cpu_s_per_image": steady_mean(m, "cpu_s_per_image"),  # the mean over the ranks; NaN before the field
         "final_test_acc": value(m[-1], "test_acc"),
         "final_test_acc5": value(m[-1], "test_acc5"),
         "final_train_acc": value(m[-1], "train_acc"),
