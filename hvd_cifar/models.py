@@ -24,7 +24,20 @@ def norm(channels: int, batchnorm: bool) -> nn.Module:
     return nn.BatchNorm2d(channels) if batchnorm else nn.Identity()
 
 
-class VGG(nn.Module):
+class BlockNet(nn.Module):
+    """Feature blocks (``features``, what ``freeze`` counts), averaged over the image, then a
+    linear head (``classifier``); subclasses build the two."""
+
+    @property
+    def feature_blocks(self) -> list[nn.Module]:
+        return list(self.features)
+
+    def forward(self, x):
+        x = F.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+class VGG(BlockNet):
     """CIFAR VGG: conv-BN-ReLU blocks (a following max-pool belongs to its block), then a linear head."""
 
     def __init__(self, layout: list, num_classes: int = 10, batchnorm: bool = True):
@@ -39,11 +52,7 @@ class VGG(nn.Module):
         self.features = nn.Sequential(*(nn.Sequential(*b) for b in blocks))
         self.classifier = nn.Linear(512, num_classes)
 
-    @property
-    def feature_blocks(self) -> list[nn.Module]:
-        return list(self.features)
-
-    def forward(self, x):
+    def forward(self, x):  # five max-pools leave 1x1 of a 32x32 image: nothing to average
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
@@ -63,7 +72,7 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-class ResNet18(nn.Module):
+class ResNet18(BlockNet):
     """CIFAR ResNet-18: 3x3 stem without max-pool, four stages of two basic blocks."""
 
     def __init__(self, num_classes: int = 10):
@@ -76,16 +85,8 @@ class ResNet18(nn.Module):
         self.features = nn.Sequential(*blocks)
         self.classifier = nn.Linear(512, num_classes)
 
-    @property
-    def feature_blocks(self) -> list[nn.Module]:
-        return list(self.features)
 
-    def forward(self, x):
-        x = F.adaptive_avg_pool2d(self.features(x), 1)
-        return self.classifier(torch.flatten(x, 1))
-
-
-class SmallCNN(nn.Module):
+class SmallCNN(BlockNet):
     """Three conv-BN-ReLU-pool blocks (32-64-128 channels): seconds per epoch on a CPU."""
 
     def __init__(self, num_classes: int = 10, batchnorm: bool = True):
@@ -97,14 +98,6 @@ class SmallCNN(nn.Module):
             in_ch = out_ch
         self.features = nn.Sequential(*blocks)
         self.classifier = nn.Linear(128, num_classes)
-
-    @property
-    def feature_blocks(self) -> list[nn.Module]:
-        return list(self.features)
-
-    def forward(self, x):
-        x = F.adaptive_avg_pool2d(self.features(x), 1)
-        return self.classifier(torch.flatten(x, 1))
 
 
 def build_model(name: str, num_classes: int, batchnorm: bool = True) -> nn.Module:
