@@ -14,17 +14,10 @@
 #   -p PORT                ssh port on the remote hosts
 #   --network-interfaces IF, --start-timeout S, --verbose   passed to horovodrun
 #   --probe                run python -m hvd_cifar.probe instead (times the network; its flags follow)
-#   --probe                run python -m hvd_cifar.probe instead (times the network; its flags follow)
 # Everything else goes to python -m hvd_cifar.train.
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-$ROOT/.venv/bin/python}"
-[ -x "$PY" ] || PY="$(command -v python3)"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-np=0
-hostfile="$ROOT/hostfiles/localhost"
 hvd_args=()
-module=hvd_cifar.train
 while (($#)); do
   case "$1" in
     -np|--num-proc) np="$2"; shift 2 ;;
@@ -37,12 +30,7 @@ while (($#)); do
   esac
 done
 
-hosts="$("$PY" -m hvd_cifar.hostfile "$hostfile" --np "$np" --format horovod)"
-if [ "$np" -eq 0 ]; then
-  np=0
-  IFS=',' read -ra entries <<< "$hosts"
-  for entry in "${entries[@]}"; do np=$((np + ${entry##*:})); done
-fi
+resolve_hosts
 # horovodrun itself, through hvd_cifar.horovodrun: when a rank fails, the launcher's ending is one
 # line instead of a traceback of horovodrun's driver; signals sent to this script's pid reach
 # the launcher (exec), which stops every rank; and it stops them when this script's parent dies

@@ -11,15 +11,9 @@
 # Options before the training flags (or before --): -np N, -hostfile FILE | -H FILE,
 # --oversubscribe (more ranks than cores), -p PORT (ssh port of the remote hosts), --probe (run
 # python -m hvd_cifar.probe instead: times the network; its flags follow).
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-$ROOT/.venv/bin/python}"
-[ -x "$PY" ] || PY="$(command -v python3)"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-np=0
-hostfile="$ROOT/hostfiles/localhost"
 mpi_args=()
-module=hvd_cifar.train
 while (($#)); do
   case "$1" in
     -np|-n) np="$2"; shift 2 ;;
@@ -32,13 +26,7 @@ while (($#)); do
   esac
 done
 
-# -H HOST:SLOTS,... says what the hostfile says (slots per host), without a temp file that
-# would outlive an exec'd mpirun.
-hosts="$("$PY" -m hvd_cifar.hostfile "$hostfile" --np "$np" --format horovod)"
-if [ "$np" -eq 0 ]; then
-  IFS=',' read -ra entries <<< "$hosts"
-  for entry in "${entries[@]}"; do np=$((np + ${entry##*:})); done
-fi
+resolve_hosts
 [ "$(id -u)" -ne 0 ] || mpi_args+=(--allow-run-as-root)
 flags="$("$PY" -m hvd_cifar.launchers mpirun-flags)"   # one per line
 mapfile -t horovod_flags <<< "$flags"
