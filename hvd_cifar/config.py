@@ -80,6 +80,12 @@ class Config:
     elastic: bool = False              # Horovod elastic training (horovodrun --min-np/--max-np/--host-discovery-script)
     commit_every: int = 10             # elastic: optimizer updates between commits of the state (work lost at most)
     ps_servers: int = 1                # sync: mpi-async-ps: the first this many ranks hold the weights, the rest train
+    # Horovod's own tuning (sync: horovod); null = the launcher's setting (horovodrun --cycle-time-ms,
+    # --fusion-threshold-mb, --hierarchical-allreduce, --autotune), else hvd_cifar's or Horovod's default
+    horovod_cycle_time_ms: float | None = None       # negotiation cycle; unset anywhere: 5 ms (hvd_cifar's)
+    horovod_fusion_threshold_mb: float | None = None  # MiB of gradients fused into one allreduce; 0 = no fusion
+    horovod_hierarchical: bool | None = None          # hierarchical allreduce (several ranks per host)
+    horovod_autotune: bool | None = None              # Horovod's autotuner; its log: RUN/autotune.csv
     comm_timeline: bool = False        # record when communication ran (horovod: its timeline, RUN/timeline.json; ddp: a comm hook): comm_hidden_s / comm_exposed_s per epoch
     nic: str = "auto"                  # interface whose byte counters are recorded per host; auto = busiest non-loopback; a named one must exist
     # --- run control ---
@@ -135,6 +141,7 @@ class Config:
         self._validate_freeze()
         if self.elastic and self.sync != "horovod":
             raise ConfigError(f"elastic: needs sync: horovod (Horovod's elastic driver), got sync: {self.sync}")
+        validate_horovod_tuning(self)
         if not self.batchnorm and self.model == "resnet18":
             raise ConfigError("batchnorm: resnet18 is only built with BatchNorm")
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
@@ -182,6 +189,30 @@ class Config:
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _HINTS = typing.get_type_hints(Config)
+# The keys of Horovod's own tuning (null = the launcher's setting; hvd_cifar.sync.horovod applies them).
+HOROVOD_TUNING = tuple(key for key in FIELDS if key.startswith("horovod_"))
+
+
+def validate_horovod_tuning(cfg: Config) -> None:
+    """Horovod's tuning keys: only with sync: horovod, each in its range."""
+    for key in HOROVOD_TUNING:
+        if getattr(cfg, key) is not None and cfg.sync != "horovod":
+            raise ConfigError(f"{key}: Horovod's setting, needs sync: horovod, got sync: {cfg.sync}")
+    if cfg.horovod_cycle_time_ms is not None and not cfg.horovod_cycle_time_ms > 0:
+        raise ConfigError(f"horovod_cycle_time_ms: must be > 0 (milliseconds), got {cfg.horovod_cycle_time_ms}")
+    if cfg.horovod_fusion_threshold_mb is not None and cfg.horovod_fusion_threshold_mb < 0:
+        raise ConfigError(f"horovod_fusion_threshold_mb: must be >= 0 (MiB; 0 = no fusion), "
+                          f"got {cfg.horovod_fusion_threshold_mb}")
+
+
+def _optional(key: str) -> type | None:
+    """``X`` for a key typed ``X | None`` (null: someone else's setting), else None."""
+    kinds = typing.get_args(_HINTS[key])
+    return next((k for k in kinds if k is not type(None)), None) if type(None) in kinds else None
+
+
+def _is_bool(key: str) -> bool:
+    return bool in (_HINTS[key], _optional(key))
 
 
 def _unknown(key: str) -> ConfigError:
@@ -192,7 +223,7 @@ def _unknown(key: str) -> ConfigError:
 
 def _coerce(key: str, value: Any, from_cli: bool) -> Any:
     """Check ``value`` against the field's type; CLI strings are parsed as YAML scalars first."""
-    kind = _HINTS[key]
+    kind = _optional(key) or _HINTS[key]
     if isinstance(kind, types.GenericAlias):
         kind = typing.get_origin(kind)
     raw = value
@@ -201,6 +232,8 @@ def _coerce(key: str, value: Any, from_cli: bool) -> Any:
             value = yaml.safe_load(value)
         except yaml.YAMLError:
             raise ConfigError(f"{key}: cannot parse {value!r}") from None
+    if value is None and _optional(key):
+        return None
     if kind is dict and value is not None and not isinstance(value, dict):
         raise ConfigError(f"{key}: expected a mapping such as '{{0: 0, 10: 2}}' (a space after each "
                           f"colon), got {raw!r}")
@@ -263,7 +296,7 @@ def parse_flags(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
             raise ConfigError(f"command line: unexpected argument {arg!r} (flags look like --batch-size 64)")
         name, eq, inline = arg[2:].partition("=")
         key = name.replace("-", "_")
-        negated = key.startswith("no_") and key[3:] in FIELDS and _HINTS[key[3:]] is bool
+        negated = key.startswith("no_") and key[3:] in FIELDS and _is_bool(key[3:])
         if key == "config":
             value, i = (inline, i + 1) if eq else (_next(argv, i, key), i + 2)
             config_file = value
@@ -279,7 +312,7 @@ def parse_flags(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
         if eq:
             updates[key] = inline
             i += 1
-        elif _HINTS[key] is bool and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+        elif _is_bool(key) and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
             updates[key] = True
             i += 1
         else:

@@ -56,7 +56,7 @@ def load_config(argv: list[str]) -> Config:
 
 # ----------------------------------------------------------------------------- building the run
 def start_backend(cfg: Config) -> tuple[SyncMethod, torch.device]:
-    sync = make_sync(cfg.sync, cfg.elastic)  # starts the communication backend (hvd.init() for Horovod)
+    sync = make_sync(cfg.sync, cfg)  # starts the communication backend (hvd.init() for Horovod)
     sync.configure(cfg)
     torch.set_num_threads(cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // sync.local_size))
     if torch.cuda.is_available():

@@ -57,6 +57,13 @@ def test_flag_values_are_typed():
     (["--run-name", "a/b"], "run_name"),
     (["--freeze-schedule", "{1:1}"], "freeze_schedule"),
     (["--freeze-schedule", "{1: -2}"], "freeze_schedule"),
+    (["--horovod-cycle-time-ms", "0"], "horovod_cycle_time_ms"),
+    (["--horovod-cycle-time-ms", "fast"], "horovod_cycle_time_ms"),
+    (["--horovod-fusion-threshold-mb", "-1"], "horovod_fusion_threshold_mb"),
+    (["--horovod-hierarchical", "2"], "horovod_hierarchical"),
+    (["--horovod-autotune", "often"], "horovod_autotune"),
+    (["--sync", "ddp", "--horovod-autotune"], "horovod_autotune"),  # Horovod's keys need sync: horovod
+    (["--sync", "mpi-allreduce", "--horovod-fusion-threshold-mb", "8"], "horovod_fusion_threshold_mb"),
 ])
 def test_bad_values_name_the_key(argv, key):
     with pytest.raises(ConfigError) as err:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-# The one list of sync methods: config value -> module implementing it (its ``create(name)``).
+# The one list of sync methods: config value -> module implementing it (its ``create(name, cfg)``).
 # The config validates ``sync`` against these keys.
 METHODS = {
     "horovod": "hvd_cifar.sync.horovod",
@@ -146,8 +146,10 @@ class SyncMethod:
         pass
 
 
-def make(name: str, elastic: bool = False) -> SyncMethod:
+def make(name: str, cfg=None) -> SyncMethod:
+    """Start method ``name``'s communication backend. ``cfg``, the run's config, gives the
+    settings a method needs before its backend starts (Horovod's tuning, elastic); without it
+    (the probes, the benchmarks) each method starts with the launcher's and its defaults."""
     if name not in METHODS:
         raise ValueError(f"unknown sync method {name!r}")
-    module = importlib.import_module(METHODS[name])
-    return module.create(name, elastic) if elastic else module.create(name)
+    return importlib.import_module(METHODS[name]).create(name, cfg)

@@ -290,5 +290,5 @@ class AsyncPsSync(MpiSync):
         self.ps = self.servers_comm = None
 
 
-def create(name: str) -> SyncMethod:
+def create(name: str, cfg=None) -> SyncMethod:
     return AsyncPsSync(name)

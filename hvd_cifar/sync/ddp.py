@@ -190,5 +190,5 @@ class DdpSync(SyncMethod):
             dist.destroy_process_group()
 
 
-def create(name: str) -> SyncMethod:
+def create(name: str, cfg=None) -> SyncMethod:
     return DdpSync()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -21,12 +23,6 @@ def prepare_environment(elastic: bool) -> None:
     # error instead, which the entry point turns into an aborted job.
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
-    # Negotiation cycle: Horovod's background thread coordinates with the other ranks once per
-    # cycle; its default since 0.21 is 1 ms (5 ms before). Measured on the 4-host namespace
-    # cluster (docs/SYNC_METHODS.md), 1 ms cost about a fifth of the epoch time on hosts whose
-    # cores the training threads already fill, and 5 to 50 ms did equally well. 5 ms it is,
-    # unless the launcher says otherwise (horovodrun --cycle-time-ms sets HOROVOD_CYCLE_TIME).
-    os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
     # A timeline can be started once a run's folder exists (comm_timeline: true) only if Horovod was
     # initialised with this set; DYNAMIC records nothing until then (its cost: docs/SCALING.md).
     os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
@@ -55,12 +51,48 @@ def prepare_environment(elastic: bool) -> None:
         os.environ["HOROVOD_CACHE_CAPACITY"] = "0"
 
 
+# Horovod's tuning: config key -> (the variable Horovod reads at hvd.init(), its value from the key's).
+TUNING_ENV = {
+    "horovod_cycle_time_ms": ("HOROVOD_CYCLE_TIME", lambda ms: f"{ms:g}"),
+    "horovod_fusion_threshold_mb": ("HOROVOD_FUSION_THRESHOLD", lambda mb: str(round(mb * 2**20))),  # bytes
+    "horovod_hierarchical": ("HOROVOD_HIERARCHICAL_ALLREDUCE", lambda on: "1" if on else "0"),
+    "horovod_autotune": ("HOROVOD_AUTOTUNE", lambda on: "1" if on else "0"),
+}
+
+
+def apply_tuning(cfg) -> str | None:
+    """Put Horovod's tuning keys (docs/CONFIG.md) where hvd.init() reads them. Precedence: a key
+    set in the config, then the launcher's variable (horovodrun --cycle-time-ms,
+    --fusion-threshold-mb, --hierarchical-allreduce, --autotune export them), then hvd_cifar's
+    default, then Horovod's own. Returns the autotune log Horovod will write, or None."""
+    for key, (variable, spelled) in TUNING_ENV.items():
+        if getattr(cfg, key, None) is not None:  # no cfg (the probes): the launcher's and the defaults
+            os.environ[variable] = spelled(getattr(cfg, key))
+    autotune = os.environ.get("HOROVOD_AUTOTUNE", "0").strip() not in ("", "0")
+    if not autotune:
+        # Negotiation cycle: Horovod's background thread coordinates with the other ranks once
+        # per cycle; its default since 0.21 is 1 ms (5 ms before). Measured on the 4-host
+        # namespace cluster (docs/SYNC_METHODS.md), 1 ms cost about a fifth of the epoch time on
+        # hosts whose cores the training threads already fill, and 5 to 50 ms did equally well.
+        # Not under the autotuner: a cycle time Horovod finds set is one it does not tune.
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+        return None
+    # The run folder does not exist yet on a fresh run: Horovod writes here, and rank 0 copies
+    # the log into the run folder after each epoch (HorovodSync.epoch_loop).
+    return os.environ.setdefault("HOROVOD_AUTOTUNE_LOG", os.path.join(
+        tempfile.gettempdir(), f"hvd_cifar-autotune-{os.getpid()}.csv"))
+
+
 class HorovodSync(SyncMethod):
     name = "horovod"
 
-    def __init__(self, elastic: bool = False):
+    def __init__(self, cfg=None):
+        self.elastic = elastic = bool(cfg and cfg.elastic)
+        launcher_log = os.environ.get("HOROVOD_AUTOTUNE_LOG")
+        self.autotune_log = apply_tuning(cfg)  # before hvd.init(), which reads them
+        self.owns_autotune_log = self.autotune_log not in (None, launcher_log)  # a temp file: removed at close()
+        self.kept_autotune_log: str | None = None  # its copy in the run folder, once made
         prepare_environment(elastic)
-        self.elastic = elastic
         openmpi.apply_defaults()  # Horovod runs its collectives on MPI unless launched with --gloo
         hvd.init()
         self.optimizer = None
@@ -127,6 +159,10 @@ class HorovodSync(SyncMethod):
         self.waits.append((began, time.time()))
 
     def configure(self, cfg):
+        if cfg.horovod_hierarchical and not (hvd.nccl_built() or hvd.ddl_built()):
+            # Such a build sets the hierarchical allreduce off at hvd.init() whatever it is told.
+            raise ConfigError("horovod_hierarchical: this Horovod has no hierarchical allreduce (built "
+                              "without NCCL or DDL, which only GPU builds have); it would change nothing")
         self.timeline = Timeline() if cfg.comm_timeline else None
         if self.size == 1 and not self.elastic and not self.timeline and not cfg.fp16_allreduce:
             # A world of one has nothing to average: every gradient, stop vote and metric sum
@@ -141,18 +177,27 @@ class HorovodSync(SyncMethod):
         """With ``comm_timeline: true``: record Horovod's timeline (rank 0 writes RUN/timeline.json,
         cycles marked) and split the epoch's allreduce time into what ran while synchronize()
         waited (exposed) and what ran during backward (hidden)."""
-        if not self.timeline:
+        if not self.timeline and not self.autotune_log:
             return train_one_epoch
 
         def recorded(run, state, epoch):
-            if self.rank == 0 and self.timeline.path is None:
+            if self.rank == 0 and self.timeline and self.timeline.path is None:
                 self.timeline.start(run.run_dir)
             self.waits, began = [], time.time()
             result = train_one_epoch(run, state, epoch)
-            if self.rank == 0:
+            if self.rank == 0 and self.timeline:
                 result.extra.update(self.timeline.epoch_overlap((began, time.time()), self.waits))
+            if self.rank == 0 and self.autotune_log:
+                self.keep_autotune_log(run.run_dir)
             return result
         return recorded
+
+    def keep_autotune_log(self, run_dir: str) -> None:
+        """Copy Horovod's autotune log (rank 0 writes it, a line per sample) into the run folder:
+        autotune.csv, or autotune-1.csv, ... when a resumed run finds one there."""
+        if os.path.exists(self.autotune_log):
+            self.kept_autotune_log = self.kept_autotune_log or unused_path(run_dir, "autotune", ".csv")
+            shutil.copyfile(self.autotune_log, self.kept_autotune_log)
 
     def step(self, optimizer, scaler=None):
         with optimizer.skip_synchronize():  # synchronize() already ran
@@ -183,6 +228,8 @@ class HorovodSync(SyncMethod):
 
     def close(self):
         hvd.shutdown()
+        if self.owns_autotune_log and os.path.exists(self.autotune_log):
+            os.remove(self.autotune_log)
 
 
 class HorovodAlone(HorovodSync):
@@ -227,10 +274,7 @@ class Timeline:
     def start(self, run_dir: str) -> None:
         """Record into the run folder: timeline.json, or, when a resumed run finds one (Horovod
         would truncate it), timeline-1.json, timeline-2.json, ..."""
-        path, n = os.path.join(run_dir, "timeline.json"), 0
-        while os.path.exists(path):
-            n += 1
-            path = os.path.join(run_dir, f"timeline-{n}.json")
+        path = unused_path(run_dir, "timeline", ".json")
         hvd.start_timeline(path, mark_cycles=True)
         self.path = path
 
@@ -246,5 +290,14 @@ class Timeline:
         return overlap.hidden_and_exposed(comm, waits)
 
 
-def create(name: str, elastic: bool = False) -> SyncMethod:
-    return HorovodSync(elastic)
+def unused_path(run_dir: str, stem: str, suffix: str) -> str:
+    """RUN/STEM.SUFFIX, or the first of RUN/STEM-1.SUFFIX, ... not there yet (a resumed run's)."""
+    path, n = os.path.join(run_dir, stem + suffix), 0
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(run_dir, f"{stem}-{n}{suffix}")
+    return path
+
+
+def create(name: str, cfg=None) -> SyncMethod:
+    return HorovodSync(cfg)

@@ -229,5 +229,5 @@ class MpiGatherScatterSync(MpiSync):
         return (self.size - 1) * payload_bytes
 
 
-def create(name: str) -> SyncMethod:
+def create(name: str, cfg=None) -> SyncMethod:
     return {"mpi-allreduce": MpiAllreduceSync, "mpi-gather-scatter": MpiGatherScatterSync}[name](name)
