@@ -124,7 +124,7 @@ def slurm_runs(tmp_path_factory):
             stop(cluster, how, ids[how], env)
         for how in STOPPED:
             jobs.wait(ids[how], env, ["PENDING"], timeout_s=90, restarts=1)
-            jobs.start_now(ids[how], env)
+            cluster.start_now(ids[how])  # once the first run's slurmstepds are gone
         finished = {how: jobs.wait(job, env, ["COMPLETED", "FAILED", "CANCELLED"], timeout_s=240)
                     for how, job in ids.items()}
         completions = jobs.completions(env)

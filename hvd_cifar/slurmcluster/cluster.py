@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from hvd_cifar.netcluster.cleanup import exit_on_signals, kill, restore_signals, signals_deferred
-from hvd_cifar.slurmcluster import cleanup, daemons
+from hvd_cifar.slurmcluster import cleanup, daemons, jobs
 from hvd_cifar.slurmcluster.daemons import SlurmError
 from hvd_cifar.slurmcluster.layout import Layout
 
@@ -92,6 +92,36 @@ class SlurmCluster:
                 raise SlurmError(f"{what} not ready after {timeout_s:.0f} s: {self.node_states() or ''} "
                                  f"{daemons.log_tail(self.layout, what)}")
             time.sleep(0.2)
+
+    def stepds(self, job_id: str) -> list[int]:
+        """The slurmstepd processes of a job still on the nodes (titled ``slurmstepd: [JOB.STEP]``)."""
+        found = []
+        for pid in daemons.node_pids(self.namespaces):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    title = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if title.startswith(f"slurmstepd: [{job_id}."):
+                found.append(pid)
+        return found
+
+    def start_now(self, job_id: str, timeout_s: float = 120) -> None:
+        """Let a requeued job start at once (``jobs.start_now``), but only once every slurmstepd
+        of its previous run has exited. Slurm holds a requeued job ~120 s for a reason: a
+        slurmstepd reports its end to slurmctld (REQUEST_COMPLETE_BATCH_SCRIPT, _JOB_STEP) and,
+        when slurmctld does not answer in time (a loaded machine), retries 15 s later. The
+        message names the job and step only, not the run: arriving once the next run has begun,
+        it ends that run (the batch script's exit 4 from the first run: the job FAILED; step N.0
+        of the old run: the new run's step N.0 cancelled). Waiting for the old slurmstepds to
+        exit waits for those messages to be delivered."""
+        deadline = time.monotonic() + timeout_s
+        while left := self.stepds(job_id):
+            if time.monotonic() > deadline:
+                raise SlurmError(f"job {job_id}: its previous run's slurmstepd(s) {left} still running "
+                                 f"after {timeout_s:.0f} s")
+            time.sleep(0.3)
+        jobs.start_now(job_id, self.env())
 
     def node_states(self) -> dict[str, str]:
         """Each node's state as sinfo says it (idle, allocated, down, ...); {} if slurmctld does not answer."""
