@@ -109,9 +109,11 @@ class SlurmCluster:
     def start_now(self, job_id: str, timeout_s: float = 120) -> None:
         """Let a requeued job start at once (``jobs.start_now``), but only once every slurmstepd
         of its previous run has exited. Slurm holds a requeued job ~120 s for a reason: a
-        slurmstepd reports its end to slurmctld (REQUEST_COMPLETE_BATCH_SCRIPT, _JOB_STEP) and,
-        when slurmctld does not answer in time (a loaded machine), retries 15 s later. The
-        message names the job and step only, not the run: arriving once the next run has begun,
+        slurmstepd reports its end to slurmctld (REQUEST_COMPLETE_BATCH_SCRIPT, _JOB_STEP), which
+        on a loaded machine handles it seconds late (7 s seen), or times out and gets it again
+        15 s later (the retry). A job that requeued itself (the script's `scontrol requeue`) is
+        PENDING before that. The message names the job and step only, not the run: handled once
+        the next run has begun,
         it ends that run (the batch script's exit 4 from the first run: the job FAILED; step N.0
         of the old run: the new run's step N.0 cancelled). Waiting for the old slurmstepds to
         exit waits for those messages to be delivered."""
