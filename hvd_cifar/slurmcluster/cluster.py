@@ -110,7 +110,7 @@ class SlurmCluster:
         """Let a requeued job start at once (``jobs.start_now``), but only once every slurmstepd
         of its previous run has exited. Slurm holds a requeued job ~120 s for a reason: a
         slurmstepd reports its end to slurmctld (REQUEST_COMPLETE_BATCH_SCRIPT, _JOB_STEP), which
-        on a loaded machine handles it seconds late (7 s seen), or times out and gets it again
+        on a loaded machine may handle it late, or time out and get it again
         15 s later (the retry). A job that requeued itself (the script's `scontrol requeue`) is
         PENDING before that. The message names the job and step only, not the run: handled once
         the next run has begun,
