@@ -27,6 +27,7 @@ import yaml
 
 from hvd_cifar import netstats
 from hvd_cifar.errors import ConfigError  # noqa: F401 (config.ConfigError: the name its callers know)
+from hvd_cifar.files import atomic_write
 from hvd_cifar.sync import METHODS
 
 DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
@@ -182,8 +183,6 @@ class Config:
 
     def save(self, path: str) -> None:
         """Write config.yaml whole or not at all (temp file + rename)."""
-        from hvd_cifar.runlog import atomic_write
-
         atomic_write(path, lambda f: f.write(yaml.safe_dump(self.to_dict(), sort_keys=False).encode()))
 
 
