@@ -1,6 +1,7 @@
 """The smallest honest Horovod training loop: the yardstick for hvd_cifar's per-step overhead.
 
     horovodrun -np 2 -H localhost:2 .venv/bin/python benchmarks/bare_horovod.py --model vgg11 --batch-size 32 --steps 10
+    .venv/bin/python benchmarks/bare_horovod.py --plain --threads 2 --batch-size 64   # no Horovod at all: one process
 
 Same model definition and optimizer settings as hvd_cifar.train, but nothing else: pre-made
 random batches, no augmentation, no timers, no metrics. Prints one JSON line (rank 0) with the
@@ -24,17 +25,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     jobs.add_options(parser, model="vgg11", batch_size=32, steps=10, epochs=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--plain", action="store_true",
+                        help="a plain PyTorch loop in one process: no hvd.init(), no DistributedOptimizer")
     args = parser.parse_args()
 
-    hvd.init()
+    if not args.plain:
+        hvd.init()
+    rank, size = (0, 1) if args.plain else (hvd.rank(), hvd.size())
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = build_model(args.model, 10)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9, nesterov=True,
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9, nesterov=True,
                                 weight_decay=5e-4)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    g = torch.Generator().manual_seed(hvd.rank())
+    if not args.plain:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    g = torch.Generator().manual_seed(rank)
     batches = [(torch.randn(args.batch_size, 3, 32, 32, generator=g),
                 torch.randint(0, 10, (args.batch_size,), generator=g)) for _ in range(args.steps)]
     model.train()
@@ -45,8 +51,8 @@ def main() -> None:
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
         step_time = (time.perf_counter() - start) / args.steps
-    if hvd.rank() == 0:
-        print(json.dumps({"step_time_s": step_time, "world_size": hvd.size()}), flush=True)
+    if rank == 0:
+        print(json.dumps({"step_time_s": step_time, "world_size": size}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,17 @@
 """hvd_cifar's step time vs a bare Horovod loop, same model, batch, steps and np, interleaved.
 
     .venv/bin/python benchmarks/step_overhead.py [--model vgg11] [--batch-size 32] [--np 2] [--steps 10] [--repeats 3]
+    .venv/bin/python benchmarks/step_overhead.py --plain --batch-size 64     # np = 1 against plain PyTorch
 
 Each repeat runs the bare loop (benchmarks/bare_horovod.py) and hvd_cifar.train (synthetic data,
 augmentation on) back to back under horovodrun, and takes the mean step time of the epochs after
 the first from each (hvd_cifar: its 2 epochs' metrics.jsonl, summarised by hvd_cifar.report, so
 the second epoch's). Prints every pair, the medians and their ratio (target: hvd_cifar / bare <= 1.05).
+
+``--plain`` (np = 1, issue 24 point 1): one process each, no launcher, as a new user runs them:
+the yardstick is a plain PyTorch loop (``bare_horovod.py --plain``: no Horovod at all) and
+hvd_cifar.train keeps ``sync: horovod``; the threads are the machine's 2 cores (target: the
+trainer's speed >= 0.97x the plain loop's, i.e. the ratio of step times <= 1.03).
 """
 from __future__ import annotations
 
@@ -25,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
-def horovodrun(np: int, argv: list[str]) -> str:
-    cmd = launchers.argv("horovodrun", np, program=[PY, *argv])
+def horovodrun(np: int, argv: list[str], plain: bool = False) -> str:
+    """``argv`` under horovodrun -np ``np``, or (``plain``) as one process with no launcher."""
+    cmd = [PY, *argv] if plain else launchers.argv("horovodrun", np, program=[PY, *argv])
     # Both loops get the MPI setting hvd_cifar.sync applies to itself (ranks yield instead of
     # busy-polling while they wait), so that the comparison is of the loops alone.
     env = jobs.job_env(OMPI_MCA_mpi_yield_when_idle="1")
@@ -41,7 +48,7 @@ def measure(args) -> tuple[list[float], list[float]]:
     with tempfile.TemporaryDirectory() as logs:
         for repeat in range(args.repeats):
             out = horovodrun(args.np, ["benchmarks/bare_horovod.py", *common, "--steps", str(args.steps),
-                                       "--threads", str(threads)])
+                                       "--threads", str(threads), *(["--plain"] if args.plain else [])], args.plain)
             line = next(l for l in out.splitlines() if "step_time_s" in l)
             bare = json.JSONDecoder().raw_decode(line[line.index("{"):])[0]["step_time_s"]
             run = f"r{repeat}"
@@ -49,7 +56,7 @@ def measure(args) -> tuple[list[float], list[float]]:
                                  "--synthetic-size", str(args.batch_size * args.np * args.steps),
                                  "--epochs", "2", "--max-steps-per-epoch", str(args.steps),
                                  "--threads-per-rank", str(threads), "--progress", "false",
-                                 "--log-dir", logs, "--run-name", run])
+                                 "--log-dir", logs, "--run-name", run], args.plain)
             ours = summarize(load_run(str(Path(logs) / run)))["step_time_s"]  # the 2nd epoch's
             bare_times.append(bare)
             ours_times.append(ours)
@@ -62,14 +69,21 @@ def measure(args) -> tuple[list[float], list[float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     jobs.add_options(parser, model="vgg11", batch_size=32, np=2, steps=10, repeats=3)
+    parser.add_argument("--plain", action="store_true",
+                        help="np = 1, one process each, against a plain PyTorch loop (no Horovod)")
     args = parser.parse_args()
+    if args.plain:
+        args.np = 1
     bare_times, ours_times = measure(args)
     bare, ours = statistics.median(bare_times), statistics.median(ours_times)
-    rows = [{"loop": "bare Horovod loop", "step_time_s": bare}, {"loop": "hvd_cifar.train", "step_time_s": ours}]
+    yardstick = "plain PyTorch loop" if args.plain else "bare Horovod loop"
+    rows = [{"loop": yardstick, "step_time_s": bare}, {"loop": "hvd_cifar.train", "step_time_s": ours}]
     print("\n" + markdown_table([Column("loop", "loop"), num("median step time (ms)", "step_time_s", ".1f", 1e-3)],
                                 rows), end="")
     print(f"ratio hvd_cifar/bare: {ours / bare:.3f}  ({args.model}, batch {args.batch_size}/rank, "
           f"np={args.np}, {args.steps} steps/epoch, {args.repeats} repeats)")
+    print(f"speed hvd_cifar/{yardstick}: {bare / ours:.3f}x (median of the pairs: "
+          f"{statistics.median(b / o for b, o in zip(bare_times, ours_times)):.3f}x)")
     return 0
 
 
