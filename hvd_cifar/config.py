@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from hvd_cifar import netstats
+from hvd_cifar import compress, netstats
 from hvd_cifar.errors import ConfigError  # noqa: F401 (config.ConfigError: the name its callers know)
 from hvd_cifar.files import atomic_write
 from hvd_cifar.sync import METHODS
@@ -38,6 +38,7 @@ DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
 MODEL_LR = {"vgg11": 0.02, "vgg13": 0.02, "vgg16": 0.02, "vgg19": 0.02, "resnet18": 0.02, "smallcnn": 0.05}
 MODELS = tuple(MODEL_LR)
 SYNC_METHODS = tuple(METHODS)  # the registry in hvd_cifar/sync/__init__.py
+COMPRESSIONS = tuple(compress.COMPRESSIONS)  # the schemes' registry in hvd_cifar/compress/__init__.py
 SCHEDULES = ("onecycle", "cosine", "step")
 LR_SCALINGS = ("linear", "sqrt", "none")
 AMP_MODES = ("none", "fp16", "bf16")
@@ -73,7 +74,13 @@ class Config:
     target_acc: float = 0.0            # test accuracy whose first epoch and time go into eval.json; 0 = none
     # --- distribution ---
     sync: str = "horovod"              # gradient synchronisation method, one of SYNC_METHODS
-    fp16_allreduce: bool = False       # gradients cross the wire as fp16
+    fp16_allreduce: bool = False       # gradients cross the wire as fp16: the same as compression: fp16
+    # Communication reduction (hvd_cifar/compress/, docs/COMM_OPTIONS.md); powersgd, topk and local SGD: horovod, ddp
+    compression: str = "none"          # gradients on the wire: none | fp16 | powersgd | topk (one of COMPRESSIONS)
+    powersgd_rank: int = 2             # powersgd: columns of P and Q per matrix-shaped gradient
+    topk_fraction: float = 0.01        # topk: share of each gradient's entries a rank sends, in (0, 1]
+    compression_warmup_steps: int = 20  # powersgd, topk: first updates averaged uncompressed
+    local_sgd_steps: int = 1           # > 1: no gradient averaging; the models are averaged every this many updates
     accumulation_steps: int = 1        # local forward/backward passes per synchronisation
     freeze: int | str = 0              # leading feature blocks that do not train, or auto (hvd_cifar/autofreeze.py)
     freeze_auto_threshold: float = 0.2  # freeze: auto: a block freezes once its mean gradient norm changes by less than this from one epoch to the next (relative)
@@ -106,17 +113,18 @@ class Config:
     def validate(self) -> "Config":
         choices = {"dataset": DATASETS, "model": MODELS, "sync": SYNC_METHODS,
                    "schedule": SCHEDULES, "amp": AMP_MODES,
-                   "lr_scaling": LR_SCALINGS}
+                   "lr_scaling": LR_SCALINGS, "compression": COMPRESSIONS}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
         positive = ("epochs", "batch_size", "accumulation_steps", "eval_batch_size", "synthetic_size",
-                    "commit_every", "ps_servers")
+                    "commit_every", "ps_servers", "powersgd_rank", "local_sgd_steps")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
         non_negative = ("warmup_epochs", "momentum", "weight_decay", "grad_clip", "seed",
-                        "threads_per_rank", "max_steps_per_epoch", "checkpoint_every", "stop_after")
+                        "threads_per_rank", "max_steps_per_epoch", "checkpoint_every", "stop_after",
+                        "compression_warmup_steps")
         for key in non_negative:
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
@@ -143,6 +151,7 @@ class Config:
         if self.elastic and self.sync != "horovod":
             raise ConfigError(f"elastic: needs sync: horovod (Horovod's elastic driver), got sync: {self.sync}")
         validate_horovod_tuning(self)
+        validate_compression(self)
         if not self.batchnorm and self.model == "resnet18":
             raise ConfigError("batchnorm: resnet18 is only built with BatchNorm")
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
@@ -202,6 +211,39 @@ def validate_horovod_tuning(cfg: Config) -> None:
     if cfg.horovod_fusion_threshold_mb is not None and cfg.horovod_fusion_threshold_mb < 0:
         raise ConfigError(f"horovod_fusion_threshold_mb: must be >= 0 (MiB; 0 = no fusion), "
                           f"got {cfg.horovod_fusion_threshold_mb}")
+
+
+def validate_compression(cfg: Config) -> None:
+    """compression and fp16_allreduce (one setting, two spellings: compression is the one the
+    run uses, fp16_allreduce follows it) and the schemes' keys: in range, with a sync method
+    that runs them, and not with what they cannot honour."""
+    if cfg.fp16_allreduce and cfg.compression not in ("none", "fp16"):
+        raise ConfigError(f"fp16_allreduce: true means compression: fp16, which conflicts with "
+                          f"compression: {cfg.compression} (give one of them)")
+    if cfg.fp16_allreduce:
+        cfg.compression = "fp16"
+    cfg.fp16_allreduce = cfg.compression == "fp16"
+    if not 0 < cfg.topk_fraction <= 1:
+        raise ConfigError(f"topk_fraction: must be in (0, 1], got {cfg.topk_fraction}")
+    if cfg.local_sgd_steps > 1 and cfg.compression != "none":
+        raise ConfigError(f"local_sgd_steps: averages whole models every {cfg.local_sgd_steps} updates, "
+                          f"not with compression: {cfg.compression} (use one or the other)")
+    if compress.scheme_module(cfg.compression, cfg.local_sgd_steps) is None:
+        return
+    what = f"local_sgd_steps: {cfg.local_sgd_steps}" if cfg.local_sgd_steps > 1 else f"compression: {cfg.compression}"
+    if cfg.sync not in compress.SYNC_METHODS:
+        raise ConfigError(f"{what}: needs sync: {' or '.join(compress.SYNC_METHODS)}, got sync: {cfg.sync}")
+    if cfg.elastic:
+        raise ConfigError(f"{what}: not with elastic: true (its state is not part of a commit)")
+    if cfg.comm_timeline:
+        raise ConfigError(f"{what}: not with comm_timeline: true (it communicates after backward, "
+                          f"nothing is overlapped to time)")
+    if cfg.amp == "fp16" and cfg.local_sgd_steps == 1:
+        raise ConfigError(f"{what}: not with amp: fp16 (its error feedback would carry loss-scaled "
+                          f"gradients across changes of the scale; amp: bf16 works)")
+    if cfg.freeze == "auto" and cfg.local_sgd_steps > 1:
+        raise ConfigError(f"{what}: not with freeze: auto, which measures averaged gradients "
+                          f"(local SGD averages none; a constant freeze works)")
 
 
 def _optional(key: str) -> type | None:

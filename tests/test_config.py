@@ -64,12 +64,42 @@ def test_flag_values_are_typed():
     (["--horovod-autotune", "often"], "horovod_autotune"),
     (["--sync", "ddp", "--horovod-autotune"], "horovod_autotune"),  # Horovod's keys need sync: horovod
     (["--sync", "mpi-allreduce", "--horovod-fusion-threshold-mb", "8"], "horovod_fusion_threshold_mb"),
+    (["--compression", "zip"], "compression"),
+    (["--compression", "powersgd", "--fp16-allreduce"], "fp16_allreduce"),  # two settings that disagree
+    (["--powersgd-rank", "0"], "powersgd_rank"),
+    (["--topk-fraction", "0"], "topk_fraction"),
+    (["--topk-fraction", "1.5"], "topk_fraction"),
+    (["--compression-warmup-steps", "-1"], "compression_warmup_steps"),
+    (["--local-sgd-steps", "0"], "local_sgd_steps"),
+    (["--local-sgd-steps", "4", "--compression", "topk"], "local_sgd_steps"),
+    (["--local-sgd-steps", "4", "--fp16-allreduce"], "local_sgd_steps"),
+    (["--sync", "mpi-allreduce", "--compression", "powersgd"], "compression"),  # horovod and ddp only
+    (["--sync", "mpi-async-ps", "--local-sgd-steps", "2"], "local_sgd_steps"),
+    (["--compression", "topk", "--comm-timeline"], "compression"),
+    (["--compression", "topk", "--elastic"], "compression"),
+    (["--compression", "powersgd", "--amp", "fp16"], "compression"),
+    (["--sync", "ddp", "--local-sgd-steps", "2", "--freeze", "auto"], "local_sgd_steps"),
 ])
 def test_bad_values_name_the_key(argv, key):
     with pytest.raises(ConfigError) as err:
         config.from_args(argv)
     message = str(err.value)
     assert message.startswith(key) and "\n" not in message
+
+
+@pytest.mark.parametrize("argv, compression", [
+    ([], "none"), (["--fp16-allreduce"], "fp16"), (["--compression", "fp16"], "fp16"),
+    (["--compression", "fp16", "--fp16-allreduce"], "fp16"), (["--compression", "topk"], "topk"),
+])
+def test_fp16_allreduce_and_compression_fp16_are_one_setting(argv, compression):
+    cfg = config.from_args(argv)
+    assert cfg.compression == compression and cfg.fp16_allreduce == (compression == "fp16")
+
+
+def test_schemes_run_under_horovod_and_ddp():
+    for sync in ("horovod", "ddp"):
+        config.from_args(["--sync", sync, "--compression", "powersgd", "--accumulation-steps", "2"])
+        config.from_args(["--sync", sync, "--local-sgd-steps", "4", "--amp", "fp16"])
 
 
 def test_yaml_unknown_key_and_type(tmp_path):

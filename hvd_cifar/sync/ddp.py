@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from hvd_cifar import overlap
+from hvd_cifar import compress, overlap
+from hvd_cifar.compress.hooks import SchemeHooks
 from hvd_cifar.lifecycle import launched_by_mpi
 from hvd_cifar.sync import SyncMethod, openmpi
 
@@ -86,6 +87,9 @@ class DdpSync(SyncMethod):
 
     def configure(self, cfg):
         self.timeline = cfg.comm_timeline
+        if scheme := compress.make(cfg, TorchCollective(self.size)):  # powersgd, topk, local SGD
+            self.__class__ = DdpSchemes
+            self.use(scheme)
 
     # --- model and optimizer -------------------------------------------------------
     def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
@@ -188,6 +192,26 @@ class DdpSync(SyncMethod):
         gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class DdpSchemes(SchemeHooks, DdpSync):
+    """torch.distributed with a scheme of hvd_cifar/compress/ in place of DDP's bucketed
+    allreduce: the model is not wrapped, and after the update's last backward the scheme's
+    collectives go through torch.distributed (TorchCollective)."""
+
+
+class TorchCollective(compress.Collective):
+    """The schemes' collectives on torch.distributed's process group (Gloo on CPU)."""
+
+    def _allreduce_mean(self, tensor, name):
+        out = tensor.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.div_(self.size)
+
+    def _allgather(self, tensor, name):
+        parts = [torch.empty_like(tensor) for _ in range(self.size)]
+        dist.all_gather(parts, tensor.detach().contiguous())
+        return torch.cat(parts)
 
 
 def create(name: str, cfg=None) -> SyncMethod:

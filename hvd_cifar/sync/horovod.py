@@ -11,7 +11,8 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
-from hvd_cifar import overlap
+from hvd_cifar import compress, overlap
+from hvd_cifar.compress.hooks import SchemeHooks
 from hvd_cifar.errors import ConfigError
 from hvd_cifar.sync import SyncMethod, openmpi
 
@@ -164,7 +165,10 @@ class HorovodSync(SyncMethod):
             raise ConfigError("horovod_hierarchical: this Horovod has no hierarchical allreduce (built "
                               "without NCCL or DDL, which only GPU builds have); it would change nothing")
         self.timeline = Timeline() if cfg.comm_timeline else None
-        if self.size == 1 and not self.elastic and not self.timeline and not cfg.fp16_allreduce:
+        if scheme := compress.make(cfg, HorovodCollective()):  # powersgd, topk, local SGD
+            self.__class__ = HorovodSchemes
+            self.use(scheme)
+        elif self.size == 1 and not self.elastic and not self.timeline and not cfg.fp16_allreduce:
             # A world of one has nothing to average: every gradient, stop vote and metric sum
             # would only pass through Horovod's wrapper and background thread and come back
             # unchanged, at a cost (docs/SYNC_METHODS.md, "One rank"). From here on this object
@@ -262,6 +266,25 @@ class HorovodAlone(HorovodSync):
 
     def allgather_object(self, obj: Any) -> list:
         return [obj]
+
+
+class HorovodSchemes(SchemeHooks, HorovodSync):
+    """Horovod with a scheme of hvd_cifar/compress/ in place of its DistributedOptimizer: the
+    scheme's collectives go through hvd.allreduce / hvd.allgather (HorovodCollective)."""
+
+
+class HorovodCollective(compress.Collective):
+    """The schemes' collectives on Horovod. Each name carries the size, so that a collective
+    whose size changes (a new trainable set) is never matched with the old one's."""
+
+    def __init__(self):
+        super().__init__(hvd.size())
+
+    def _allreduce_mean(self, tensor, name):
+        return hvd.allreduce(tensor, op=hvd.Average, name=f"hvd_cifar.{name}.{tensor.numel()}")
+
+    def _allgather(self, tensor, name):
+        return hvd.allgather(tensor, name=f"hvd_cifar.{name}.{tensor.numel()}")
 
 
 class Timeline:

@@ -1,0 +1,130 @@
+"""Communication reduction beyond fp16: one file per scheme, each a state object with its error
+feedback beside it, written against the two collectives of ``Collective``.
+
+    compression: powersgd   powersgd.py: low-rank P/Q of each matrix-shaped gradient (Vogels et al. 2019)
+    compression: topk       topk.py: the largest fraction of each gradient, values and indices gathered
+    local_sgd_steps: H > 1  localsgd.py: no gradient averaging; the models are averaged every H updates
+
+A sync method (``horovod``, ``ddp``) that is given a scheme stops averaging gradients its own way
+and hands each update to the scheme instead: ``synchronize()`` after the update's last backward,
+``after_step()`` after the optimizer step, ``end_epoch()`` after the epoch's last update (through
+``epoch_loop``). The training loop does not know which scheme runs.
+
+This module loads no torch: the names and the byte counts are read by the config and the scaling
+model.
+"""
+from __future__ import annotations
+
+import importlib
+
+# Config value of ``compression`` -> module of its scheme (None: the sync method's own path:
+# nothing, or its fp16 cast). ``local_sgd_steps`` > 1 selects localsgd.py.
+COMPRESSIONS = {"none": None, "fp16": None, "powersgd": "hvd_cifar.compress.powersgd",
+                "topk": "hvd_cifar.compress.topk"}
+LOCAL_SGD = "hvd_cifar.compress.localsgd"
+SYNC_METHODS = ("horovod", "ddp")  # the sync methods that run the schemes
+FP32_BYTES = 4
+INDEX_BYTES = 4  # top-k's indices cross the wire as int32
+
+
+def ring_allreduce_bytes(size: int, payload: int) -> int:
+    """Bytes one rank sends in a ring allreduce of ``payload`` bytes (reduce-scatter, then
+    allgather: each moves (N-1)/N of it); SyncMethod.wire_bytes_per_sync counts the same."""
+    return int(round(2 * (size - 1) / size * payload)) if size > 1 else 0
+
+
+def allgather_bytes(size: int, contribution: int) -> int:
+    """Bytes one rank sends in a ring allgather where each rank contributes ``contribution``
+    bytes: it forwards every other rank's part once, and its own."""
+    return (size - 1) * contribution
+
+
+class Collective:
+    """The two collectives a scheme needs, over all ranks, counting what this rank sends.
+    A sync method subclasses it with its backend's calls (Horovod's, torch.distributed's); the
+    tests with ranks simulated in one process. ``name`` is the same on every rank for the same
+    collective (Horovod matches collectives by name)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.sent_bytes = 0  # since the count was last reset (epoch_loop: per epoch)
+
+    def allreduce_mean(self, tensor, name: str):
+        """The mean of ``tensor`` over the ranks; identical on every rank."""
+        self.sent_bytes += ring_allreduce_bytes(self.size, tensor.numel() * tensor.element_size())
+        return self._allreduce_mean(tensor, name)
+
+    def allgather(self, tensor, name: str):
+        """Every rank's ``tensor`` (same shape on every rank), concatenated along dim 0 in rank
+        order; identical on every rank."""
+        self.sent_bytes += allgather_bytes(self.size, tensor.numel() * tensor.element_size())
+        return self._allgather(tensor, name)
+
+    def _allreduce_mean(self, tensor, name: str):
+        raise NotImplementedError
+
+    def _allgather(self, tensor, name: str):
+        raise NotImplementedError
+
+
+class Scheme:
+    """What a sync method calls when a scheme replaces its gradient averaging. Subclasses keep
+    their state (error feedback, warm starts) per parameter name."""
+
+    name = "base"
+    # Whether every rank holds the same gradients after synchronize() (so that a divergence is
+    # seen by all at once, and freeze: auto may measure them); local SGD: no.
+    averages_gradients = True
+
+    def __init__(self, collective: Collective, warmup_steps: int = 0):
+        self.collective = collective
+        self.warmup_steps = warmup_steps  # updates averaged uncompressed first, as the papers do
+        self.updates = 0                  # synchronize() calls so far (this process)
+        self.params: list = []            # (name, parameter) being trained
+
+    def track(self, named_parameters) -> None:
+        """The trainable parameters, again after every change of the trainable set."""
+        self.params = list(named_parameters)
+
+    def synchronize(self) -> None:
+        """After the update's last backward: leave in every ``.grad`` what the update applies."""
+        raise NotImplementedError
+
+    def after_step(self) -> None:
+        """After the optimizer step."""
+
+    def end_epoch(self) -> None:
+        """After the epoch's last update, before evaluation and the checkpoint."""
+
+    def payload_bytes(self, named_parameters) -> int:
+        """Bytes one update sends, as the scheme's collectives carry them (steady state, after
+        the warm-up): what ``wire_bytes`` turns into bytes on the wire."""
+        raise NotImplementedError
+
+    def wire_bytes(self, payload: int) -> int:
+        """Bytes one rank sends per update of ``payload`` bytes: a ring allreduce unless the
+        scheme gathers."""
+        return ring_allreduce_bytes(self.collective.size, payload)
+
+    def epoch_loop(self, train_one_epoch):
+        """``train_one_epoch`` followed by ``end_epoch``, with the epoch's bytes as the
+        collectives counted them (the warm-up's full-size updates and local SGD's averages
+        included) as the metrics line's ``comm_bytes_per_rank``."""
+        def counted(run, state, epoch):
+            self.collective.sent_bytes = 0
+            result = train_one_epoch(run, state, epoch)
+            self.end_epoch()
+            result.extra.update({"compression": self.name, "comm_bytes_per_rank": self.collective.sent_bytes})
+            return result
+        return counted
+
+
+def scheme_module(compression: str, local_sgd_steps: int) -> str | None:
+    """The module of the scheme a config asks for, or None (the sync method's own averaging)."""
+    return LOCAL_SGD if local_sgd_steps > 1 else COMPRESSIONS[compression]
+
+
+def make(cfg, collective: Collective) -> Scheme | None:
+    """The scheme ``cfg`` asks for (compression, local_sgd_steps and their keys), or None."""
+    module = scheme_module(cfg.compression, cfg.local_sgd_steps)
+    return None if module is None else importlib.import_module(module).create(cfg, collective)

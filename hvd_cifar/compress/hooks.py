@@ -1,0 +1,44 @@
+"""What a sync method becomes when a scheme replaces its gradient averaging: a mixin placed
+before the method's class (``class HorovodSchemes(SchemeHooks, HorovodSync)``), whose members
+hand each update to the scheme. The method keeps its backend, its small collectives, its
+broadcast and its epoch-end BatchNorm averaging; it no longer wraps the model or the optimizer
+(the scheme reads the gradients as backward left them, accumulated over an update's
+micro-batches, and communicates after the update's last backward)."""
+from __future__ import annotations
+
+import contextlib
+
+from hvd_cifar.compress import Scheme
+from hvd_cifar.sync import SyncMethod
+
+
+class SchemeHooks:
+    scheme: Scheme
+
+    def use(self, scheme: Scheme) -> None:
+        self.scheme = scheme
+        # Local SGD: each rank checks its own gradients, which no other rank sees.
+        self.diverges_together = scheme.averages_gradients
+
+    def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
+        self.scheme.track(named_parameters)
+        return model, optimizer
+
+    def accumulate(self, model, sync_now):
+        return contextlib.nullcontext()  # nothing runs during backward
+
+    def synchronize(self, optimizer):
+        self.scheme.synchronize()
+
+    def step(self, optimizer, scaler=None):
+        SyncMethod.step(self, optimizer, scaler)
+        self.scheme.after_step()
+
+    def epoch_loop(self, train_one_epoch):
+        return super().epoch_loop(self.scheme.epoch_loop(train_one_epoch))
+
+    def payload_bytes(self, named_parameters, fp16):
+        return self.scheme.payload_bytes(named_parameters)
+
+    def wire_bytes_per_sync(self, payload_bytes):
+        return self.scheme.wire_bytes(payload_bytes)

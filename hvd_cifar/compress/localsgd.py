@@ -1,0 +1,54 @@
+"""Local SGD, or periodic model averaging (Stich 2019; Lin et al.'s post-local SGD without its
+switch-over): every rank steps on its own gradients, and every ``local_sgd_steps`` updates the
+ranks average their models' trainable parameters, in one allreduce.
+
+Momentum buffers stay each rank's own (not averaged): averaging them would double the bytes, and
+each rank's buffer follows its own gradients. BatchNorm's running statistics are averaged at
+the epoch's end as under every method. The epoch's last update always averages (``end_epoch``),
+so evaluation and the checkpoint see one model on every rank; the count of updates since the
+last average starts again there. A preempted epoch saves rank 0's model as it stands.
+"""
+from __future__ import annotations
+
+from hvd_cifar.compress import FP32_BYTES, Collective, Scheme
+from hvd_cifar.compress.flat import average_in_place
+
+
+def payload_bytes(numel: int, every: int) -> int:
+    """The fp32 model averaged once every ``every`` updates: its bytes per update, amortised."""
+    return round(numel * FP32_BYTES / every)
+
+
+class LocalSGD(Scheme):
+    name = "localsgd"
+    averages_gradients = False  # each rank's gradients are its own: a divergence is seen alone
+
+    def __init__(self, collective: Collective, every: int):
+        super().__init__(collective)
+        self.every = every
+        self.since_average = 0  # updates since the models were last averaged
+        self.averages = 0       # model averages so far (this process)
+
+    def synchronize(self) -> None:
+        self.updates += 1  # the gradients stay this rank's own
+
+    def after_step(self) -> None:
+        self.since_average += 1
+        if self.since_average >= self.every:
+            self.average()
+
+    def end_epoch(self) -> None:
+        if self.since_average:
+            self.average()
+
+    def average(self) -> None:
+        average_in_place(self.collective, [p.data for _, p in self.params], "localsgd.params")
+        self.since_average = 0
+        self.averages += 1
+
+    def payload_bytes(self, named_parameters) -> int:
+        return payload_bytes(sum(p.numel() for _, p in named_parameters), self.every)
+
+
+def create(cfg, collective: Collective) -> LocalSGD:
+    return LocalSGD(collective, cfg.local_sgd_steps)

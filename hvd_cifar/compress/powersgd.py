@@ -1,0 +1,131 @@
+"""PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019): each matrix-shaped gradient is sent as
+two thin matrices of ``powersgd_rank`` columns, found by one step of power iteration that starts
+from the previous update's result, with error feedback.
+
+Per matrix-shaped gradient G (a conv weight (out, in, kh, kw) is the matrix (out, in*kh*kw)):
+
+    M = G + E                  E: what earlier updates left out (error feedback), zero at first
+    P = M Q                    Q: (cols, r), the previous update's (warm start); random at first
+    P = mean of P over ranks   first allreduce (all matrices' P in one buffer)
+    P = orthonormal columns    Gram-Schmidt
+    Q = M^T P
+    Q = mean of Q over ranks   second allreduce
+    approx = P Q^T             the same on every rank: what the update applies
+    E = M - approx             this rank's own
+
+Biases, BatchNorm's weights and any matrix too small to gain (r (rows + cols) >= rows x cols) are
+averaged whole in a third allreduce. The first ``compression_warmup_steps`` updates average every
+gradient whole (no error is kept). Error and Q live in this process only: a resumed run starts
+them, and the warm-up, afresh.
+"""
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from hvd_cifar.compress import FP32_BYTES, Collective, Scheme
+from hvd_cifar.compress.flat import average_in_place, flatten, unflatten
+
+EPS = 1e-8  # a column of norm below this is left at zero, not divided by
+
+
+def matrix_shape(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
+    """(rows, cols) a gradient of ``shape`` is compressed as, or None when it is sent whole: a
+    vector, or a matrix whose two factors would be no smaller than itself."""
+    if len(shape) < 2:
+        return None
+    rows = shape[0]
+    cols = 1
+    for d in shape[1:]:
+        cols *= d
+    return (rows, cols) if rank * (rows + cols) < rows * cols else None
+
+
+def payload_bytes(shapes: list[tuple[int, ...]], rank: int) -> int:
+    """Bytes one update allreduces: P (rows x r) and Q (cols x r) per compressed matrix, fp32,
+    and every other gradient whole."""
+    total = 0
+    for shape in shapes:
+        matrix = matrix_shape(tuple(shape), rank)
+        if matrix:
+            total += (matrix[0] + matrix[1]) * rank * FP32_BYTES
+        else:
+            numel = 1
+            for d in shape:
+                numel *= d
+            total += numel * FP32_BYTES
+    return total
+
+
+def orthonormalise(p: torch.Tensor) -> torch.Tensor:
+    """Make the columns of ``p`` orthonormal, in place (modified Gram-Schmidt), and return it."""
+    for i in range(p.shape[1]):
+        col = p[:, i]
+        for j in range(i):
+            col -= torch.dot(p[:, j], col) * p[:, j]
+        norm = col.norm()
+        if norm > EPS:
+            col /= norm
+        else:
+            col.zero_()
+    return p
+
+
+class PowerSGD(Scheme):
+    name = "powersgd"
+
+    def __init__(self, collective: Collective, rank: int, warmup_steps: int = 0):
+        super().__init__(collective, warmup_steps)
+        self.rank = rank
+        self.errors: dict[str, torch.Tensor] = {}  # parameter name -> E, this rank's
+        self.qs: dict[str, torch.Tensor] = {}      # parameter name -> Q, the same on every rank
+
+    def synchronize(self) -> None:
+        params = [(name, p) for name, p in self.params if p.grad is not None]
+        warming_up = self.updates < self.warmup_steps
+        self.updates += 1
+        if warming_up:
+            average_in_place(self.collective, [p.grad for _, p in params], "powersgd.warmup")
+            return
+        matrices = [(name, p) for name, p in params if matrix_shape(tuple(p.shape), self.rank)]
+        whole = [p.grad for name, p in params if not matrix_shape(tuple(p.shape), self.rank)]
+        average_in_place(self.collective, whole, "powersgd.whole")
+        if matrices:
+            self.compress(matrices)
+
+    def compress(self, matrices: list[tuple[str, torch.nn.Parameter]]) -> None:
+        """The two allreduces of the power step over every matrix-shaped gradient at once."""
+        ms = []
+        for name, p in matrices:
+            m = p.grad.detach().reshape(p.shape[0], -1)
+            ms.append(m + self.errors[name] if name in self.errors else m.clone())
+        qs = [self.q(name, m) for (name, _), m in zip(matrices, ms)]
+        ps = [m @ q for m, q in zip(ms, qs)]
+        ps = unflatten(self.collective.allreduce_mean(flatten(ps), "powersgd.P"), ps)
+        for p in ps:
+            orthonormalise(p)
+        qs = [m.t() @ p for m, p in zip(ms, ps)]
+        qs = unflatten(self.collective.allreduce_mean(flatten(qs), "powersgd.Q"), qs)
+        with torch.no_grad():
+            for (name, param), m, p, q in zip(matrices, ms, ps, qs):
+                approx = p @ q.t()
+                self.errors[name] = m - approx
+                self.qs[name] = q.clone()  # the warm start of the next update
+                param.grad.copy_(approx.view_as(param.grad))
+
+    def q(self, name: str, m: torch.Tensor) -> torch.Tensor:
+        """The Q to multiply ``m`` by: the last update's, or at first one drawn from a seed that
+        depends only on the parameter's name, so that every rank draws the same."""
+        q = self.qs.get(name)
+        if q is not None and q.shape == (m.shape[1], self.rank):
+            return q
+        generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        return torch.randn(m.shape[1], self.rank, generator=generator).to(m)
+
+    def payload_bytes(self, named_parameters) -> int:
+        return payload_bytes([tuple(p.shape) for _, p in named_parameters], self.rank)
+
+
+def create(cfg, collective: Collective) -> PowerSGD:
+    return PowerSGD(collective, cfg.powersgd_rank, cfg.compression_warmup_steps)

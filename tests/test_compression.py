@@ -1,0 +1,250 @@
+"""PowerSGD, top-k and local SGD (hvd_cifar/compress/): each scheme on hand-sized tensors with ranks
+simulated in this process (threads meeting at each collective), then one real 2-rank run per
+sync method that runs them."""
+import json
+import threading
+
+import pytest
+import torch
+
+from conftest import read_metrics, run_train
+from hvd_cifar import compress
+from hvd_cifar.compress.localsgd import LocalSGD
+from hvd_cifar.compress.powersgd import PowerSGD, orthonormalise
+from hvd_cifar.compress.topk import TopK
+
+
+class World:
+    """``size`` simulated ranks: each collective waits until every rank has handed in its part."""
+
+    def __init__(self, size):
+        self.size, self.parts = size, [None] * size
+        self.barrier = threading.Barrier(size)
+
+    def exchange(self, rank, tensor):
+        self.parts[rank] = tensor.detach().clone()
+        self.barrier.wait()
+        parts = [p.clone() for p in self.parts]
+        self.barrier.wait()  # nobody overwrites a part before all have read them
+        return parts
+
+
+class FakeCollective(compress.Collective):
+    def __init__(self, world, rank):
+        super().__init__(world.size)
+        self.world, self.rank, self.names = world, rank, []
+
+    def _allreduce_mean(self, tensor, name):
+        self.names.append(name)
+        return torch.stack(self.world.exchange(self.rank, tensor)).mean(0)
+
+    def _allgather(self, tensor, name):
+        self.names.append(name)
+        return torch.cat(self.world.exchange(self.rank, tensor))
+
+
+def on_ranks(size, work):
+    """``work(collective, rank)`` on ``size`` simulated ranks at once; their results in rank order."""
+    world, results, errors = World(size), [None] * size, []
+
+    def run(rank):
+        try:
+            results[rank] = work(FakeCollective(world, rank), rank)
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+            world.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def param(name, values):
+    p = torch.nn.Parameter(torch.zeros_like(values))
+    p.grad = values.clone()
+    return name, p
+
+
+# ----------------------------------------------------------------------------- PowerSGD
+def test_orthonormalise_gives_orthonormal_columns():
+    p = torch.randn(7, 3, generator=torch.Generator().manual_seed(1))
+    orthonormalise(p)
+    assert torch.allclose(p.t() @ p, torch.eye(3), atol=1e-5)
+
+
+def test_powersgd_p_is_orthonormal_inside_a_step(monkeypatch):
+    from hvd_cifar.compress import powersgd
+    seen = []
+    real = powersgd.orthonormalise
+    monkeypatch.setattr(powersgd, "orthonormalise", lambda p: seen.append(real(p)) or p)
+    scheme = PowerSGD(FakeCollective(World(1), 0), rank=2)
+    scheme.track([param("w", torch.randn(6, 5))])
+    scheme.synchronize()
+    [p] = seen
+    assert p.shape == (6, 2) and torch.allclose(p.t() @ p, torch.eye(2), atol=1e-5)
+
+
+def test_powersgd_error_feedback_makes_the_sent_sum_track_the_gradients():
+    """A full-rank gradient, sent at rank 1 for 100 updates: what was applied in sum differs from
+    the gradients' sum by the last error only (a few updates' worth); without error feedback by
+    100 times the rank-1 approximation's error (most of the gradient)."""
+    g = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
+    scheme = PowerSGD(FakeCollective(World(1), 0), rank=1)
+    name, p = param("w", g)
+    scheme.track([(name, p)])
+    sent = torch.zeros_like(g)
+    for _ in range(100):
+        p.grad = g.clone()
+        m = g + scheme.errors.get("w", torch.zeros_like(g))
+        scheme.synchronize()
+        assert torch.allclose(scheme.errors["w"], m - p.grad, atol=1e-6)  # E = M - approx
+        sent += p.grad
+    assert torch.allclose(sent + scheme.errors["w"], 100 * g, atol=1e-3)
+    assert (sent - 100 * g).norm() / (100 * g).norm() < 0.05
+
+
+def test_powersgd_two_ranks_agree_and_a_low_rank_mean_is_exact():
+    """M_r = u v_r^T: the mean is rank 1, so rank-1 PowerSGD returns it exactly, the same on
+    both ranks; the bias is averaged whole. Two allreduces of P and Q plus one of the bias."""
+    u, v = torch.tensor([1.0, -2.0, 0.5, 3.0]), [torch.tensor([1.0, 0.0, 2.0, 1.0, -1.0]),
+                                                  torch.tensor([0.0, 3.0, -1.0, 1.0, 2.0])]
+    bias = [torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([3.0, 2.0, 1.0, 0.0])]
+
+    def work(collective, rank):
+        scheme = PowerSGD(collective, rank=1)
+        weight, b = param("w", torch.outer(u, v[rank])), param("b", bias[rank])
+        scheme.track([weight, b])
+        scheme.synchronize()
+        return weight[1].grad, b[1].grad, collective
+
+    (w0, b0, c0), (w1, b1, c1) = on_ranks(2, work)
+    assert torch.equal(w0, w1) and torch.equal(b0, b1)
+    assert torch.allclose(w0, torch.outer(u, (v[0] + v[1]) / 2), atol=1e-5)
+    assert torch.equal(b0, torch.tensor([2.0, 2.0, 2.0, 2.0]))
+    assert sorted(c0.names) == ["powersgd.P", "powersgd.Q", "powersgd.whole"]
+    assert c0.sent_bytes == (4 + 5 + 4) * 4  # 2(N-1)/N = 1 at N = 2: P, Q, bias, fp32
+
+
+def test_powersgd_warm_up_averages_whole_and_keeps_no_error():
+    grads = [torch.randn(6, 5, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+
+    def work(collective, rank):
+        scheme = PowerSGD(collective, rank=1, warmup_steps=1)
+        w = param("w", grads[rank])
+        scheme.track([w])
+        scheme.synchronize()
+        first = w[1].grad.clone()
+        scheme.synchronize()
+        return first, scheme.errors
+
+    (first, errors), _ = on_ranks(2, work)
+    assert torch.allclose(first, (grads[0] + grads[1]) / 2)
+    assert "w" in errors  # the second update was compressed
+
+
+def test_powersgd_payload_counts_p_q_and_whole_vectors():
+    shapes = [(16, 3, 3, 3), (16,), (10, 16), (2, 2)]
+    # conv: 16 x 27 -> (16 + 27) x 2; bias whole; linear 10 x 16 -> 26 x 2; 2x2 gains nothing: whole
+    assert compress.powersgd.payload_bytes(shapes, 2) == ((16 + 27) * 2 + 16 + (10 + 16) * 2 + 4) * 4
+
+
+# ----------------------------------------------------------------------------- top-k
+def test_topk_carries_the_residual_to_the_next_update():
+    scheme = TopK(FakeCollective(World(1), 0), fraction=0.25)  # k = 1 of 4
+    name, p = param("w", torch.tensor([5.0, -1.0, 0.5, 3.0]))
+    scheme.track([(name, p)])
+    scheme.synchronize()
+    assert torch.equal(p.grad, torch.tensor([5.0, 0.0, 0.0, 0.0]))
+    assert torch.equal(scheme.errors["w"], torch.tensor([0.0, -1.0, 0.5, 3.0]))
+    p.grad = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    scheme.synchronize()  # M = [0, -1, .5, 4]: the residual wins
+    assert torch.equal(p.grad, torch.tensor([0.0, 0.0, 0.0, 4.0]))
+    assert torch.equal(scheme.errors["w"], torch.tensor([0.0, -1.0, 0.5, 0.0]))
+
+
+def test_topk_two_ranks_gather_their_pieces_into_one_mean():
+    grads = [torch.tensor([4.0, 0.0, 0.0, 1.0]), torch.tensor([0.0, 0.0, -2.0, 1.0])]
+    bias = [torch.tensor([0.0, 6.0]), torch.tensor([2.0, 0.0])]
+
+    def work(collective, rank):
+        scheme = TopK(collective, fraction=0.25)  # k = 1 of 4, and 1 of 2
+        w, b = param("w", grads[rank]), param("b", bias[rank])
+        scheme.track([w, b])
+        scheme.synchronize()
+        return w[1].grad, b[1].grad, collective.sent_bytes, scheme.payload_bytes([w, b])
+
+    (w0, b0, sent, payload), (w1, b1, _, _) = on_ranks(2, work)
+    assert torch.equal(w0, w1) and torch.equal(b0, b1)
+    assert torch.equal(w0, torch.tensor([2.0, 0.0, -1.0, 0.0]))
+    assert torch.equal(b0, torch.tensor([1.0, 3.0]))
+    assert payload == 2 * (4 + 4) and sent == payload  # (N-1) x contribution at N = 2
+
+
+# ----------------------------------------------------------------------------- local SGD
+def test_local_sgd_averages_exactly_every_h_updates_and_at_the_epoch_end():
+    h, updates = 3, 7
+
+    def work(collective, rank):
+        scheme = LocalSGD(collective, every=h)
+        name, p = param("w", torch.zeros(2))
+        scheme.track([(name, p)])
+        equal_after = []
+        for update in range(updates):
+            scheme.synchronize()
+            with torch.no_grad():
+                p += torch.tensor([1.0, -1.0]) * (rank + 1) * (update + 1)  # ranks step apart
+            scheme.after_step()
+            equal_after.append(bool(collective.allgather(p.detach().clone(), "check").view(2, 2).diff(dim=0).abs().sum() == 0))
+        scheme.end_epoch()
+        return equal_after, p.detach().clone(), scheme.averages
+
+    (equal0, final0, averages), (_, final1, _) = on_ranks(2, work)
+    assert equal0 == [False, False, True, False, False, True, False]
+    assert averages == 3 and torch.equal(final0, final1)  # the 7th update: averaged at the epoch's end
+
+
+def test_local_sgd_payload_is_the_model_amortised():
+    scheme = LocalSGD(FakeCollective(World(2), 0), every=4)
+    assert scheme.payload_bytes([param("w", torch.zeros(10, 10)), param("b", torch.zeros(10))]) == 110 * 4 / 4
+
+
+# ----------------------------------------------------------------------------- real runs
+RUNS = {  # name: (launcher, flags); warm-up 2 of the epoch's 6 updates for PowerSGD
+    "horovod-powersgd": ("horovodrun", ["--sync", "horovod", "--compression", "powersgd",
+                                        "--compression-warmup-steps", "2"]),
+    "ddp-topk": ("mpirun", ["--sync", "ddp", "--compression", "topk", "--compression-warmup-steps", "0"]),
+    "ddp-localsgd": ("mpirun", ["--sync", "ddp", "--local-sgd-steps", "4"]),
+}
+
+
+def expected_bytes(name, shapes, syncs):
+    """(comm_bytes_per_sync, comm_bytes_per_rank) of a 2-rank epoch of ``syncs`` updates: ring
+    allreduce and allgather both send the payload once at N = 2."""
+    fp32 = sum(torch.Size(s).numel() for s in shapes) * 4
+    if name == "horovod-powersgd":
+        compressed = compress.powersgd.payload_bytes(shapes, 2)
+        return compressed, 2 * fp32 + (syncs - 2) * compressed
+    if name == "ddp-topk":
+        compressed = compress.topk.payload_bytes([torch.Size(s).numel() for s in shapes], 0.01)
+        return compressed, syncs * compressed
+    return round(fp32 / 4), 2 * fp32  # averaged after update 4 and at the epoch's end (6)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_two_ranks_agree_and_record_the_bytes_they_send(tmp_path, name):
+    launcher, flags = RUNS[name]
+    run_train(["--config", "configs/tiny.yaml", "--epochs", "1", "--log-dir", str(tmp_path),
+               "--run-name", name, *flags], launcher=launcher, np=2)
+    assert json.loads((tmp_path / name / "eval.json").read_text())["parameters_identical_across_ranks"]
+    [record] = read_metrics(tmp_path / name)
+    from hvd_cifar.models import build_model
+    shapes = [tuple(p.shape) for p in build_model("smallcnn", 10).parameters()]
+    assert record["syncs"] == 6 and record["compression"] == name.split("-")[1]
+    per_sync, per_rank = expected_bytes(name, shapes, record["syncs"])
+    assert (record["comm_bytes_per_sync"], record["comm_bytes_per_rank"]) == (per_sync, per_rank)
+    assert record["comm_bytes_per_sync"] * 3 < record["trainable_params"] * 4  # fp32 ring at N = 2
