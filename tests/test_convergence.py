@@ -93,41 +93,33 @@ def test_divergence_stops_every_rank_with_one_line_and_keeps_the_checkpoint(tmp_
 
 
 def test_time_to_target_matches_the_metrics_lines(tmp_path, tiny_args):
-    run_train([*tiny_args, "--epochs", "3", "--max-steps-per-epoch", "0", "--target-acc", "0.5"])
+    """eval.json's time to target is the first epoch whose metrics line reached it, or null when
+    none did: one real run (never reaching 100 %), and the same rule over its own lines with a
+    target that an epoch did reach."""
+    run_train([*tiny_args, "--target-acc", "1.0"])
     run = tmp_path / "logs" / "run"
     records = read_metrics(run)
     elapsed = [r["elapsed_s"] for r in records]
     assert elapsed == sorted(elapsed) and elapsed[0] >= records[0]["epoch_time_s"]
-    first = next(r for r in records if r["test_acc"] >= 0.5)
-    evaluation = json.loads((run / "eval.json").read_text())
-    assert evaluation["target_acc"] == 0.5
-    assert evaluation["epochs_to_target"] == first["epoch"] + 1
-    assert evaluation["time_to_target_s"] == first["elapsed_s"]
-    # never reached: null, not a made-up number
-    run_train(["--config", TINY, "--log-dir", str(tmp_path / "logs"), "--run-name", "never",
-               "--epochs", "1", "--target-acc", "1.0"])
-    never = json.loads((tmp_path / "logs" / "never" / "eval.json").read_text())
-    assert never["epochs_to_target"] is None and never["time_to_target_s"] is None
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("extra", [[], ["--accumulation-steps", "4"]], ids=["defaults", "acc4"])
-def test_vgg11_at_defaults_reaches_95_percent_at_two_ranks(tmp_path, extra):
-    """The issue's case: 2 ranks, every key at its default, 6 whole epochs of digits (it
-    diverged to 27 % under the old rule); and 4 accumulation steps, 8 batches per update.
-    The rest of the grid (np = 1, 4, fp16, other models) is benchmarks/convergence.py."""
-    run_train(["--dataset", "digits", "--model", "vgg11", "--epochs", "6", "--progress", "false",
-               "--log-dir", str(tmp_path), "--run-name", "run", *extra], launcher="horovodrun", np=2,
-              timeout=1200)
-    records = read_metrics(tmp_path / "run")
-    assert len(records) == 6
-    assert records[-1]["test_acc"] >= 0.95, [r["test_acc"] for r in records]
+    never = json.loads((run / "eval.json").read_text())
+    assert never["target_acc"] == 1.0
+    assert never["epochs_to_target"] is None and never["time_to_target_s"] is None  # not a made-up number
+    from hvd_cifar.runs import time_to_target
+    best = max(r["test_acc"] for r in records)
+    first = next(r for r in records if r["test_acc"] >= best)
+    assert time_to_target(records, best) == {"target_acc": best, "epochs_to_target": first["epoch"] + 1,
+                                             "time_to_target_s": first["elapsed_s"]}
+    rising = [dict(r, test_acc=a) for r, a in zip(records, (0.4, 0.6))]
+    assert time_to_target(rising, 0.5)["epochs_to_target"] == 2
+    assert time_to_target(rising, 0.5)["time_to_target_s"] == records[1]["elapsed_s"]
 
 
 @pytest.mark.slow
 def test_small_cnn_at_defaults_reaches_95_percent_at_four_ranks(tmp_path):
     """The case the first warm-up rule lost (93.9 %: half the run's 66 updates in warm-up, at
-    VGG-11's rate): 4 ranks on the 2 cores, every key at its default, 6 whole epochs."""
+    VGG-11's rate), and the thinnest margin of the defaults' grid (docs/BENCHMARKS.md): 4 ranks
+    on the 2 cores, every key at its default, 6 whole epochs. The rest of the grid (VGG-11 and
+    ResNet-18 at np = 1, 2, 4, accumulation, fp16) is benchmarks/convergence.py: minutes per case."""
     run_train(["--dataset", "digits", "--model", "smallcnn", "--epochs", "6", "--progress", "false",
                "--log-dir", str(tmp_path), "--run-name", "run"], launcher="horovodrun", np=4, timeout=600)
     records = read_metrics(tmp_path / "run")
