@@ -6,6 +6,8 @@ have, from one run's measured phases and a network probe. The model is hvd_cifar
     python -m hvd_cifar.predict logs/RUN --probe probe.json --np 1 2 4 --sync horovod mpi-gather-scatter \\
         --fp16-allreduce --accumulation-steps 4 --freeze 2 --measured logs/np2 logs/np4
     python -m hvd_cifar.predict logs/RUN --bandwidth 1gbit --latency-us 50 --np 2 4 8   # no probe: a link you name
+    python -m hvd_cifar.predict logs/RUN --bandwidth 100mbit --np 2 4 8 --compression fp16 powersgd topk \
+        --local-sgd-steps 4                                                              # the schemes of hvd_cifar/compress/
 
 ``probe.json`` comes from ``python -m hvd_cifar.probe`` (launched like training, on your hosts).
 ``--measured`` run folders (other np, same model) are overlaid on the plot and, where one
@@ -21,6 +23,8 @@ import os
 import sys
 from dataclasses import replace
 
+from hvd_cifar import compress
+from hvd_cifar.compress import cost
 from hvd_cifar.errors import PredictError, ReportError
 from hvd_cifar.files import RunError
 from hvd_cifar.plots import plot_prediction
@@ -87,6 +91,7 @@ def measured_rows(paths: list[str]) -> list[dict]:
         rows.append({"run": s["run"], "method": s["sync"], "np": s["world_size"],
                      "fp16_allreduce": bool(s["fp16_allreduce"]), "accumulation_steps": int(s["accumulation_steps"]),
                      "freeze": int(run.metrics[-1].get("frozen_blocks", 0)),
+                     "compression": cost.label(**scheme_of(run.config)),
                      "step_s": s["step_time_s"], "images_per_s": s["images_per_s"]})
     return rows
 
@@ -104,7 +109,7 @@ def attach_measured(rows: list[dict], measured: list[dict]) -> None:
 COLUMNS = [
     Column("method", "method"), Column("np", "np", numeric=True),
     Column("fp16", "fp16_allreduce"), Column("accum", "accumulation_steps", numeric=True),
-    Column("freeze", "freeze", numeric=True),
+    Column("freeze", "freeze", numeric=True), Column("compression", "compression"),
     num("payload (MB/sync)", "payload_bytes", ".2f", MB),
     num("comm (ms/sync)", "comm_s_per_sync", ".2f", 1e-3),
     num("exposed (ms/sync)", "exposed_s_per_sync", ".2f", 1e-3),
@@ -130,6 +135,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fp16-allreduce", action="store_true", help="predict with fp16 gradients too")
     p.add_argument("--accumulation-steps", type=int, help="predict with k micro-batches per sync too")
     p.add_argument("--freeze", type=int, help="predict with n leading blocks frozen too")
+    p.add_argument("--compression", nargs="+", choices=list(compress.COMPRESSIONS), default=[],
+                   help="predict with each of these gradient compressions too (powersgd, topk: horovod and ddp)")
+    p.add_argument("--local-sgd-steps", type=int, metavar="H", help="predict local SGD too (models averaged every H updates)")
+    p.add_argument("--powersgd-rank", type=int, default=2, help="with --compression powersgd (default 2)")
+    p.add_argument("--topk-fraction", type=float, default=0.01, help="with --compression topk (default 0.01)")
     p.add_argument("--ranks-per-host", type=int, default=1, help="for horovod-hierarchical (default 1)")
     p.add_argument("--shared-cores", type=int, default=0, metavar="C",
                    help="every rank runs on one machine with C cores (the namespace cluster, an "
@@ -142,11 +152,40 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.np) < 1 or args.ranks_per_host < 1 or (args.accumulation_steps or 1) < 1 or min(args.freeze or 0, args.shared_cores) < 0:
         p.error("--np, --ranks-per-host and --accumulation-steps must be >= 1, --freeze and --shared-cores >= 0")
+    if (args.local_sgd_steps or 2) < 2 or args.powersgd_rank < 1 or not 0 < args.topk_fraction <= 1:
+        p.error("--local-sgd-steps must be >= 2, --powersgd-rank >= 1, --topk-fraction in (0, 1]")
     return args
 
 
-def scenarios(c: Compute, args: argparse.Namespace, depth: int) -> list[Scenario]:
-    """Each method as the run ran, then with each option asked for, then with all of them."""
+def scheme_of(config: dict) -> dict:
+    """A run's scheme of hvd_cifar/compress/ as Scenario's fields (fp16 is a flag of its own)."""
+    compression = config.get("compression", "none")
+    return {"compression": compression if compression in ("powersgd", "topk") else "none",
+            "local_sgd_steps": int(config.get("local_sgd_steps") or 1),
+            "powersgd_rank": int(config.get("powersgd_rank") or 2),
+            "topk_fraction": float(config.get("topk_fraction") or 0.01)}
+
+
+def with_schemes(plain: list[Scenario], args: argparse.Namespace) -> list[Scenario]:
+    """``plain`` and each of its scenarios again under each --compression and --local-sgd-steps
+    asked for; powersgd, topk and local SGD only for the methods that run them (horovod, ddp)."""
+    asked = [{"fp16": name == "fp16", "compression": "none" if name == "fp16" else name, "local_sgd_steps": 1}
+             for name in args.compression]
+    if args.local_sgd_steps:
+        asked.append({"fp16": False, "compression": "none", "local_sgd_steps": args.local_sgd_steps})
+    fixed = {"powersgd_rank": args.powersgd_rank, "topk_fraction": args.topk_fraction}
+    runs_schemes = [s for s in plain if s.method in compress.SYNC_METHODS]
+    if any(a["compression"] != "none" or a["local_sgd_steps"] > 1 for a in asked) and not runs_schemes:
+        raise PredictError(f"--compression/--local-sgd-steps: powersgd, topk and local SGD run under "
+                           f"{' and '.join(compress.SYNC_METHODS)}; give one of them in --sync")
+    more = [replace(s, **a, **fixed) for s in plain for a in asked
+            if s in runs_schemes or (a["compression"] == "none" and a["local_sgd_steps"] == 1)]
+    return list(dict.fromkeys(plain + more))
+
+
+def scenarios(c: Compute, args: argparse.Namespace, depth: int, run_scheme: dict | None = None) -> list[Scenario]:
+    """Each method as the run ran (``run_scheme``: its scheme_of), then with each option asked
+    for, then with all of them; then each of those with each scheme asked for (with_schemes)."""
     if args.freeze is not None and args.freeze > depth:
         raise PredictError(f"--freeze: {args.freeze} blocks asked for but {c.model} has {depth}")
     fp16, k, frozen = as_run = (c.fp16, c.accumulation_steps, c.frozen_blocks)
@@ -160,11 +199,13 @@ def scenarios(c: Compute, args: argparse.Namespace, depth: int) -> list[Scenario
     options.append((args.fp16_allreduce or fp16, args.accumulation_steps or k,
                     frozen if args.freeze is None else args.freeze))  # every option asked for at once
     unique = list(dict.fromkeys(options))
-    return [Scenario(m, f, k, z) for m in (args.sync or [c.sync]) for f, k, z in unique]
+    plain = [Scenario(m, f, k, z, **(run_scheme or {})) for m in (args.sync or [c.sync]) for f, k, z in unique]
+    return with_schemes(plain, args)
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict], str]:
-    c = measure(load_run(args.run))
+    source = load_run(args.run)
+    c = measure(source)
     if args.overlap_from:
         c = replace(c, hidden_fraction=measure(load_run(args.overlap_from)).hidden_fraction)
     if c.sync not in TRANSPORTS and not args.sync:
@@ -173,7 +214,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
         raise PredictError(f"--shared-cores: {args.run} chose its threads per rank from its host's cores; "
                            "use a run with threads_per_rank set")
     prof = profile(c.model, c.num_classes)
-    wanted = scenarios(c, args, len(prof.block_params))
+    wanted = scenarios(c, args, len(prof.block_params), scheme_of(source.config))
     net = network(list(dict.fromkeys(s.method for s in wanted)), args)
     rows = predict(c, prof, net, wanted, sorted(set(args.np)))
     measured = measured_rows(args.measured)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from hvd_cifar.compress import allgather_bytes, cost
 from hvd_cifar.errors import PredictError
 from hvd_cifar.runs import PHASES, Run
 from hvd_cifar.summary import setting, steady_epochs, value
@@ -238,6 +239,7 @@ class Profile:
     block_macs: tuple[int, ...]
     head_params: int
     head_macs: int
+    param_shapes: tuple = ()  # (block index, shape) of each parameter; the head's: len(block_params)
 
     def backward_share(self, frozen: int) -> float:
         """Share of backward a run with ``frozen`` blocks still does: a frozen block needs no
@@ -285,12 +287,14 @@ def profile(model_name: str, num_classes: int) -> Profile:
     block_macs = tuple(sum(macs.get(id(m), 0) for m in b.modules()) for b in blocks)
     block_params = tuple(sum(p.numel() for p in b.parameters()) for b in blocks)
     all_params = sum(p.numel() for p in model.parameters())
-    return Profile(block_params, block_macs, all_params - sum(block_params), sum(macs.values()) - sum(block_macs))
+    in_block = {id(p): i for i, b in enumerate(blocks) for p in b.parameters()}
+    shapes = tuple((in_block.get(id(p), len(blocks)), tuple(p.shape)) for p in model.parameters())
+    return Profile(block_params, block_macs, all_params - sum(block_params), sum(macs.values()) - sum(block_macs), shapes)
 
 
 # ----------------------------------------------------------------------------- one prediction
 # The keys of a prediction's row that name its scenario (predict_step's row; a measured run's).
-SCENARIO_KEYS = ("method", "np", "fp16_allreduce", "accumulation_steps", "freeze")
+SCENARIO_KEYS = ("method", "np", "fp16_allreduce", "accumulation_steps", "freeze", "compression")
 
 
 @dataclass(frozen=True)
@@ -300,6 +304,10 @@ class Scenario:
     fp16: bool
     accumulation_steps: int
     freeze: int
+    compression: str = "none"   # powersgd | topk: a scheme of hvd_cifar/compress/ (fp16: the flag above)
+    local_sgd_steps: int = 1    # > 1: local SGD
+    powersgd_rank: int = 2
+    topk_fraction: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -325,17 +333,28 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
     slower = (cpu_share(n, c.threads_per_rank, net.shared_cores)
               / cpu_share(c.world_size, c.threads_per_rank, net.shared_cores))
     backward = slower * c.backward_s * prof.backward_share(s.freeze) / prof.backward_share(c.frozen_blocks)
-    payload = prof.payload_bytes(s.freeze, s.fp16)
-    comm = comm_s(s.method, n, payload, link, net.local or link, net.ranks_per_host)
-    if s.fp16 and n > 1:  # Horovod and DDP cast each gradient to fp16 and back; the MPI methods the buffer
-        comm += 2 * payload * net.cast_s_per_byte
-    hidden = (c.hidden_fraction or 0.0) if s.method in OVERLAPS else 0.0
+    trainable = [shape for block, shape in prof.param_shapes if block >= s.freeze]
+    plan = cost.collectives(s.compression, s.local_sgd_steps, trainable, s.powersgd_rank, s.topk_fraction)
+    if plan is None:
+        payload = prof.payload_bytes(s.freeze, s.fp16)
+        comm = comm_s(s.method, n, payload, link, net.local or link, net.ranks_per_host)
+        if s.fp16 and n > 1:  # Horovod and DDP cast each gradient to fp16 and back; the MPI methods the buffer
+            comm += 2 * payload * net.cast_s_per_byte
+        wire = wire_bytes(s.method, n, payload, net.ranks_per_host)
+    else:  # a scheme's collectives, rings and allgathers, each in its share of the updates (compute not counted)
+        payload = sum(share * size for _, size, share in plan)
+        comm = sum(share * (ring_s(n, size, link) if kind == "allreduce" else cost.allgather_s(n, size, link))
+                   for kind, size, share in plan)
+        wire = sum(share * (ring_wire_bytes(n, size) if kind == "allreduce" else allgather_bytes(n, size))
+                   for kind, size, share in plan)
+    # A scheme communicates after backward: nothing of it hides.
+    hidden = (c.hidden_fraction or 0.0) if s.method in OVERLAPS and plan is None else 0.0
     exposed = exposed_s(comm, hidden, backward)
     compute = slower * (c.data_s + c.forward_s + c.other_s) + backward
     step = compute + (slower * c.optimizer_s + exposed) / s.accumulation_steps
-    wire = wire_bytes(s.method, n, payload, net.ranks_per_host)
     return {"method": s.method, "np": n, "fp16_allreduce": s.fp16, "accumulation_steps": s.accumulation_steps,
-            "freeze": s.freeze, "payload_bytes": payload, "comm_s_per_sync": comm, "exposed_s_per_sync": exposed,
+            "freeze": s.freeze, "compression": cost.label(s.compression, s.local_sgd_steps, s.powersgd_rank,
+                                                          s.topk_fraction), "payload_bytes": payload, "comm_s_per_sync": comm, "exposed_s_per_sync": exposed,
             "compute_s": compute, "step_s": step, "images_per_s": n * c.images_per_step / step,
             "bytes_per_rank_per_step": wire / s.accumulation_steps}
 

@@ -9,6 +9,7 @@ import torch
 
 from conftest import read_metrics, run_train
 from hvd_cifar import compress
+from hvd_cifar.compress import cost
 from hvd_cifar.compress.localsgd import LocalSGD
 from hvd_cifar.compress.powersgd import PowerSGD, orthonormalise
 from hvd_cifar.compress.topk import TopK
@@ -150,7 +151,7 @@ def test_powersgd_warm_up_averages_whole_and_keeps_no_error():
 def test_powersgd_payload_counts_p_q_and_whole_vectors():
     shapes = [(16, 3, 3, 3), (16,), (10, 16), (2, 2)]
     # conv: 16 x 27 -> (16 + 27) x 2; bias whole; linear 10 x 16 -> 26 x 2; 2x2 gains nothing: whole
-    assert compress.powersgd.payload_bytes(shapes, 2) == ((16 + 27) * 2 + 16 + (10 + 16) * 2 + 4) * 4
+    assert cost.powersgd_payload(shapes, 2) == ((16 + 27) * 2 + 16 + (10 + 16) * 2 + 4) * 4
 
 
 # ----------------------------------------------------------------------------- top-k
@@ -227,10 +228,10 @@ def expected_bytes(name, shapes, syncs):
     allreduce and allgather both send the payload once at N = 2."""
     fp32 = sum(torch.Size(s).numel() for s in shapes) * 4
     if name == "horovod-powersgd":
-        compressed = compress.powersgd.payload_bytes(shapes, 2)
+        compressed = cost.powersgd_payload(shapes, 2)
         return compressed, 2 * fp32 + (syncs - 2) * compressed
     if name == "ddp-topk":
-        compressed = compress.topk.payload_bytes([torch.Size(s).numel() for s in shapes], 0.01)
+        compressed = cost.topk_payload([torch.Size(s).numel() for s in shapes], 0.01)
         return compressed, syncs * compressed
     return round(fp32 / 4), 2 * fp32  # averaged after update 4 and at the epoch's end (6)
 
@@ -248,3 +249,58 @@ def test_two_ranks_agree_and_record_the_bytes_they_send(tmp_path, name):
     per_sync, per_rank = expected_bytes(name, shapes, record["syncs"])
     assert (record["comm_bytes_per_sync"], record["comm_bytes_per_rank"]) == (per_sync, per_rank)
     assert record["comm_bytes_per_sync"] * 3 < record["trainable_params"] * 4  # fp32 ring at N = 2
+
+
+# ----------------------------------------------------------------------------- the scaling model
+def scaling_case():
+    from hvd_cifar import scaling
+    # block 0: a conv (4, 2, 3, 3) and its bias; the head: a linear (10, 4) and its bias
+    prof = scaling.Profile(block_params=(76,), block_macs=(1,), head_params=50, head_macs=1,
+                           param_shapes=((0, (4, 2, 3, 3)), (0, (4,)), (1, (10, 4)), (1, (10,))))
+    c = scaling.Compute(model="m", num_classes=10, sync="horovod", world_size=1, fp16=False,
+                        accumulation_steps=1, frozen_blocks=0, images_per_step=32, data_s=0.0,
+                        forward_s=0.0, backward_s=10.0, other_s=0.0, optimizer_s=0.0, sync_s=0.0,
+                        hidden_fraction=0.5, step_s=10.0)
+    net = scaling.Network({"horovod": scaling.Link(0.0, 1000.0)}, None)
+    return scaling, prof, c, net
+
+
+@pytest.mark.parametrize("scheme, freeze, payload, comm_s, wire", [
+    # P (4 + 10) x r=1, Q (18 + 4) x 1, biases 4 + 10 whole, fp32; 3 rings of 2(N-1)/N = 1.5 x bytes
+    ({"compression": "powersgd", "powersgd_rank": 1}, 0, 200, 1.5 * 200 / 1000, 1.5 * 200),
+    ({"compression": "powersgd", "powersgd_rank": 1}, 1, 96, 1.5 * 96 / 1000, 1.5 * 96),  # the head's only
+    # top-k f=0.5: 36 + 2 + 20 + 5 entries, values and int32 indices, two allgathers of (N-1) parts
+    ({"compression": "topk", "topk_fraction": 0.5}, 0, 504, 3 * 504 / 1000, 3 * 504),
+    # local SGD H=4: the 126-parameter model in one ring every 4th update
+    ({"local_sgd_steps": 4}, 0, 504 / 4, 1.5 * 504 / 1000 / 4, 1.5 * 504 / 4),
+])
+def test_the_scaling_model_counts_each_schemes_collectives(scheme, freeze, payload, comm_s, wire):
+    scaling, prof, c, net = scaling_case()
+    row = scaling.predict_step(c, prof, net, scaling.Scenario("horovod", False, 1, freeze, **scheme), 4)
+    assert row["payload_bytes"] == pytest.approx(payload)
+    assert row["comm_s_per_sync"] == pytest.approx(comm_s)
+    assert row["exposed_s_per_sync"] == pytest.approx(comm_s)  # after backward: nothing hides
+    assert row["bytes_per_rank_per_step"] == pytest.approx(wire)
+    plain = scaling.predict_step(c, prof, net, scaling.Scenario("horovod", False, 1, freeze), 4)
+    assert plain["compression"] == "none" and plain["payload_bytes"] == 4 * (126 if freeze == 0 else 50)
+
+
+def test_the_profile_knows_each_parameters_block():
+    from hvd_cifar import scaling
+    prof = scaling.profile("smallcnn", 10)
+    assert sum(torch.Size(s).numel() for _, s in prof.param_shapes) == sum(prof.block_params) + prof.head_params
+    for block, params in enumerate(prof.block_params):
+        assert sum(torch.Size(s).numel() for b, s in prof.param_shapes if b == block) == params
+
+
+def test_predict_adds_the_schemes_where_the_method_runs_them():
+    from hvd_cifar import predict
+    from hvd_cifar.errors import PredictError
+    from hvd_cifar.scaling import Scenario
+    args = predict.parse_args(["RUN", "--compression", "fp16", "topk", "--local-sgd-steps", "4"])
+    plain = [Scenario("horovod", False, 1, 0), Scenario("mpi-allreduce", False, 1, 0)]
+    got = {(s.method, s.fp16, s.compression, s.local_sgd_steps) for s in predict.with_schemes(plain, args)}
+    assert got == {("horovod", False, "none", 1), ("mpi-allreduce", False, "none", 1), ("horovod", True, "none", 1),
+                   ("mpi-allreduce", True, "none", 1), ("horovod", False, "topk", 1), ("horovod", False, "none", 4)}
+    with pytest.raises(PredictError, match="^--compression"):
+        predict.with_schemes(plain[1:], args)

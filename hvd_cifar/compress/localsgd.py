@@ -10,13 +10,9 @@ last average starts again there. A preempted epoch saves rank 0's model as it st
 """
 from __future__ import annotations
 
-from hvd_cifar.compress import FP32_BYTES, Collective, Scheme
+from hvd_cifar.compress import Collective, Scheme
+from hvd_cifar.compress.cost import localsgd_payload
 from hvd_cifar.compress.flat import average_in_place
-
-
-def payload_bytes(numel: int, every: int) -> int:
-    """The fp32 model averaged once every ``every`` updates: its bytes per update, amortised."""
-    return round(numel * FP32_BYTES / every)
 
 
 class LocalSGD(Scheme):
@@ -47,7 +43,7 @@ class LocalSGD(Scheme):
         self.averages += 1
 
     def payload_bytes(self, named_parameters) -> int:
-        return payload_bytes(sum(p.numel() for _, p in named_parameters), self.every)
+        return localsgd_payload(sum(p.numel() for _, p in named_parameters), self.every)
 
 
 def create(cfg, collective: Collective) -> LocalSGD:

@@ -24,38 +24,11 @@ import zlib
 
 import torch
 
-from hvd_cifar.compress import FP32_BYTES, Collective, Scheme
+from hvd_cifar.compress import Collective, Scheme
+from hvd_cifar.compress.cost import matrix_shape, powersgd_payload
 from hvd_cifar.compress.flat import average_in_place, flatten, unflatten
 
 EPS = 1e-8  # a column of norm below this is left at zero, not divided by
-
-
-def matrix_shape(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
-    """(rows, cols) a gradient of ``shape`` is compressed as, or None when it is sent whole: a
-    vector, or a matrix whose two factors would be no smaller than itself."""
-    if len(shape) < 2:
-        return None
-    rows = shape[0]
-    cols = 1
-    for d in shape[1:]:
-        cols *= d
-    return (rows, cols) if rank * (rows + cols) < rows * cols else None
-
-
-def payload_bytes(shapes: list[tuple[int, ...]], rank: int) -> int:
-    """Bytes one update allreduces: P (rows x r) and Q (cols x r) per compressed matrix, fp32,
-    and every other gradient whole."""
-    total = 0
-    for shape in shapes:
-        matrix = matrix_shape(tuple(shape), rank)
-        if matrix:
-            total += (matrix[0] + matrix[1]) * rank * FP32_BYTES
-        else:
-            numel = 1
-            for d in shape:
-                numel *= d
-            total += numel * FP32_BYTES
-    return total
 
 
 def orthonormalise(p: torch.Tensor) -> torch.Tensor:
@@ -124,7 +97,7 @@ class PowerSGD(Scheme):
         return torch.randn(m.shape[1], self.rank, generator=generator).to(m)
 
     def payload_bytes(self, named_parameters) -> int:
-        return payload_bytes([tuple(p.shape) for _, p in named_parameters], self.rank)
+        return powersgd_payload([tuple(p.shape) for _, p in named_parameters], self.rank)
 
 
 def create(cfg, collective: Collective) -> PowerSGD:

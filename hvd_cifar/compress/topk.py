@@ -16,22 +16,11 @@ residuals live in this process only: a resumed run starts them, and the warm-up,
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from hvd_cifar.compress import FP32_BYTES, INDEX_BYTES, Collective, Scheme, allgather_bytes
+from hvd_cifar.compress import Collective, Scheme, allgather_bytes
+from hvd_cifar.compress.cost import kept, topk_payload
 from hvd_cifar.compress.flat import average_in_place, unflatten
-
-
-def kept(numel: int, fraction: float) -> int:
-    """Entries of a tensor of ``numel`` that one rank sends."""
-    return min(numel, max(1, math.ceil(fraction * numel)))
-
-
-def payload_bytes(numels: list[int], fraction: float) -> int:
-    """Bytes one rank contributes per update: fp32 values and int32 indices of its kept entries."""
-    return sum(kept(n, fraction) for n in numels) * (FP32_BYTES + INDEX_BYTES)
 
 
 class TopK(Scheme):
@@ -73,7 +62,7 @@ class TopK(Scheme):
                 grad.copy_(averaged)
 
     def payload_bytes(self, named_parameters) -> int:
-        return payload_bytes([p.numel() for _, p in named_parameters], self.fraction)
+        return topk_payload([p.numel() for _, p in named_parameters], self.fraction)
 
     def wire_bytes(self, payload: int) -> int:
         return allgather_bytes(self.collective.size, payload)
