@@ -7,6 +7,8 @@ normalised with a handful of tensor operations on the training device.
 from __future__ import annotations
 
 import fcntl
+import gzip
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -114,16 +116,28 @@ def _torchvision(name: str, data_dir: str) -> DataSet:
 def _digits() -> DataSet:
     """scikit-learn's 1,797 8x8 handwritten digits (shipped with the package, so offline),
     upsampled to 32x32 RGB and split once with a fixed seed."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = torch.from_numpy(digits.images).float().unsqueeze(1) / 16.0             # (N,1,8,8) in [0,1]
+    images, target = digits_arrays()
+    x = torch.from_numpy(images).float().unsqueeze(1) / 16.0                    # (N,1,8,8) in [0,1]
     x = F.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False)
     x = (x.clamp(0, 1) * 255).round().to(torch.uint8).expand(-1, 3, -1, -1).contiguous()
-    y = torch.from_numpy(digits.target).long()
+    y = torch.from_numpy(target).long()
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(DIGITS_SPLIT_SEED))
     test, train = order[:DIGITS_TEST_SIZE], order[DIGITS_TEST_SIZE:]
     return DataSet("digits", x[train], y[train], x[test], y[test], 10, hflip=False)
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The digits' images (N, 8, 8; values 0-16) and labels, read from the file scikit-learn
+    ships (one CSV line per image: 64 pixels, then the label), as its load_digits reads it, but
+    without importing scikit-learn: that import costs about a second of CPU on every rank."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without running it
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else ""
+    if not os.path.isfile(path):
+        raise DataError("dataset: digits: scikit-learn's digits file (sklearn/datasets/data/digits.csv.gz) "
+                        "is missing: install scikit-learn (scripts/install.sh does)")
+    with gzip.open(path, "rt") as f:
+        table = np.loadtxt(f, delimiter=",")
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int)
 
 
 def _synthetic(size: int, seed: int) -> DataSet:

@@ -158,3 +158,29 @@ def test_state_dict_mismatch_names_what_differs():
     assert state_dict_mismatch(model, {"a": torch.ones(2), "c": torch.ones(1), "b": torch.ones(4)}) == (
         "1 tensors this model lacks, e.g. c; 1 tensors of another shape, e.g. b")
     assert state_dict_mismatch(model, {"b": torch.ones(3)}) == "1 tensors missing, e.g. a"
+
+
+@pytest.mark.parametrize("k", [2, 10])
+def test_classification_report_is_scikit_learns(k):
+    """eval.json's and the printed classification report, computed from the confusion matrix
+    without scikit-learn, equal scikit-learn's (text exactly, figures to rounding), a class that
+    is never predicted (precision 0) included."""
+    import numpy as np
+    from sklearn.metrics import classification_report
+    from hvd_cifar.evaluation import classification_summary
+    rng = np.random.default_rng(k)
+    for trial in range(10):
+        y = rng.integers(0, k, 300)
+        p = np.where(rng.random(300) < 0.6, y, rng.integers(0, k, 300))
+        if trial == 0:
+            p[p == 1] = 0
+        confusion = torch.zeros(k, k, dtype=torch.float64)
+        for a, b in zip(y, p):
+            confusion[a, b] += 1
+        text, report = classification_summary(confusion)
+        assert text == classification_report(y, p, labels=list(range(k)), digits=4, zero_division=0)
+        expected = classification_report(y, p, labels=list(range(k)), output_dict=True, zero_division=0)
+        assert report.keys() == expected.keys()
+        for key, value in expected.items():
+            assert report[key] == (pytest.approx(value, abs=1e-12) if not isinstance(value, dict)
+                                   else {s: pytest.approx(v, abs=1e-12) for s, v in value.items()}), key
