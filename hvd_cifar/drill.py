@@ -23,12 +23,15 @@ same launcher must finish the run.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,10 +69,21 @@ def tiny(work: Path, *flags: str) -> list[str]:
     return ["--config", TINY, "--log-dir", str(work / "logs"), "--run-name", "run", *flags]
 
 
+_FINISHED: list[Path] = []  # the first finished run this process trained, which later cases copy
+
+
 def finished_run(work: Path) -> None:
-    """A run folder with a checkpoint: one epoch of one step, one process."""
+    """A run folder with a checkpoint at work/logs/run: one epoch of one step, one process;
+    trained once per process, copied for every later case (each case changes its own copy)."""
+    if _FINISHED and (_FINISHED[0] / "checkpoint_last.pt").exists():
+        shutil.copytree(_FINISHED[0], work / "logs" / "run", symlinks=True)
+        return
     jobs.run("a finished run to resume", [*launcher_argv("single", 1), *tiny(work, "--epochs", "1",
              "--max-steps-per-epoch", "1")], env=job_env(), timeout=300)
+    keep = Path(tempfile.mkdtemp(prefix="hvd_cifar-drill-")) / "run"
+    atexit.register(shutil.rmtree, keep.parent, True)
+    shutil.copytree(work / "logs" / "run", keep, symlinks=True)
+    _FINISHED[:] = [keep]
 
 
 def write(path: Path, content: str | bytes) -> None:
