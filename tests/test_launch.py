@@ -1,10 +1,11 @@
-"""Real 2-rank runs under every launcher, and the digits convergence check."""
+"""Real 2-rank runs under every launcher, and 2 ranks computing what 1 rank computes."""
 import json
 import os
 import subprocess
 import time
 
 import pytest
+import torch
 
 from conftest import ROOT, read_metrics, run_train
 
@@ -85,15 +86,20 @@ def test_an_exception_on_one_rank_aborts_the_job(tmp_path, tiny_args, launcher, 
     assert not (tmp_path / "logs" / "run" / "metrics.jsonl").exists()  # it failed in the first epoch
 
 
-@pytest.mark.slow
-def test_digits_converges_and_np1_matches_np2(tmp_path):
-    """np=2 reaches >= 95% test accuracy on digits; np=1 with the same global batch ends within
-    2 points of it."""
-    common = ["--dataset", "digits", "--model", "smallcnn", "--epochs", "12", "--lr", "0.05",
-              "--warmup-epochs", "1", "--progress", "false", "--log-dir", str(tmp_path)]
-    run_train([*common, "--batch-size", "32", "--run-name", "np2"], launcher="horovodrun", np=2, timeout=600)
-    run_train([*common, "--batch-size", "64", "--run-name", "np1"], timeout=600)
-    acc2 = read_metrics(tmp_path / "np2")[-1]["test_acc"]
-    acc1 = read_metrics(tmp_path / "np1")[-1]["test_acc"]
-    assert acc2 >= 0.95, acc2
-    assert abs(acc1 - acc2) <= 0.02, (acc1, acc2)
+def test_two_ranks_compute_the_update_one_rank_computes_for_their_images(tmp_path):
+    """Data parallelism, exactly: 2 ranks of 32 images (mpirun) take the update 1 rank takes for
+    the same 64 images (step s covers the same 64 positions of the epoch's permutation; the mean
+    of the 2 ranks' gradients is the 64-image gradient; the 2-rank rate is scaled by 2, so the
+    1-rank run is given the same rate). No BatchNorm and no augmentation, whose statistics and
+    random crops are per rank. Whether the ranks reach 95 % at the defaults: test_convergence and
+    benchmarks/convergence.py."""
+    common = ["--config", "configs/tiny.yaml", "--batchnorm", "false", "--augment", "false", "--epochs", "1",
+              "--max-steps-per-epoch", "3", "--log-dir", str(tmp_path)]
+    run_train([*common, "--batch-size", "32", "--lr", "0.05", "--run-name", "np2"], launcher="mpirun", np=2)
+    run_train([*common, "--batch-size", "64", "--lr", "0.1", "--run-name", "np1"])
+    two, one = (torch.load(tmp_path / name / "checkpoint_last.pt", weights_only=True)["model"] for name in ("np2", "np1"))
+    for key in one:
+        assert torch.allclose(two[key], one[key], atol=1e-5, rtol=0), key
+    [r2], [r1] = read_metrics(tmp_path / "np2"), read_metrics(tmp_path / "np1")
+    assert (r2["world_size"], r1["world_size"], r2["lr"]) == (2, 1, r1["lr"])
+    assert r2["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-5)
