@@ -51,7 +51,7 @@ def test_options_under_two_ranks(tmp_path, tiny_run, launcher):
 
 def test_frozen_blocks_do_not_change(tmp_path):
     run_train(["--config", "configs/tiny.yaml", "--freeze", "2", "--epochs", "1", "--log-dir", str(tmp_path),
-               "--run-name", "f"], launcher="horovodrun", np=2)
+               "--run-name", "f"], launcher="mpirun", np=2)
     torch.manual_seed(0)  # the trainer's seed: the same initial weights
     init = build_model("smallcnn", 10).state_dict()
     final = final_weights(tmp_path / "f")
@@ -73,7 +73,7 @@ def test_frozen_blocks_do_not_change(tmp_path):
 
 def test_freeze_schedule_rebuilds_and_ranks_stay_in_step(tmp_path):
     run_train(["--config", "configs/tiny.yaml", "--epochs", "3", "--freeze-schedule", "{1: 2, 2: 1}",
-               "--log-dir", str(tmp_path), "--run-name", "s"], launcher="horovodrun", np=2)
+               "--log-dir", str(tmp_path), "--run-name", "s"], launcher="mpirun", np=2)
     records = read_metrics(tmp_path / "s")
     assert [r["frozen_blocks"] for r in records] == [0, 2, 1]
     assert records[0]["trainable_params"] > records[2]["trainable_params"] > records[1]["trainable_params"]

@@ -68,7 +68,7 @@ def one_good_epoch(tmp_path_factory):
     """A 2-rank run of 1 good epoch of configs/tiny.yaml, for the tests to copy and resume."""
     logs = tmp_path_factory.mktemp("good") / "logs"
     run_train(["--config", TINY, "--log-dir", str(logs), "--run-name", "run", "--epochs", "1"],
-              launcher="horovodrun", np=2)
+              launcher="mpirun", np=2)
     return SharedRun(None, logs / "run")
 
 
@@ -79,7 +79,7 @@ def test_divergence_stops_every_rank_with_one_line_and_keeps_the_checkpoint(tmp_
     epoch's checkpoint and metrics left as they were."""
     run = one_good_epoch.copy_to(tmp_path)
     before = (run / "checkpoint_last.pt").read_bytes()
-    proc = run_train(["--resume", str(run), "--epochs", "3", "--lr", lr], launcher="horovodrun", np=2,
+    proc = run_train(["--resume", str(run), "--epochs", "3", "--lr", lr], launcher="mpirun", np=2,
                      check=False)
     assert proc.returncode == 3, proc.stderr[-3000:]
     ours = [line for line in proc.stderr.splitlines() if "hvd_cifar:" in line]
@@ -121,7 +121,7 @@ def test_small_cnn_at_defaults_reaches_95_percent_at_four_ranks(tmp_path):
     on the 2 cores, every key at its default, 6 whole epochs. The rest of the grid (VGG-11 and
     ResNet-18 at np = 1, 2, 4, accumulation, fp16) is benchmarks/convergence.py: minutes per case."""
     run_train(["--dataset", "digits", "--model", "smallcnn", "--epochs", "6", "--progress", "false",
-               "--log-dir", str(tmp_path), "--run-name", "run"], launcher="horovodrun", np=4, timeout=600)
+               "--log-dir", str(tmp_path), "--run-name", "run"], launcher="mpirun", np=4, timeout=600)
     records = read_metrics(tmp_path / "run")
     assert records[0]["lr"] < records[1]["lr"]  # still warming up at the end of the first epoch
     assert records[-1]["test_acc"] >= 0.95, [r["test_acc"] for r in records]

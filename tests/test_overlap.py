@@ -53,9 +53,9 @@ def check_epochs(run_dir, hidden_possible: bool) -> list[dict]:
 def test_horovod_records_its_timeline_and_splits_allreduce_time(tmp_path, tiny_args):
     # One epoch, then the run resumed for the second: Horovod would truncate the first timeline,
     # so the resumed process records into a file of its own.
-    run_train(tiny_args + ["--comm-timeline", "true", "--stop-after", "1"], launcher="horovodrun", np=2)
+    run_train(tiny_args + ["--comm-timeline", "true", "--stop-after", "1"], launcher="mpirun", np=2)
     run_dir = tmp_path / "logs" / "run"
-    run_train(tiny_args + ["--resume", str(run_dir), "--stop-after", "0"], launcher="horovodrun", np=2)
+    run_train(tiny_args + ["--resume", str(run_dir), "--stop-after", "0"], launcher="mpirun", np=2)
     records = check_epochs(run_dir, hidden_possible=True)
     assert [r["epoch"] for r in records] == [0, 1]
     for record, name in zip(records, ("timeline.json", "timeline-1.json")):
