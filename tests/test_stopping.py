@@ -107,11 +107,14 @@ def stop_leftovers(job: subprocess.Popen, tree: list[psutil.Process]) -> None:
 
 
 @pytest.mark.slow
+# launch/horovodrun.sh execs python -m hvd_cifar.horovodrun, so a signal to the script's pid is
+# one to that launcher itself: its cases cover both. In MPI mode the pid is mpirun's by then
+# (hvd_cifar.horovodrun execs it), which takes SIGINT as it takes SIGTERM: SIGINT once there
+# (horovodrun.sh); under Gloo horovodrun's Python driver gets each its own way: both.
 @pytest.mark.parametrize("launcher, signum", [
     ("horovodrun.sh", signal.SIGTERM), ("horovodrun.sh", signal.SIGINT),
     ("horovodrun.sh --gloo", signal.SIGTERM), ("horovodrun.sh --gloo", signal.SIGINT),
-    ("mpirun.sh", signal.SIGTERM), ("mpirun.sh", signal.SIGINT),
-    ("hvd_cifar.horovodrun", signal.SIGTERM), ("hvd_cifar.horovodrun --gloo", signal.SIGINT)],
+    ("mpirun.sh", signal.SIGTERM)],
     ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
 def test_a_signal_to_the_launcher_stops_the_whole_job(tmp_path, launcher, signum):
     job = start(LAUNCHERS[launcher], tmp_path)
