@@ -49,7 +49,6 @@ TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", "2", "--max-step
 JOBS = {
     "gloo-np2": (2, "gloo", []),
     "gloo-np4": (4, "gloo", []),
-    "mpirun-np2": (2, "mpirun", []),
     "mpirun-np4": (4, "mpirun", []),
     "gather-scatter-np4": (4, "mpirun", ["--sync", "mpi-gather-scatter"]),
     "fp16": (2, "gloo", ["--fp16-allreduce", "true"]),
@@ -136,7 +135,9 @@ def _check_against_analytic(name: str, records: list[dict], np: int, hostnames: 
                     f"= {ratio:.4f} x the analytic {r['comm_bytes_per_rank']:,} B ({r['syncs']} syncs)")
 
 
-@pytest.mark.parametrize("name", ["gloo-np2", "gloo-np4", "mpirun-np2", "mpirun-np4"])
+# mpirun at np 4 only: at 2 ranks every allreduce algorithm Open MPI picks sends the payload once
+# (ring: 2 x 1/2; recursive doubling: 1 x 1), so only 4 ranks tell a ring from the rest.
+@pytest.mark.parametrize("name", ["gloo-np2", "gloo-np4", "mpirun-np4"])
 def test_measured_bytes_match_ring_allreduce(job, cluster, name):
     np = JOBS[name][0]
     records = job(name)
