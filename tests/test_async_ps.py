@@ -227,11 +227,12 @@ CLUSTER_TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", "2", "--
 @pytest.mark.slow
 @NEEDS_NETNS[0]
 @NEEDS_NETNS[1]
-@pytest.mark.parametrize("np, servers", [(3, 1), (4, 2)], ids=["np3-1-server", "np4-2-servers"])
+@pytest.mark.parametrize("np, servers", [(4, 2)], ids=["np4-2-servers"])
 def test_cluster_bytes_match_the_analytic_push_and_pull(tmp_path, np, servers):
     """vgg11 (S = 36.9 MB) on the namespace cluster, one rank per host, 1 Gbit/s links: a
     worker's eth0 sends S and takes in S per update (the recorded figure); a server's carries
-    workers x S / servers each way per round of updates."""
+    workers x S / servers each way per round of updates. The buffer sharded over 2 servers: one
+    server is the same formula with servers = 1, and the sharding is what can go wrong."""
     workers = np - servers
     with NetCluster(n_hosts=np, rate="1gbit") as cluster:
         result = cluster.run_mpirun(np, [*CLUSTER_TRAIN, "--ps-servers", str(servers), "--log-dir", str(tmp_path),
