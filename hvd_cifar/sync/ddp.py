@@ -28,7 +28,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from hvd_cifar import compress, overlap
-from hvd_cifar.compress.hooks import SchemeHooks
+from hvd_cifar.sync.schemes import SchemeHooks
 from hvd_cifar.lifecycle import launched_by_mpi
 from hvd_cifar.sync import SyncMethod, openmpi
 

@@ -12,7 +12,7 @@ import horovod.torch as hvd
 import torch
 
 from hvd_cifar import compress, overlap
-from hvd_cifar.compress.hooks import SchemeHooks
+from hvd_cifar.sync.schemes import SchemeHooks
 from hvd_cifar.errors import ConfigError
 from hvd_cifar.sync import SyncMethod, openmpi
 
