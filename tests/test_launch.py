@@ -24,6 +24,8 @@ def test_two_ranks_train_under_each_launcher(tiny_run, launcher):
     assert meta["world_size"] == 2
     # the communication settings in effect are recorded, hvd_cifar's defaults included
     assert meta["comm_settings"]["HOROVOD_CYCLE_TIME"] == "5"
+    # no timeline asked for, none set: its writer thread would spin beside the training threads
+    assert "HOROVOD_TIMELINE" not in meta["comm_settings"]
     if launcher == "mpirun":
         assert meta["comm_settings"]["OMPI_MCA_mpi_yield_when_idle"] == "1"
     assert (run / "rank0.log").exists() and (run / "rank1.log").exists()

@@ -58,6 +58,7 @@ def test_horovod_records_its_timeline_and_splits_allreduce_time(tmp_path, tiny_a
     run_train(tiny_args + ["--resume", str(run_dir), "--stop-after", "0"], launcher="mpirun", np=2)
     records = check_epochs(run_dir, hidden_possible=True)
     assert [r["epoch"] for r in records] == [0, 1]
+    assert json.loads((run_dir / "meta.json").read_text())["comm_settings"]["HOROVOD_TIMELINE"] == "DYNAMIC"
     for record, name in zip(records, ("timeline.json", "timeline-1.json")):
         spans = overlap.collective_intervals(str(run_dir / name))
         assert len(spans) >= 6  # every step's gradients, and the metrics' sums

@@ -17,16 +17,21 @@ from hvd_cifar.errors import ConfigError
 from hvd_cifar.sync import SyncMethod, openmpi
 
 
-def prepare_environment(elastic: bool) -> None:
-    """Horovod's settings, which it reads at hvd.init(), and the launches it cannot run under."""
+def prepare_environment(elastic: bool, timeline: bool = False) -> None:
+    """Horovod's settings, which it reads at hvd.init(), and the launches it cannot run under.
+    ``timeline``: the run records Horovod's timeline (comm_timeline: true)."""
     # A rank that stops submitting collectives (a bug, a dead peer) would otherwise leave the
     # rest waiting forever with only a warning: after this long Horovod shuts down with an
     # error instead, which the entry point turns into an aborted job.
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
     # A timeline can be started once a run's folder exists (comm_timeline: true) only if Horovod was
-    # initialised with this set; DYNAMIC records nothing until then (its cost: docs/SCALING.md).
-    os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
+    # initialised with this set; DYNAMIC records nothing until then. Only then: with the variable
+    # set, Horovod's timeline writer thread loops on yield() even while it records nothing, and
+    # on 2 cores that took 15-40 % off a one-rank step and 0.3 s of CPU per step (measured,
+    # docs/SYNC_METHODS.md "One rank").
+    if timeline:
+        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     started_elastic = os.environ.get("HOROVOD_ELASTIC") == "1"  # set by horovodrun's elastic driver
     if elastic and not started_elastic:
         raise ConfigError("elastic: needs Horovod's elastic launcher: horovodrun -np N --min-np MIN "
@@ -93,7 +98,7 @@ class HorovodSync(SyncMethod):
         self.autotune_log = apply_tuning(cfg)  # before hvd.init(), which reads them
         self.owns_autotune_log = self.autotune_log not in (None, launcher_log)  # a temp file: removed at close()
         self.kept_autotune_log: str | None = None  # its copy in the run folder, once made
-        prepare_environment(elastic)
+        prepare_environment(elastic, timeline=bool(cfg and cfg.comm_timeline))
         openmpi.apply_defaults()  # Horovod runs its collectives on MPI unless launched with --gloo
         hvd.init()
         self.optimizer = None
