@@ -268,7 +268,7 @@ MEDIAN_COLUMNS = [Column("method", "method"), num("median img/s", "images_per_s"
 CLUSTER_COLUMNS = [
     Column("method", "method"), num("epoch time (s)", "epoch_time_s", ".2f"), STEP_COLUMNS[0],
     num("sync time (s/step)", "sync_time_s", ".3f"), *STEP_COLUMNS[2:],
-    num("bytes/step/rank, analytic (MB)", "comm_bytes_per_step", ".2f", 1e6),
+    num("CPU s/image/rank", "cpu_s_per_image", ".4f"), num("bytes/step/rank, analytic (MB)", "comm_bytes_per_step", ".2f", 1e6),
     Column("NIC tx MB/step, host 0 / 1 / ...", "nic_tx_bytes_per_step", numeric=True,
            row_fmt=mb_per_host("nic_tx_bytes_per_step")),
     Column("NIC rx MB/step, host 0 / 1 / ...", "nic_rx_bytes_per_step", numeric=True,
