@@ -90,6 +90,19 @@ class Scheme:
         """After the update's last backward: leave in every ``.grad`` what the update applies."""
         raise NotImplementedError
 
+    def begin_update(self) -> list | None:
+        """Count this update and return the (name, parameter) pairs that hold a gradient; in the
+        warm-up, average those gradients whole instead and return None (the update is done)."""
+        params = [(name, p) for name, p in self.params if p.grad is not None]
+        warming_up = self.updates < self.warmup_steps
+        self.updates += 1
+        if not warming_up:
+            return params
+        # Imported here, not above: this module stays free of torch (the scaling model reads it).
+        from hvd_cifar.compress.flat import average_in_place
+        average_in_place(self.collective, [p.grad for _, p in params], f"{self.name}.warmup")
+        return None
+
     def after_step(self) -> None:
         """After the optimizer step."""
 

@@ -55,11 +55,8 @@ class PowerSGD(Scheme):
         self.qs: dict[str, torch.Tensor] = {}      # parameter name -> Q, the same on every rank
 
     def synchronize(self) -> None:
-        params = [(name, p) for name, p in self.params if p.grad is not None]
-        warming_up = self.updates < self.warmup_steps
-        self.updates += 1
-        if warming_up:
-            average_in_place(self.collective, [p.grad for _, p in params], "powersgd.warmup")
+        params = self.begin_update()
+        if params is None:
             return
         matrices = [(name, p) for name, p in params if matrix_shape(tuple(p.shape), self.rank)]
         whole = [p.grad for name, p in params if not matrix_shape(tuple(p.shape), self.rank)]

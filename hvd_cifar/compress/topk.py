@@ -20,7 +20,7 @@ import torch
 
 from hvd_cifar.compress import Collective, Scheme, allgather_bytes
 from hvd_cifar.compress.cost import kept, topk_payload
-from hvd_cifar.compress.flat import average_in_place, unflatten
+from hvd_cifar.compress.flat import unflatten
 
 
 class TopK(Scheme):
@@ -32,13 +32,8 @@ class TopK(Scheme):
         self.errors: dict[str, torch.Tensor] = {}  # parameter name -> E (flat), this rank's
 
     def synchronize(self) -> None:
-        params = [(name, p) for name, p in self.params if p.grad is not None]
-        warming_up = self.updates < self.warmup_steps
-        self.updates += 1
-        if warming_up:
-            average_in_place(self.collective, [p.grad for _, p in params], "topk.warmup")
-            return
-        if not params:
+        params = self.begin_update()
+        if not params:  # the warm-up averaged them, or none has a gradient
             return
         values, indices, offset = [], [], 0
         for name, p in params:
