@@ -28,7 +28,7 @@ def prepare_environment(elastic: bool, timeline: bool = False) -> None:
     # A timeline can be started once a run's folder exists (comm_timeline: true) only if Horovod was
     # initialised with this set; DYNAMIC records nothing until then. Only then: with the variable
     # set, Horovod's timeline writer thread loops on yield() even while it records nothing, and
-    # on 2 cores that took 15-40 % off a one-rank step and 0.3 s of CPU per step (measured,
+    # on 2 cores that made a one-rank step 13-51 % slower and cost 0.2-0.3 s of CPU per step (measured,
     # docs/SYNC_METHODS.md "One rank").
     if timeline:
         os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
