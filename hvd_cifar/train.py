@@ -32,7 +32,7 @@ from hvd_cifar import config as config_mod
 from hvd_cifar import autofreeze, data, engine, evaluation, lifecycle, metrics, netstats, preempt, resources, runlog
 from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.models import build_model, set_frozen_blocks
-from hvd_cifar.ranks import USER_ERRORS, before_loop, on_every_rank, on_main, say_once
+from hvd_cifar.ranks import USER_ERRORS, before_loop, on_every_rank, on_main, say_once, say_together
 from hvd_cifar.sync import SyncMethod
 from hvd_cifar.sync import make as make_sync
 from hvd_cifar.tboard import Board
@@ -289,6 +289,9 @@ def run(cfg: Config) -> tuple[SyncMethod, preempt.Preempted | None]:
                                                     training.elapsed_s(), exc, **training.checkpointed()))
         # Without its traceback, which holds the loop's frames and in them the wrapped model.
         stopped, exc.run_dir = exc.with_traceback(None), training.run_dir
+        # Said here, while the ranks can still wait for each other: none need linger at exit
+        # for rank 0's line (a launcher that waits, like horovodrun --gloo's, ends sooner).
+        say_together(sync, stopped.line())
     # The wrappers the sync method made hold its communication resources (DDP's reducer holds
     # the process group): let them go before the method closes.
     training.net = training.optimizer = state = None
@@ -302,8 +305,8 @@ def main(argv: list[str] | None = None) -> tuple[int, bool]:
     rank = lifecycle.launch_rank()
     try:
         sync, stopped = run(load_config(argv))
-        if stopped:  # every rank knows it alike, and rank 0's checkpoint is written
-            return say_once(rank, stopped.line(), preempt.EXIT_PREEMPTED), sync.leaves_threads_running
+        if stopped:  # every rank knows it alike; rank 0's checkpoint is written and its line said
+            return preempt.EXIT_PREEMPTED, sync.leaves_threads_running
         return 0, sync.leaves_threads_running
     except USER_ERRORS as exc:
         # Bad input is seen by every rank alike (or handed to all by on_main): one line, from rank 0.

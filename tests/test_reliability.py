@@ -165,3 +165,4 @@ def test_a_silent_rank_waits_for_rank_0_to_speak_before_exiting():
     took = time.monotonic() - start
     assert proc.returncode == 2 and proc.stderr == "" and proc.stdout == "", proc
     assert took >= SILENT_RANK_EXIT_DELAY_S, took
+
