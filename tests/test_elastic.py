@@ -1,6 +1,6 @@
 """Elastic training: workers killed, added and retired while a run goes on.
 
-    .venv/bin/python -m pytest -q tests/test_elastic.py       # as root; about 2 minutes
+    .venv/bin/python -m pytest -q tests/test_elastic.py       # as root; under a minute
 
 One real job under horovodrun's elastic driver (Gloo) on the namespace cluster
 (``hvd_cifar.netcluster``: one slot per host, each host its own address and hostname):
@@ -16,6 +16,11 @@ test edits while the job runs. The job starts on hosts 0, 1, 2; then
 The run must then finish on its own (exit 0) with every epoch in metrics.jsonl once, the ranks
 ending on identical weights, and events.jsonl telling the story with no more steps redone after
 the kill than the commit interval.
+
+The model is the small CNN, whose steps take milliseconds; a hook in every worker (PACE, loaded
+as sitecustomize) sleeps after each step for the seconds written in a file, so the test has
+time to act between commits while the workers change, and lets the run finish at full speed
+once they have.
 """
 from __future__ import annotations
 
@@ -35,12 +40,26 @@ from hvd_cifar.netcluster import NetCluster
 pytestmark = [*NEEDS_NETNS, pytest.mark.slow]
 
 COMMIT_EVERY = 3
-EPOCHS = 14
-TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", str(EPOCHS), "--batch-size", "16",
+EPOCHS = 8
+STEP_PAUSE_S = "0.3"  # while the workers change
+TRAIN = ["--model", "smallcnn", "--dataset", "digits", "--epochs", str(EPOCHS), "--batch-size", "16",
          "--max-steps-per-epoch", "8", "--lr", "0.01", "--warmup-epochs", "0", "--checkpoint-every", "0",
          "--threads-per-rank", "1", "--progress", "false", "--nic", "eth0",
          "--elastic", "true", "--commit-every", str(COMMIT_EVERY)]
 DISCOVER = str(ROOT / "launch" / "discover-hosts.sh")
+PACE = """
+import os, time
+if "HOROVOD_HOSTNAME" in os.environ:  # a worker (not horovodrun's driver)
+    from hvd_cifar import elastic
+    _after_step = elastic.ElasticState.after_step
+    def after_step(self, step, images):
+        _after_step(self, step, images)
+        try:
+            time.sleep(float(open(os.environ["PACE_FILE"]).read()))
+        except (OSError, ValueError):
+            pass
+    elastic.ElasticState.after_step = after_step
+"""
 
 
 def write_hosts(path: Path, hosts: list[str]) -> None:
@@ -84,6 +103,10 @@ def test_kill_add_and_retire_workers_mid_run(tmp_path):
     run_dir = tmp_path / "logs" / "elastic"
     events, metrics = run_dir / "events.jsonl", run_dir / "metrics.jsonl"
     resets = lambda: [e for e in read_jsonl(events) if e["event"] == "reset"]  # noqa: E731
+    hook, pace = tmp_path / "hook", tmp_path / "pace"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(PACE)
+    pace.write_text(STEP_PAUSE_S)
     with NetCluster(n_hosts=4, rate=None) as cluster:
         h = cluster.hosts
         write_hosts(hostfile, h[:3])
@@ -92,12 +115,13 @@ def test_kill_add_and_retire_workers_mid_run(tmp_path):
         output = open(tmp_path / "job.log", "w")
         argv.insert(1, "--verbose")
         job = cluster.popen(0, argv, env={"HVD_CIFAR_HOSTFILE": str(hostfile), "PYTHONUNBUFFERED": "1",
+                                          "PYTHONPATH": str(hook), "PACE_FILE": str(pace),
                                           # how long a survivor may wait on a dead peer
                                           "HOROVOD_GLOO_TIMEOUT_SECONDS": "20"},
                             stdout=output, stderr=subprocess.STDOUT)
         try:
             wait_for("the first epoch", lambda: len(read_jsonl(metrics)) >= 1, job, 240)
-            time.sleep(2.5)  # into the second epoch (about 0.5 s a step here), between commits
+            time.sleep(1.5)  # into the second epoch (a step is about 0.3 s), between commits
             victims = trainer_pids(cluster, 2)
             assert len(victims) == 1, f"host 2 runs {victims}"
             os.kill(victims[0], signal.SIGKILL)
@@ -110,6 +134,7 @@ def test_kill_add_and_retire_workers_mid_run(tmp_path):
 
             write_hosts(hostfile, [h[0], h[3]])  # host 1 retires
             wait_for("host 1 to retire", lambda: resets()[-1]["world_size"] == 2 and len(resets()) >= 3, job, 180)
+            pace.write_text("0")
             code = job.wait(timeout=600)
         finally:
             if job.poll() is None:
@@ -133,6 +158,7 @@ def test_kill_add_and_retire_workers_mid_run(tmp_path):
 
     records = read_jsonl(metrics)
     assert [r["epoch"] for r in records] == list(range(EPOCHS))
+    assert records[0]["epoch_time_s"] >= 8 * float(STEP_PAUSE_S), "the pace hook did not reach the workers"
     sizes = [r["world_size"] for r in records]
     assert sizes[0] == 3 and sizes[-1] == 2 and 3 in sizes[1:], sizes
     eval_json = json.loads((run_dir / "eval.json").read_text())
