@@ -8,6 +8,7 @@ wait on another there.
 """
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -84,6 +85,9 @@ def say_once(rank: int, line: str, code: int) -> int:
         # Launchers stop the whole job when the first rank exits non-zero. A silent rank that
         # got there first would have rank 0 killed before it said why; so the others give
         # rank 0 time to speak. Normally rank 0 exits first and the launcher ends the job
-        # then, so this wait costs nothing.
+        # then, so this wait costs nothing. A SIGTERM during the wait is a launcher ending the
+        # job (horovodrun --gloo does so at the first exit): obey it at once, where the run's
+        # stop handler would only note it and the launcher wait 5 s before its SIGKILL.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         time.sleep(SILENT_RANK_EXIT_DELAY_S)
     return code

@@ -1,5 +1,6 @@
 """Faults: a rank killed mid-epoch ends the job; a checkpoint write killed half-way loses nothing."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -166,3 +167,24 @@ def test_a_silent_rank_waits_for_rank_0_to_speak_before_exiting():
     assert proc.returncode == 2 and proc.stderr == "" and proc.stdout == "", proc
     assert took >= SILENT_RANK_EXIT_DELAY_S, took
 
+
+
+def test_a_silent_rank_waiting_for_rank_0_obeys_the_launchers_sigterm_at_once():
+    """The wait is for rank 0's line, not against the launcher: a SIGTERM that comes while a
+    silent rank waits (the launcher ending the job, as horovodrun's Gloo driver does at the
+    first exit) ends it then, even with the run's stop handler installed."""
+    code = ("import sys; from hvd_cifar import preempt, ranks; preempt.install(); "
+            "print('waiting', flush=True); sys.exit(ranks.say_once(1, 'unsaid', 2))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        time.sleep(0.5)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM and took < 2.0, (proc.returncode, took)
