@@ -29,7 +29,8 @@ import traceback
 import torch
 
 from hvd_cifar import config as config_mod
-from hvd_cifar import autofreeze, data, engine, evaluation, lifecycle, metrics, netstats, preempt, resources, runlog
+from hvd_cifar import (autofreeze, data, engine, evaluation, lifecycle, metrics, netstats, preempt, resources,
+                       runlock, runlog)
 from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.models import build_model, set_frozen_blocks
 from hvd_cifar.ranks import USER_ERRORS, before_loop, on_every_rank, on_main, say_once, say_together
@@ -69,8 +70,12 @@ def open_run_dir(cfg: Config, sync: SyncMethod) -> str:
     """Rank 0 creates (or reopens) the run folder, every rank learns where it is. Elastic:
     nothing before the elastic loop may wait on another rank (a worker that joins later runs
     this alone), so the training state carries rank 0's answer to the others instead."""
-    return before_loop(sync, lambda: cfg.resume or runlog.create_run_dir(cfg, sync.size),
-                       others=lambda: cfg.resume or "")
+    def open_and_hold() -> str:
+        run_dir = cfg.resume or runlog.create_run_dir(cfg, sync.size)
+        runlock.hold(run_dir)  # one job per run folder (held until main ends)
+        return run_dir
+
+    return before_loop(sync, open_and_hold, others=lambda: cfg.resume or "")
 
 
 def build(cfg: Config, sync: SyncMethod, device: torch.device) -> Training:
@@ -116,6 +121,10 @@ def resume(run: Training, run_dir: str) -> None:
     run.set_trainable(run.freezing.frozen_blocks(run.start_epoch, 0) if saved_frozen is None else saved_frozen)
     if ckpt:
         runlog.restore_training(ckpt, run.model, run.optimizer, run.scaler, cfg.model)
+    if ckpt and cfg.stop_after and cfg.stop_after <= run.start_epoch < cfg.epochs:
+        raise ConfigError(f"stop_after: the run already stopped after epoch {run.start_epoch} of {cfg.epochs}, as "
+                          f"its stop_after: {cfg.stop_after} asks; to go on: --resume {run_dir} --stop-after 0 "
+                          f"(to the end) or --stop-after N (N > {run.start_epoch})")
 
 
 # ----------------------------------------------------------------------------- the epoch loop
@@ -329,6 +338,8 @@ def main(argv: list[str] | None = None) -> tuple[int, bool]:
         else:  # a fault on this rank alone: say so once, then take the whole job down
             sys.stderr.write(f"hvd_cifar: rank {rank} failed:\n{traceback.format_exc()}")
         lifecycle.abort_job(1)
+    finally:
+        runlock.release_all()
     return 1, False
 
 
