@@ -6,23 +6,20 @@
   already said what went wrong, once, so this entry point turns that ending into one line
   (``horovodrun: job stopped: ...``) naming the first failed process and exits with its status.
   Anything else horovodrun raises (a launcher fault, not a rank's) goes through untouched.
-* MPI mode: horovodrun ends by replacing itself with ``/bin/sh -c "mpirun ..."``, a shell that
-  starts mpirun as its child and waits. A SIGTERM or SIGINT sent to the launcher's pid (by a
-  person, ``timeout``, a supervisor) then ends only that shell, and mpirun with every rank runs
-  on, orphaned (dash, Debian's sh, does not exec a ``-c`` command itself). Here the shell is told
-  to ``exec mpirun``, so mpirun holds the launcher's pid and its signals, and stops the ranks.
 * The launcher gets SIGTERM when its parent dies (``launchers.die_with_parent``), in both modes.
 * A host that ssh cannot reach ends the launch with one line naming it and ssh's last word
   (``horovodrun: cannot reach host HOST by ssh: ...``, status 2) instead of horovodrun's
   per-host dump and 20-line ``RuntimeError: could not connect to some hosts via ssh`` traceback.
 
-``launch/horovodrun.sh`` runs horovodrun this way.
+``launch/horovodrun.sh`` runs horovodrun this way. What plain ``horovodrun`` needs as well is
+carried in the Horovod that scripts/install.sh builds (its Fix 5: MPI mode ends in ``exec
+mpirun``, so a signal to the launcher's pid reaches mpirun, which stops the ranks; Fix 6: a
+stopped worker's shell is continued so that it ends).
 """
 from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 import signal
 import sys
@@ -34,20 +31,6 @@ from hvd_cifar import launchers
 _GLOO_FAILED = re.compile(r"one or more processes exited with non-zero status.*?"
                           r"Process name: (?P<name>\S+)\s+Exit code: (?P<code>-?\d+)", re.S)
 _MPIRUN_FAILED = re.compile(r"mpirun failed with exit code (?P<code>-?\d+)")
-
-
-def exec_mpirun_in_place() -> None:
-    """Make horovodrun's final ``os.execve('/bin/sh', ['/bin/sh', '-c', 'mpirun ...'], env)``
-    run ``exec mpirun ...``: the shell becomes mpirun instead of waiting for it as a child."""
-    real_execve = os.execve
-
-    def execve(path, args, env):
-        args = list(args)
-        if args[:2] == ["/bin/sh", "-c"] and len(args) == 3 and args[2].startswith("mpirun "):
-            args[2] = "exec " + args[2]
-        return real_execve(path, args, env)
-
-    os.execve = execve
 
 
 _SSH_FAILED = re.compile(r"^ssh not successful for host (?P<host>\S+):\n(?P<output>.*?)(?=^ssh not successful|\Z)",
@@ -86,7 +69,6 @@ def status_text(code: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     launchers.die_with_parent(launchers.parent_from_env())
-    exec_mpirun_in_place()
     from horovod.runner.launch import run_commandline
 
     record_unreachable_hosts()

@@ -105,10 +105,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PACKAGES[*]}" ]; then
   echo "${PY_PACKAGES[*]}" > "$stamp"
 fi
 
-# --- horovod, built from source with three fixes, wheel cached ------------------------
+# --- horovod, built from source with six fixes, wheel cached --------------------------
+# HOROVOD_FIXES names the set of fixes below: a new fix bumps it, which rebuilds the cached
+# wheel and reinstalls horovod in a venv that has an older build (stamp file).
+HOROVOD_FIXES=6
 gpu_ops="${HOROVOD_GPU_OPERATIONS:-}"
-wheel_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-py$("$PY" -c 'import sys;print("%d%d"%sys.version_info[:2])')${gpu_ops:+-$gpu_ops}"
-if ! have "horovod==$HOROVOD_VERSION"; then
+wheel_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-fixes$HOROVOD_FIXES-torch$TORCH_VERSION-py$("$PY" -c 'import sys;print("%d%d"%sys.version_info[:2])')${gpu_ops:+-$gpu_ops}"
+horovod_stamp="$VENV/.hvd_cifar_horovod_build"
+if ! have "horovod==$HOROVOD_VERSION" || [ "$(cat "$horovod_stamp" 2>/dev/null)" != "$(basename "$wheel_dir")" ]; then
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     build="$(mktemp -d)"
     trap 'rm -rf "$build"' EXIT
@@ -152,6 +156,22 @@ patch("horovod/torch/CMakeLists.txt",
 patch("horovod/runner/js_run.py",
       "from distutils.spawn import find_executable",
       "from shutil import which as find_executable")
+
+# Fix 5: horovodrun's MPI mode ends in execve('/bin/sh', ['/bin/sh', '-c', 'mpirun ...']), and
+# dash (Debian's sh) does not exec the last command of -c itself: it waits for mpirun as its
+# child. A SIGTERM or SIGINT to horovodrun's pid (a person, timeout, a batch system) then ends
+# only the shell, and mpirun with every rank runs on. 'exec mpirun' gives mpirun that pid.
+patch("horovod/runner/mpi_run.py",
+      "os.execve('/bin/sh', ['/bin/sh', '-c', mpirun_command], env)",
+      "os.execve('/bin/sh', ['/bin/sh', '-c', 'exec ' + mpirun_command], env)")
+
+# Fix 6: to stop a worker (Gloo mode, and every job after a signal) horovodrun's middleman
+# terminates the worker's children, freezes the worker's shell with SIGSTOP, then sends it
+# SIGTERM and waits 5 s. A stopped process does not act on SIGTERM until continued, so every
+# such stop took those 5 s and ended in SIGKILL. SIGCONT after the SIGTERM lets it end.
+patch("horovod/runner/common/util/safe_shell_exec.py",
+      "    try:\n        p.terminate()\n    except psutil.NoSuchProcess:",
+      "    try:\n        p.terminate()\n        p.send_signal(signal.SIGCONT)\n    except psutil.NoSuchProcess:")
 PYEOF
     # Fix 3: use the system cmake (3.25; pip's cmake 4 rejects gloo's cmake_minimum_required)
     # and build without isolation so the extension compiles against the torch installed above
@@ -165,8 +185,9 @@ PYEOF
     cp "$build"/dist/horovod-*.whl "$wheel_dir/"
   fi
   log "installing cached horovod wheel from $wheel_dir"
-  pip_install --no-deps "$wheel_dir"/horovod-*.whl
+  pip_install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
   "$VENV/bin/horovodrun" --check-build
+  basename "$wheel_dir" > "$horovod_stamp"
 fi
 
 # --- the package itself ----------------------------------------------------------------

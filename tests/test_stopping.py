@@ -27,6 +27,9 @@ LAUNCHERS = {
                              PYTHON, "-m", "hvd_cifar.train"],
     "hvd_cifar.horovodrun --gloo": [PYTHON, "-m", "hvd_cifar.horovodrun", "-np", "2", "-H", "localhost:2",
                                     "--gloo", PYTHON, "-m", "hvd_cifar.train"],
+    # Horovod's own console script, as its usage line shows it (Fix 5 of scripts/install.sh).
+    "horovodrun": [str(Path(PYTHON).parent / "horovodrun"), "-np", "2", "-H", "localhost:2",
+                   PYTHON, "-m", "hvd_cifar.train"],
 }
 # A parent that starts the launcher and waits for it, as a supervisor or a batch script would.
 PARENT = [PYTHON, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"]
@@ -114,7 +117,7 @@ def stop_leftovers(job: subprocess.Popen, tree: list[psutil.Process]) -> None:
 @pytest.mark.parametrize("launcher, signum", [
     ("horovodrun.sh", signal.SIGTERM), ("horovodrun.sh", signal.SIGINT),
     ("horovodrun.sh --gloo", signal.SIGTERM), ("horovodrun.sh --gloo", signal.SIGINT),
-    ("mpirun.sh", signal.SIGTERM)],
+    ("mpirun.sh", signal.SIGTERM), ("horovodrun", signal.SIGTERM)],
     ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
 def test_a_signal_to_the_launcher_stops_the_whole_job(tmp_path, launcher, signum):
     job = start(LAUNCHERS[launcher], tmp_path)
@@ -173,15 +176,23 @@ def test_die_with_parent_signals_a_process_whose_parent_is_already_gone():
     assert proc.returncode == 0 and proc.stdout == "ok\n"
 
 
-def test_horovodrun_mpi_mode_execs_mpirun_in_the_shells_place(monkeypatch):
-    """horovodrun's MPI mode ends in execve('/bin/sh', ['/bin/sh', '-c', 'mpirun ...']); the
-    shell must exec mpirun (else a signal to the launcher's pid kills only the shell)."""
-    from hvd_cifar import horovodrun
+def test_a_stopped_workers_shell_ends_without_waiting_out_horovods_grace(tmp_path):
+    """Horovod's middleman ends a worker by terminating the shell's children, freezing the shell
+    (SIGSTOP), then terminating it; continued (Fix 6 of scripts/install.sh), the shell ends at
+    once, where a frozen one sat out the 5 s grace and was killed."""
+    from horovod.runner.common.util import safe_shell_exec
 
-    calls = []
-    monkeypatch.setattr(os, "execve", lambda path, args, env: calls.append((path, list(args))))
-    horovodrun.exec_mpirun_in_place()
-    os.execve("/bin/sh", ["/bin/sh", "-c", "mpirun -np 2 python -m hvd_cifar.train"], {})
-    os.execve("/bin/sh", ["/bin/sh", "-c", "echo hi"], {})
-    assert calls == [("/bin/sh", ["/bin/sh", "-c", "exec mpirun -np 2 python -m hvd_cifar.train"]),
-                     ("/bin/sh", ["/bin/sh", "-c", "echo hi"])]
+    # A shell that waits for its child, then (the child gone) runs on by itself.
+    shell = subprocess.Popen(["/bin/sh", "-c", "sleep 60; while :; do :; done"])
+    try:
+        time.sleep(0.3)
+        start = time.monotonic()
+        safe_shell_exec.terminate_executor_shell_and_children(shell.pid)
+        shell.wait(timeout=30)
+        took = time.monotonic() - start
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
+    assert shell.returncode != -signal.SIGKILL, "the shell sat out the grace and was killed"
+    assert took < safe_shell_exec.GRACEFUL_TERMINATION_TIME_S - 1, took
