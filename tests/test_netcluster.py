@@ -109,3 +109,27 @@ def test_shaped_links_hold_their_rate():
         cluster.shape(None)
         fast = cluster.throughput([1], 0, 50_000_000)
         assert fast >= 2e9, f"unshaped link: {fast / 1e9:.3f} Gbit/s, expected far above 1"
+
+
+def test_ranks_fill_hosts_per_host_at_a_time(tmp_path):
+    """np ranks, per_host to a host from host 0 on: the hostfile, horovodrun's -H and mpirun's
+    command line agree; more ranks than slots is one ClusterError (no cluster needs to be up)."""
+    from hvd_cifar.netcluster import launch
+    from hvd_cifar.netcluster.layout import Layout
+    from hvd_cifar.netcluster.system import ClusterError
+
+    layout = Layout(3, "/venv/bin/python", str(tmp_path))
+    layout.hosts, layout.tmpdir = ["10.9.0.1", "10.9.0.2", "10.9.0.3"], str(tmp_path)
+    assert launch.slots(layout, 4, 2) == [("10.9.0.1", 2), ("10.9.0.2", 2)]
+    assert launch.slots(layout, 5, 2) == [("10.9.0.1", 2), ("10.9.0.2", 2), ("10.9.0.3", 1)]
+    assert launch.slots(layout, 2) == [("10.9.0.1", 1), ("10.9.0.2", 1)]
+    with open(launch.hostfile(layout, 3, 2)) as f:
+        assert f.read() == "10.9.0.1 slots=2\n10.9.0.2 slots=1\n"
+    argv = launch.horovodrun_argv(layout, 4, [], per_host=2)
+    assert argv[argv.index("-H") + 1] == "10.9.0.1:2,10.9.0.2:2"
+    argv = launch.mpirun_argv(layout, 4, [], per_host=2)
+    with open(argv[argv.index("--hostfile") + 1]) as f:
+        assert f.read() == "10.9.0.1 slots=2\n10.9.0.2 slots=2\n"
+    for np, per_host in ((7, 2), (4, 1), (0, 1)):
+        with pytest.raises(ClusterError, match=f"np: {np} ranks need"):
+            launch.slots(layout, np, per_host)

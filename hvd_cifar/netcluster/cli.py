@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     cluster_args(run_p)
     run_p.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun")
     run_p.add_argument("--gloo", action="store_true", help="horovodrun with the Gloo controller")
-    run_p.add_argument("--np", type=int, default=0, help="ranks, one per host (default: all hosts)")
+    run_p.add_argument("--np", type=int, default=0, help="ranks (default: every slot of every host)")
+    run_p.add_argument("--per-host", type=int, default=1, help="ranks per host (default 1)")
     run_p.add_argument("--timeout", type=float, default=3600, help="seconds")
     run_p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then python -m hvd_cifar.train flags")
     tp = sub.add_parser("throughput", help="bulk TCP transfer host 1 -> host 0, in Gbit/s")
@@ -76,11 +77,11 @@ def _throughput(cluster: NetCluster, megabytes: int) -> int:
 def _train(cluster: NetCluster, args: argparse.Namespace) -> int:
     """One training job across the cluster, its output passed through; the NIC bytes after it."""
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-    np = args.np or cluster.n_hosts
+    np = args.np or cluster.n_hosts * args.per_host
     if args.launcher == "mpirun":
-        command = cluster.mpirun_argv(np, train_args)
+        command = cluster.mpirun_argv(np, train_args, per_host=args.per_host)
     else:
-        command = cluster.horovodrun_argv(np, train_args, gloo=args.gloo)
+        command = cluster.horovodrun_argv(np, train_args, gloo=args.gloo, per_host=args.per_host)
     print(f"on host 0: {shlex.join(command)}", flush=True)
     before = [cluster.nic_counters(i) for i in range(cluster.n_hosts)]
     result = cluster.exec(0, command, timeout=args.timeout, capture=False)

@@ -1,5 +1,5 @@
 """Launcher command lines across the cluster: horovodrun (MPI or Gloo controller, elastic) and
-Open MPI's mpirun, one rank per host, to run on host 0, which reaches hosts 1.. over ssh through
+Open MPI's mpirun, one rank per host (or ``per_host``), to run on host 0, which reaches hosts 1.. over ssh through
 the switch. The command lines themselves come from ``hvd_cifar.launchers``; this module adds the
 cluster's hosts, key and interface.
 
@@ -19,17 +19,20 @@ from hvd_cifar.netcluster.ssh import SSH_PORT
 from hvd_cifar.netcluster.system import NIC, ClusterError
 
 
-def _check_np(cluster: Layout, np: int) -> None:
-    if not 1 <= np <= cluster.n_hosts:
-        raise ClusterError(f"np: {np} ranks need 1..{cluster.n_hosts} (one rank per host)")
+def slots(cluster: Layout, np: int, per_host: int = 1) -> list[tuple[str, int]]:
+    """(address, ranks) of the hosts ``np`` ranks fill, ``per_host`` to a host, in order."""
+    if per_host < 1 or not 1 <= np <= cluster.n_hosts * per_host:
+        raise ClusterError(f"np: {np} ranks need 1..{cluster.n_hosts * max(per_host, 1)} "
+                           f"({cluster.n_hosts} hosts, {per_host} rank(s) per host)")
+    hosts = -(-np // per_host)
+    return [(addr, min(per_host, np - i * per_host)) for i, addr in enumerate(cluster.hosts[:hosts])]
 
 
-def hostfile(cluster: Layout, np: int) -> str:
-    """An Open MPI hostfile (``ADDR slots=1`` lines) for the first ``np`` hosts, validated."""
-    _check_np(cluster, np)
-    path = os.path.join(cluster.tmpdir, f"hostfile-np{np}")
+def hostfile(cluster: Layout, np: int, per_host: int = 1) -> str:
+    """An Open MPI hostfile (``ADDR slots=N`` lines) for ``np`` ranks, validated."""
+    path = os.path.join(cluster.tmpdir, f"hostfile-np{np}-per{per_host}")
     with open(path, "w") as f:
-        f.write(hostfiles.mpi_hostfile([(addr, 1) for addr in cluster.hosts[:np]]))
+        f.write(hostfiles.mpi_hostfile(slots(cluster, np, per_host)))
     hostfiles.check_slots(hostfiles.parse(path), np, path)
     return path
 
@@ -46,15 +49,15 @@ def _horovodrun_options(cluster: Layout) -> list[str]:
 
 
 def horovodrun_argv(cluster: Layout, np: int, train_args: Sequence[str], gloo: bool = False,
-                    program: Sequence[str] | None = None) -> list[str]:
-    """horovodrun across the first ``np`` hosts, one rank each, to run on host 0; every rank
-    runs ``program`` if given, else ``python -m hvd_cifar.train train_args``."""
-    _check_np(cluster, np)
+                    program: Sequence[str] | None = None, per_host: int = 1) -> list[str]:
+    """horovodrun of ``np`` ranks, ``per_host`` to a host from host 0 on, to run on host 0;
+    every rank runs ``program`` if given, else ``python -m hvd_cifar.train train_args``."""
+    hosts = slots(cluster, np, per_host)
     options = _horovodrun_options(cluster)
     if not gloo:  # its mpirun already gets btl_tcp_if_include; keep the out-of-band channel on eth0 too
         options.append(f"--mpi-args=-mca oob_tcp_if_include {NIC}")
     return launchers.horovodrun(np, program or train_argv(cluster, train_args),
-                                hosts=hostfiles.horovod_hosts([(addr, 1) for addr in cluster.hosts[:np]]),
+                                hosts=hostfiles.horovod_hosts(hosts),
                                 gloo=gloo, options=options, executable=cluster.tool("horovodrun"))
 
 
@@ -67,15 +70,15 @@ def elastic_argv(cluster: Layout, np: int, min_np: int, max_np: int, discovery_s
 
 
 def mpirun_argv(cluster: Layout, np: int, train_args: Sequence[str], export: dict | None = None,
-                program: Sequence[str] | None = None) -> list[str]:
-    """Open MPI's mpirun across the first ``np`` hosts, one rank each, to run on host 0;
+                program: Sequence[str] | None = None, per_host: int = 1) -> list[str]:
+    """Open MPI's mpirun of ``np`` ranks, ``per_host`` to a host from host 0 on, to run on host 0;
     ``export``: environment variables set for every rank (``-x NAME=VALUE``); every rank
     runs ``program`` if given, else ``python -m hvd_cifar.train train_args``."""
     exported = [f"{name}={value}" for name, value in (export or {}).items()]
     mca = {"plm_rsh_args": f"-i {cluster.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
            "btl": "tcp,self",  # rank-to-rank bytes over TCP only, never shared memory
            "btl_tcp_if_include": NIC, "oob_tcp_if_include": NIC}
-    return launchers.mpirun(np, program or train_argv(cluster, train_args), hostfile=hostfile(cluster, np),
+    return launchers.mpirun(np, program or train_argv(cluster, train_args), hostfile=hostfile(cluster, np, per_host),
                             oversubscribe=False, export=[*exported, "PATH"], mca=mca)
 
 

@@ -1,0 +1,114 @@
+"""Horovod's own tuning keys measured where they matter: several ranks per host, hosts joined by
+shaped links. One namespace cluster (``hvd_cifar.netcluster``), --per-host ranks on each of
+--hosts hosts, links at --rate; one job per setting under horovodrun (MPI), interleaved.
+
+    .venv/bin/python benchmarks/horovod_tuning.py [--hosts 2] [--per-host 2] [--rate 1gbit]
+        [--model vgg11] [--batch-size 16] [--steps 6] [--epochs 3] [--repeats 2]
+        [--out logs/bench-horovod-tuning-YYYYmmdd-HHMMSS]          # as root
+
+The settings (SETTINGS below) are the package's defaults (hvd_cifar's 5 ms cycle, Horovod's
+64 MiB fusion buffer) and one change of one key each: the cycle time, the fusion threshold,
+Horovod's autotuner. ``horovod_hierarchical`` is tried too: a CPU build of Horovod refuses it
+(one line, exit 2), which the table records instead of a time.
+
+Each round runs every setting once, in an order that rotates from round to round; synthetic
+data, the same seed. A run's step time and img/s are hvd_cifar.summary's steady-state figures
+(the epochs after the first), CPU s/image the ranks' mean; each setting's row is the median over
+the rounds, with its img/s over the defaults'. Written to OUT/horovod_tuning.json (every run)
+and OUT/horovod_tuning.md, then printed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from hvd_cifar import jobs, tables
+from hvd_cifar.netcluster import NetCluster
+from hvd_cifar.runs import load_run
+from hvd_cifar.summary import summarize
+
+# name -> the trainer flags that make it (every other key at its default).
+SETTINGS = {
+    "defaults": [],
+    "cycle 1 ms": ["--horovod-cycle-time-ms", "1"],
+    "cycle 20 ms": ["--horovod-cycle-time-ms", "20"],
+    "no fusion": ["--horovod-fusion-threshold-mb", "0"],
+    "fusion 8 MiB": ["--horovod-fusion-threshold-mb", "8"],
+    "autotune": ["--horovod-autotune", "true"],
+    "hierarchical": ["--horovod-hierarchical", "true"],
+}
+COLUMNS = [tables.Column("setting", "setting"), tables.num("step s (median)", "step_time_s", ".3f"),
+           tables.num("img/s (median)", "images_per_s", ".1f"), tables.num("x defaults", "vs_defaults", ".3f"),
+           tables.num("CPU s/image/rank", "cpu_s_per_image", ".4f"), tables.Column("runs", "runs"),
+           tables.Column("note", "note")]
+
+
+def flags(args, out: str, name: str, setting: str) -> list[str]:
+    return [*jobs.CLUSTER_TRAIN_FLAGS, "--model", args.model, "--dataset", "synthetic", "--batch-size",
+            str(args.batch_size), "--synthetic-size", str(args.batch_size * args.hosts * args.per_host * args.steps),
+            "--epochs", str(args.epochs), "--max-steps-per-epoch", str(args.steps), "--log-dir",
+            os.path.join(out, "runs"), "--run-name", name, *SETTINGS[setting]]
+
+
+def one_run(cluster, args, out: str, setting: str, round_: int) -> dict:
+    name = f"{setting.replace(' ', '-')}-r{round_}"
+    np = args.hosts * args.per_host
+    argv = cluster.horovodrun_argv(np, flags(args, out, name, setting), per_host=args.per_host)
+    done = jobs.run(name, lambda: cluster.exec(0, argv, timeout=args.timeout), check=False,
+                    log=os.path.join(out, f"{name}.log"))
+    if done.code != 0:
+        said = [line for line in done.stdout.splitlines() if "hvd_cifar: error:" in line]
+        return {"setting": setting, "round": round_, "code": done.code,
+                "note": (said[0].split("hvd_cifar: error: ", 1)[1] if said else f"exit {done.code}")}
+    row = summarize(load_run(os.path.join(out, "runs", name)))
+    return {"setting": setting, "round": round_, "code": 0, **{k: row[k] for k in
+            ("step_time_s", "images_per_s", "cpu_s_per_image", "final_test_acc")}}
+
+
+def table(runs: list[dict]) -> list[dict]:
+    rows = []
+    for setting in SETTINGS:
+        done = [r for r in runs if r["setting"] == setting and r["code"] == 0]
+        if not done:
+            rows.append({"setting": setting, "runs": 0, "note": next(r["note"] for r in runs if r["setting"] == setting)})
+            continue
+        rows.append({"setting": setting, "runs": len(done), "note": "",
+                     **{k: statistics.median(r[k] for r in done) for k in ("step_time_s", "images_per_s",
+                                                                          "cpu_s_per_image")}})
+    base = rows[0].get("images_per_s")
+    for row in rows:
+        row["vs_defaults"] = row["images_per_s"] / base if base and "images_per_s" in row else float("nan")
+    return rows
+
+
+@jobs.one_line_errors("horovod_tuning")
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--per-host", type=int, default=2, help="ranks per host (default 2)")
+    p.add_argument("--rate", default="1gbit", help="link rate, tc syntax (default 1gbit)")
+    jobs.add_options(p, model="vgg11", batch_size=16, steps=6, epochs=3, repeats=2, timeout=900)
+    p.add_argument("--out", default=time.strftime("logs/bench-horovod-tuning-%Y%m%d-%H%M%S"))
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    span, runs, order = jobs.Span(), [], list(SETTINGS)
+    with NetCluster(args.hosts, rate=args.rate) as cluster:
+        for round_ in range(args.repeats):
+            for setting in order[round_ % len(order):] + order[:round_ % len(order)]:
+                runs.append(one_run(cluster, args, args.out, setting, round_))
+                r = runs[-1]
+                print(f"round {round_ + 1} {setting}: " + (f"{r['images_per_s']:.1f} img/s" if r["code"] == 0
+                                                           else r["note"]), flush=True)
+    rows, meta = table(runs), span.end(**vars(args))
+    text = (f"Horovod's tuning keys, {args.model}, batch {args.batch_size}/rank, {args.hosts * args.per_host} ranks "
+            f"= {args.hosts} hosts x {args.per_host}, links {args.rate}, {args.steps} steps x {args.epochs} epochs, "
+            f"medians of {args.repeats} rounds; {span.line()}\n\n" + tables.markdown_table(COLUMNS, rows))
+    jobs.write_results(args.out, "horovod_tuning", {"meta": meta, "machine": jobs.machine(), "runs": runs,
+                                                    "rows": rows}, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
