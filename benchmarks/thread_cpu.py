@@ -1,0 +1,157 @@
+"""Where each method's CPU time goes, thread by thread: one training job per sync method under
+mpirun on this machine, each rank's threads' CPU time read from /proc while it trains.
+
+    .venv/bin/python benchmarks/thread_cpu.py [--np 2] [--model vgg11] [--batch-size 32]
+        [--steps 10] [--epochs 3] [--repeats 1] [--out logs/bench-thread-cpu-YYYYmmdd-HHMMSS]
+
+A sampler reads every rank's /proc/PID/task/TID/stat (user + system time, the thread's name)
+every 0.2 s. The window is the epochs after the first: from the sample when metrics.jsonl has
+its first line to the rank's exit (so also the final evaluation and the rank's shutdown), each
+thread at its latest figure (a thread that ended counts to its end). Per method, CPU seconds per trained image and rank of: the main
+thread (the training loop: forward, backward, optimizer, and the MPI methods' collectives), the
+busiest other thread (Horovod's background thread, DDP's reducer/Gloo threads, Open MPI's
+progress thread), and every other thread together. Threads-per-rank is 1 (the compute runs on
+the main thread), so what is not the main thread is the method's communication machinery.
+Written to OUT/thread_cpu.json and OUT/thread_cpu.md, then printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import psutil
+
+from hvd_cifar import jobs, launchers, tables
+
+METHODS = ("horovod", "ddp", "mpi-allreduce", "mpi-gather-scatter")
+TICK = os.sysconf("SC_CLK_TCK")
+COLUMNS = [tables.Column("method", "method"), tables.num("main thread", "main", ".4f"),
+           tables.num("busiest other thread", "busiest_other", ".4f"), tables.Column("its name", "busiest_name"),
+           tables.num("all other threads", "others", ".4f"), tables.num("total", "total", ".4f"),
+           tables.num("x ddp total", "vs_ddp", ".3f"), tables.num("img/s", "images_per_s", ".1f")]
+
+
+def threads(pid: int) -> dict[int, tuple[str, float]]:
+    """tid -> (name, CPU seconds so far) of one process's threads; {} once it is gone."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / TICK)  # utime, stime
+    return out
+
+
+def ranks_of(job: subprocess.Popen) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(job.pid).children(recursive=True)
+                if p.cmdline()[1:3] == ["-m", "hvd_cifar.train"]]
+    except psutil.Error:
+        return []
+
+
+def epochs_done(run: str) -> int:
+    try:
+        with open(os.path.join(run, "metrics.jsonl")) as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def one_job(args, out: str, method: str, round_: int) -> dict:
+    name = f"{method}-r{round_}"
+    run = os.path.join(out, "runs", name)
+    flags = ["--sync", method, "--model", args.model, "--dataset", "synthetic", "--batch-size", str(args.batch_size),
+             "--synthetic-size", str(args.batch_size * args.np * args.steps), "--epochs", str(args.epochs),
+             "--max-steps-per-epoch", str(args.steps), "--threads-per-rank", "1", "--progress", "false",
+             "--checkpoint-every", "0", "--seed", "0", "--log-dir", os.path.join(out, "runs"), "--run-name", name]
+    argv = launchers.argv("mpirun", args.np, program=[sys.executable, "-m", "hvd_cifar.train", *flags])
+    first: dict[int, dict] = {}  # rank pid -> threads at the window's start
+    last: dict[int, dict] = {}   # rank pid -> every thread's latest figure since (threads come and go)
+    with open(os.path.join(out, f"{name}.log"), "w") as log:
+        job = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=jobs.job_env(OMP_NUM_THREADS="1"),
+                               cwd=launchers.ROOT, start_new_session=True)
+        try:
+            pids = []
+            while job.poll() is None:
+                pids = pids if len(pids) == args.np else ranks_of(job)
+                done = epochs_done(run)
+                snap = {pid: threads(pid) for pid in pids}
+                if done >= 1 and not first:
+                    first = snap
+                elif first:
+                    for pid, now in snap.items():
+                        last.setdefault(pid, {}).update(now)
+                time.sleep(0.2)
+        finally:
+            if job.poll() is None:
+                jobs.stop(job)
+    if job.returncode != 0 or not first or not last:
+        raise jobs.JobError(name, job.returncode, log.name, "no window sampled")
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()][1:]
+    images = sum(r["images_per_s"] * r["epoch_time_s"] for r in records) / args.np  # per rank
+    per_rank = []
+    for pid in last:
+        used = {tid: (name_, cpu - first[pid].get(tid, (name_, 0.0))[1]) for tid, (name_, cpu) in last[pid].items()}
+        main = used.pop(pid)[1]
+        others = sorted(used.values(), key=lambda v: -v[1])
+        per_rank.append({"main": main / images, "busiest_other": others[0][1] / images if others else 0.0,
+                         "busiest_name": others[0][0] if others else "-",
+                         "others": sum(v[1] for v in others) / images})
+    row = {"method": method, "round": round_, "images_per_s": statistics.mean(r["images_per_s"] for r in records)}
+    for key in ("main", "busiest_other", "others"):
+        row[key] = statistics.mean(r[key] for r in per_rank)
+    row["busiest_name"] = per_rank[0]["busiest_name"]
+    row["total"] = row["main"] + row["others"]
+    return row
+
+
+@jobs.one_line_errors("thread_cpu")
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    jobs.add_options(p, np=2, model="vgg11", batch_size=32, steps=10, epochs=3, repeats=1)
+    p.add_argument("--out", default=time.strftime("logs/bench-thread-cpu-%Y%m%d-%H%M%S"))
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    span, runs = jobs.Span(), []
+    for round_ in range(args.repeats):
+        order = METHODS[round_ % len(METHODS):] + METHODS[:round_ % len(METHODS)]
+        for method in order:
+            runs.append(one_job(args, args.out, method, round_))
+            r = runs[-1]
+            print(f"round {round_ + 1} {method}: main {r['main']:.4f}, others {r['others']:.4f} CPU s/image/rank",
+                  flush=True)
+    rows = []
+    for method in METHODS:
+        mine = [r for r in runs if r["method"] == method]
+        rows.append({"method": method, "busiest_name": mine[0]["busiest_name"],
+                     **{k: statistics.median(r[k] for r in mine)
+                        for k in ("main", "busiest_other", "others", "total", "images_per_s")}})
+    ddp = next(r["total"] for r in rows if r["method"] == "ddp")
+    for row in rows:
+        row["vs_ddp"] = row["total"] / ddp
+    meta = span.end(**vars(args))
+    text = (f"CPU seconds per trained image and rank, by thread; {args.model}, batch {args.batch_size}, np {args.np} "
+            f"(mpirun, this machine), 1 thread per rank, epochs 2..{args.epochs} of {args.steps} steps, medians of "
+            f"{args.repeats} round(s); {span.line()}\n\n" + tables.markdown_table(COLUMNS, rows))
+    jobs.write_results(args.out, "thread_cpu", {"meta": meta, "machine": jobs.machine(), "runs": runs, "rows": rows},
+                       text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
