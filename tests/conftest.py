@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -172,3 +173,17 @@ def assert_png(path: Path) -> None:
     height, width, _ = image.shape
     assert width >= 600 and height >= 350, f"{path} is {width}x{height}"
     assert image.std() > 10, f"{path} looks blank"
+
+
+def seconds_until_it_ends(proc: subprocess.Popen, act, timeout: float = 30) -> float:
+    """Do ``act()``, then wait for ``proc`` to end: the seconds from the act to its end. A
+    ``proc`` still running when the wait gives up (or the test fails) is killed, by its pid."""
+    try:
+        start = time.monotonic()
+        act()
+        proc.wait(timeout=timeout)
+        return time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, TINY, launch_argv, read_metrics, run_train, unmeasured
+from conftest import ROOT, TINY, launch_argv, read_metrics, run_train, seconds_until_it_ends, unmeasured
 from hvd_cifar import drill
 
 
@@ -176,15 +176,7 @@ def test_a_silent_rank_waiting_for_rank_0_obeys_the_launchers_sigterm_at_once():
     code = ("import sys; from hvd_cifar import preempt, ranks; preempt.install(); "
             "print('waiting', flush=True); sys.exit(ranks.say_once(1, 'unsaid', 2))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline() == "waiting\n"
-        time.sleep(0.5)
-        start = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        took = time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    assert proc.stdout.readline() == "waiting\n"
+    time.sleep(0.5)
+    took = seconds_until_it_ends(proc, lambda: proc.send_signal(signal.SIGTERM))
     assert proc.returncode == -signal.SIGTERM and took < 2.0, (proc.returncode, took)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import PYTHON, ROOT, TINY
+from conftest import PYTHON, ROOT, TINY, seconds_until_it_ends
 
 STOP_BOUND_S = 30.0
 HOROVODRUN_SH = str(ROOT / "launch" / "horovodrun.sh")
@@ -184,15 +184,7 @@ def test_a_stopped_workers_shell_ends_without_waiting_out_horovods_grace(tmp_pat
 
     # A shell that waits for its child, then (the child gone) runs on by itself.
     shell = subprocess.Popen(["/bin/sh", "-c", "sleep 60; while :; do :; done"])
-    try:
-        time.sleep(0.3)
-        start = time.monotonic()
-        safe_shell_exec.terminate_executor_shell_and_children(shell.pid)
-        shell.wait(timeout=30)
-        took = time.monotonic() - start
-    finally:
-        if shell.poll() is None:
-            shell.kill()
-            shell.wait()
+    time.sleep(0.3)
+    took = seconds_until_it_ends(shell, lambda: safe_shell_exec.terminate_executor_shell_and_children(shell.pid))
     assert shell.returncode != -signal.SIGKILL, "the shell sat out the grace and was killed"
     assert took < safe_shell_exec.GRACEFUL_TERMINATION_TIME_S - 1, took
