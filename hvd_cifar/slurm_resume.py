@@ -32,8 +32,9 @@ import time
 from typing import Mapping
 
 from hvd_cifar import config as config_mod
-from hvd_cifar.errors import ConfigError
 from hvd_cifar import slurm_job
+from hvd_cifar.errors import ConfigError
+from hvd_cifar.files import RunError
 from hvd_cifar.runlog import CHECKPOINT, EVENTS, append_metrics
 
 
@@ -80,7 +81,10 @@ def run_folder(flags: list[str]) -> str:
 def after_loss(lost: dict, flags: list[str], env: Mapping[str, str]) -> tuple[bool, str]:
     """A run of the job lost a rank: the ``rank_lost`` line in its run folder's events.jsonl,
     whether the job requeues itself, and the one line that says what happened and what next."""
-    job, limit = env.get("SLURM_JOB_ID", "?"), int(env.get("HVD_CIFAR_SLURM_LOST_REQUEUES", "1"))
+    job, limit = env.get("SLURM_JOB_ID", "?"), env.get("HVD_CIFAR_SLURM_LOST_REQUEUES", "1")
+    if not limit.isdigit():
+        raise ConfigError(f"HVD_CIFAR_SLURM_LOST_REQUEUES={limit!r}: a whole number of requeues (0: none)")
+    limit = int(limit)
     tasks = f"rank {lost['tasks']} on node {lost['node']}" if lost["tasks"] else f"node {lost['node']}"
     what = f"slurm.sbatch: job {job}: {tasks} lost ({lost['why']})"
     run_dir = run_folder(flags)
@@ -128,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(line + "\n")
             return 0 if requeue else 1
         chosen, why = decide(flags, os.environ)
-    except ConfigError as exc:
+    except (ConfigError, RunError) as exc:  # a bad value, a run folder that cannot be written
         sys.stderr.write(f"hvd_cifar: error: {exc}\n")
         return 2
     if args.dry_run:

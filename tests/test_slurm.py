@@ -82,6 +82,10 @@ def test_a_run_that_loses_ranks_is_requeued_once_and_then_says_how_to_go_on(tmp_
                                                      f"requeued (2 losses in {run}, HVD_CIFAR_SLURM_LOST_REQUEUES=1);"
                                                      " it resumes from its last checkpoint after: scontrol requeue 9\n")
     assert [(e["event"], e["slurm_restart_count"]) for e in events(run)] == [("rank_lost", 0), ("rank_lost", 1)]
+    bad = subprocess.run(argv, cwd=ROOT, env={**env, "HVD_CIFAR_SLURM_LOST_REQUEUES": "once"}, capture_output=True,
+                         text=True, timeout=60)
+    assert (bad.returncode, bad.stderr) == (2, "hvd_cifar: error: HVD_CIFAR_SLURM_LOST_REQUEUES='once': a whole "
+                                               "number of requeues (0: none)\n")
 
 
 # What a 2-rank step printed on stderr when its rank on n2 was killed (launch/slurm.sbatch before
