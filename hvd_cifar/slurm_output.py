@@ -34,6 +34,8 @@ from typing import Iterable, Iterator
 RULE = re.compile(r"^-{40,}$")           # Open MPI's help messages sit between two such lines
 PEER_GONE = "unexpectedly disconnected"  # help-mpi-btl-tcp.txt, [peer hung up]
 TASK_ENDED = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<why>.+)$")
+# srun's wording for a node that failed under a running step: a guess, never seen here (a node
+# killed whole left srun silent until Slurm cancelled the job; docs/SLURM.md).
 NODE_FAILED = re.compile(r"^srun: error: Node failure on (?P<node>\S+)")
 STEP_CHATTER = ("srun: ", "slurmstepd")   # after a loss: the step's end, as srun and slurmstepd tell it
 
