@@ -5,6 +5,7 @@ own launched job, and tabulate and plot how throughput scales with the number of
         --batch-size 32 --model smallcnn --steps 10
     python -m hvd_cifar.bench --np 1 2 4 --launcher mpirun --hostfile hostfiles/example-cluster \\
         --model vgg11 --dataset cifar10 --steps 50 --extra "--data-dir /shared/data"
+    python -m hvd_cifar.bench --np 1 2 4 --slurm --sbatch "--cpus-per-task 4" --model vgg11 --steps 50
     python -m hvd_cifar.bench --np 1 2 --dry-run          # print the commands, run nothing
 
 Time to accuracy (whole epochs, --steps 0), with options tried at one world size only (--also):
@@ -22,6 +23,9 @@ for twice runs once. Each configuration is one run of ``python -m hvd_cifar.trai
                (with --hostfile: launch/horovodrun.sh -np N -hostfile FILE ...)
   mpirun:      mpirun --oversubscribe -np N -bind-to none -map-by slot python -m hvd_cifar.train ...
                (with --hostfile: launch/mpirun.sh -np N -hostfile FILE --oversubscribe ...)
+  --slurm:     sbatch --nodes=ceil(N/K) --ntasks=N --ntasks-per-node=K [--sbatch OPTIONS] \\
+                      launch/slurm.sbatch ...        (K: --tasks-per-node, default 1)
+               one job at a time: submitted, then watched until it ends (scontrol show job)
 np=1 runs are launched the same way as the others, so that they differ in the count alone.
 
 Everything goes under --out (default logs/bench-YYYYmmdd-HHMMSS):
@@ -31,7 +35,8 @@ Everything goes under --out (default logs/bench-YYYYmmdd-HHMMSS):
 Numbers are made by ``hvd_cifar.report`` (means over epochs after the first when there are two
 or more; speedup from img/s against np=1 of the same configuration; time to --target-acc from
 each run's eval.json, and its speedup against np=1 when both reached it). A configuration that
-fails (non-zero exit, or no end within --timeout seconds) is a row with status
+fails (non-zero exit, a Slurm job that ends otherwise or that sbatch refuses, or no end
+within --timeout seconds: then the job is stopped or cancelled) is a row with status
 ``failed (...)`` and its stderr tail in scaling.md; the sweep goes on. Exit status: 0 when
 every configuration ran, 1 when some failed, 2 for bad options.
 """
@@ -43,13 +48,10 @@ import itertools
 import os
 import re
 import shlex
-import subprocess
 import sys
-import time
 
 from hvd_cifar import config as config_mod
-from hvd_cifar import launchers
-from hvd_cifar.jobs import stop
+from hvd_cifar.bench_runners import Ended, LocalRunner, SlurmRunner
 from hvd_cifar.errors import ConfigError
 from hvd_cifar.errors import ReportError
 from hvd_cifar.plots import plot_scaling
@@ -58,7 +60,6 @@ from hvd_cifar.runs import load_run
 from hvd_cifar.summary import MB, add_speedup, summarize
 from hvd_cifar.tables import Column, OneLineParser, markdown_table, num, write_csv
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Swept options: (bench flag / row key, trainer flag)
 SWEEP = (("model", "--model"), ("sync", "--sync"), ("batch_size", "--batch-size"),
          ("fp16_allreduce", "--fp16-allreduce"), ("accumulation_steps", "--accumulation-steps"),
@@ -179,6 +180,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="default 2: the first (warm-up) epoch is left out of the means")
     p.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun")
     p.add_argument("--hostfile", help="hosts for the launcher (through launch/*.sh); default: this machine")
+    p.add_argument("--slurm", action="store_true",
+                   help="each configuration a Slurm job of launch/slurm.sbatch (sbatch, then wait), one at a time")
+    p.add_argument("--tasks-per-node", type=positive, default=1,
+                   help="with --slurm: ranks per node (default 1); the nodes a configuration asks for follow")
+    p.add_argument("--sbatch", default="", metavar='"OPTIONS"',
+                   help='with --slurm: more sbatch options, e.g. "--partition batch --cpus-per-task 4"')
     p.add_argument("--out", help="output folder (default: logs/bench-YYYYmmdd-HHMMSS)")
     p.add_argument("--extra", default="", help='more trainer flags, e.g. "--lr 0.1 --threads-per-rank 1"')
     p.add_argument("--timeout", type=positive, default=900, help="seconds per configuration (default 900)")
@@ -244,34 +251,18 @@ def train_flags(cfg: dict, args, runs_dir: str, name: str, extra: list[str]) -> 
             "--log-dir", runs_dir, "--run-name", name, "--progress", "false", *extra]
 
 
-def command(n: int, args, flags: list[str]) -> list[str]:
-    """The job's argument list (never a shell string), from hvd_cifar.launchers."""
-    if args.hostfile:  # the launch script checks the hostfile and adds the launcher's flags
-        options = ["--oversubscribe"] if args.launcher == "mpirun" else []
-        return [*launchers.script(args.launcher, n, args.hostfile, options), *flags]
-    # mpirun oversubscribes (a sweep may ask for more ranks than cores) and binds ranks to no
-    # core, so that each uses its threads instead of being pinned to one.
-    return [*launchers.argv(args.launcher, n), *flags]
-
-
-def launch(cmd: list[str], stdout_path: str, stderr_path: str, timeout: int) -> tuple[int | None, float]:
-    """Run one job to its end or its timeout; returns (exit status or None on timeout, seconds)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHON=sys.executable,
-               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    start = time.perf_counter()
-    with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
-        # Its own session: on a timeout the launcher and every rank it started go down together.
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT, env=env,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop(proc)
-            code = None
-        except BaseException:  # Ctrl-C: take the job down with us
-            stop(proc)
-            raise
-    return code, time.perf_counter() - start
+def make_runner(args) -> LocalRunner | SlurmRunner:
+    """Where the jobs run: here (or the hostfile's hosts) through the launcher, or under Slurm."""
+    if not args.slurm:
+        if args.tasks_per_node != 1 or args.sbatch:
+            raise BenchError(f"--{'sbatch' if args.sbatch else 'tasks-per-node'}: only with --slurm")
+        return LocalRunner(args.launcher, args.hostfile)
+    if args.hostfile:
+        raise BenchError("--hostfile: not with --slurm (Slurm chooses the nodes; --sbatch \"--nodelist ...\" asks)")
+    try:
+        return SlurmRunner(args.tasks_per_node, shlex.split(args.sbatch))
+    except ValueError as exc:
+        raise BenchError(f"--sbatch: cannot split {args.sbatch!r} ({exc})") from None
 
 
 def tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
@@ -294,13 +285,15 @@ def first_error(path: str) -> str:
     return ""
 
 
-def collect(cfg: dict, run_dir: str, code: int | None, timeout: int) -> dict:
+def collect(cfg: dict, run_dir: str, ended: Ended, timeout: int) -> dict:
     """The table row of one job: its configuration, status and (when it ran) its numbers."""
     row = dict(cfg, run=os.path.basename(run_dir), run_dir=run_dir)
-    if code is None:
+    if ended.why:
+        row["status"] = f"failed ({ended.why})"
+    elif ended.code is None:
         row["status"] = f"failed (timeout after {timeout} s)"
-    elif code != 0:
-        row["status"] = f"failed (exit {code})"
+    elif ended.code != 0:
+        row["status"] = f"failed (exit {ended.code})"
     else:
         try:
             summary = summarize(load_run(run_dir))
@@ -344,7 +337,7 @@ CSV_COLUMNS = SCALING_COLUMNS + TARGET_CSV_COLUMNS + [
     Column("command", "command")]
 
 
-def write_outputs(rows: list[dict], args, out: str, argv: list[str]) -> str:
+def write_outputs(rows: list[dict], args, runner, out: str, argv: list[str]) -> str:
     add_speedup(rows)
     table = markdown_table([*with_target_columns(SCALING_COLUMNS, rows), STATUS_COLUMN], rows)
     write_csv(os.path.join(out, "scaling.csv"), CSV_COLUMNS, rows)
@@ -353,8 +346,7 @@ def write_outputs(rows: list[dict], args, out: str, argv: list[str]) -> str:
         plot_scaling(ok, os.path.join(out, "scaling.png"))
     lines = ["# Scaling sweep\n",
              f"`python -m hvd_cifar.bench {shlex.join(argv)}`\n",
-             f"{dt.datetime.now().isoformat(timespec='seconds')}; launcher {args.launcher}"
-             f"{' with hostfile ' + args.hostfile if args.hostfile else ' on this machine'}; "
+             f"{dt.datetime.now().isoformat(timespec='seconds')}; {runner.describe()}; "
              f"{args.epochs} {'whole epoch(s)' if not args.steps else f'epoch(s) of {args.steps} steps per rank'}; "
              f"data set {args.dataset}"
              f"{f'; target test accuracy {args.target_acc:.2%}' if args.target_acc else ''}.\n",
@@ -384,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         extra = extra_flags(args.extra)
+        runner = make_runner(args)
         if args.hostfile and not os.path.isfile(args.hostfile):
             raise BenchError(f"--hostfile: {args.hostfile} does not exist")
         if args.hostfile:
@@ -406,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench: {len(configs)} configuration(s), output in {out}", flush=True)
     for i, cfg in enumerate(configs, 1):
         name = unique_name(runs_dir, run_name(cfg), taken)
-        cmd = command(cfg["world_size"], args, train_flags(cfg, args, runs_dir, name, extra))
+        cmd = runner.command(cfg["world_size"], train_flags(cfg, args, runs_dir, name, extra))
         if args.dry_run:
             print(shlex.join(cmd))
             continue
@@ -414,21 +407,21 @@ def main(argv: list[str] | None = None) -> int:
         stderr_file = os.path.join(logs_dir, f"{name}.stderr.txt")
         print(f"[{i}/{len(configs)}] {name} ... ", end="", flush=True)
         try:
-            code, seconds = launch(cmd, stdout_file, stderr_file, args.timeout)
+            ended = runner.run(cmd, stdout_file, stderr_file, args.timeout)
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             interrupted = True
             break
-        row = collect(cfg, os.path.join(runs_dir, name), code, args.timeout)
+        row = collect(cfg, os.path.join(runs_dir, name), ended, args.timeout)
         row.update(command=shlex.join(cmd), stderr_file=stderr_file,
                    error=first_error(stderr_file) if row["status"] != "ok" else "")
         rows.append(row)
-        print(f"{row['status']} ({seconds:.1f} s){' ' + row['error'] if row['error'] else ''}"
+        print(f"{row['status']} ({ended.seconds:.1f} s){' ' + row['error'] if row['error'] else ''}"
               f"{target_note(row)}", flush=True)
     if args.dry_run:
         return 0
 
-    table = write_outputs(rows, args, out, argv)
+    table = write_outputs(rows, args, runner, out, argv)
     print("\n" + table)
     print(f"bench: table in {os.path.join(out, 'scaling.md')} and scaling.csv"
           f"{', plot in scaling.png' if any(r['status'] == 'ok' for r in rows) else ''}")

@@ -6,24 +6,36 @@ folder holds a checkpoint. launch/slurm.sbatch asks here before it starts the ra
     #  -> slurm_resume: job 4242, restart 1: resume logs/slurm-4242 (it holds a checkpoint)
     #     python -m hvd_cifar.train --config configs/cifar10_vgg11.yaml --resume /abs/logs/slurm-4242
     python -m hvd_cifar.slurm_resume -- FLAGS...     # the trainer's flags, NUL-separated (for the script)
+    python -m hvd_cifar.slurm_resume --lost LOST.json -- FLAGS...   # after a lost rank: requeue?
 
 The run folder is ``--run-name`` when given, else ``slurm-$SLURM_JOB_ID`` (a job keeps its id
 when it is requeued), under the config's ``log_dir``. A folder without a checkpoint (a job
 killed before its first one) is left as it is, and the next attempt starts afresh in
 ``NAME-2`` (``-3``, ...); the newest such folder is the one resumed. Outside Slurm (no
 SLURM_JOB_ID), or when the flags already say ``--resume``, the flags pass through unchanged.
+
+A run that lost a rank (a node gone, a rank killed: hvd_cifar.slurm_output names it in
+LOST.json) is requeued once: ``--lost`` appends a ``rank_lost`` line to the run folder's
+events.jsonl, says one line, and exits 0 when the job should requeue itself, that is when the
+folder holds no more than HVD_CIFAR_SLURM_LOST_REQUEUES (default 1) such lines; else 1, and
+the line says how to go on by hand. A fault that repeats (a node that keeps failing) so stops
+after one more try instead of looping.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
+import time
 from typing import Mapping
 
 from hvd_cifar import config as config_mod
+from hvd_cifar import slurm_job
 from hvd_cifar.errors import ConfigError
-from hvd_cifar.runlog import CHECKPOINT
+from hvd_cifar.files import RunError
+from hvd_cifar.runlog import CHECKPOINT, EVENTS, append_metrics
 
 
 def attempts(log_dir: str, name: str) -> list[str]:
@@ -57,16 +69,70 @@ def decide(flags: list[str], env: Mapping[str, str]) -> tuple[list[str], str]:
     return flags, f"{where}: new run {os.path.join(cfg.log_dir, fresh)}{why}"
 
 
+def run_folder(flags: list[str]) -> str:
+    """The run folder the trainer's flags (as ``decide`` made them) train in."""
+    _, given = config_mod.parse_flags(flags)
+    if given.get("resume"):
+        return given["resume"]
+    cfg = config_mod.from_args(flags)
+    return os.path.join(cfg.log_dir, cfg.run_name)
+
+
+def after_loss(lost: dict, flags: list[str], env: Mapping[str, str]) -> tuple[bool, str]:
+    """A run of the job lost a rank: the ``rank_lost`` line in its run folder's events.jsonl,
+    whether the job requeues itself, and the one line that says what happened and what next."""
+    job, limit = env.get("SLURM_JOB_ID", "?"), env.get("HVD_CIFAR_SLURM_LOST_REQUEUES", "1")
+    if not limit.isdigit():
+        raise ConfigError(f"HVD_CIFAR_SLURM_LOST_REQUEUES={limit!r}: a whole number of requeues (0: none)")
+    limit = int(limit)
+    tasks = f"rank {lost['tasks']} on node {lost['node']}" if lost["tasks"] else f"node {lost['node']}"
+    what = f"slurm.sbatch: job {job}: {tasks} lost ({lost['why']})"
+    run_dir = run_folder(flags)
+    if not os.path.isdir(run_dir):  # lost before the run folder was made: nothing to resume
+        return False, f"{what}; no run folder {run_dir} yet; submit the job again"
+    append_metrics(run_dir, {"event": "rank_lost", "time": time.time(), **lost, **slurm_job.facts(env)}, EVENTS)
+    losses = sum(1 for e in read_events(run_dir) if e.get("event") == "rank_lost")
+    if losses <= limit:
+        return True, (f"{what}; requeued to resume {run_dir} from its last checkpoint "
+                      f"(lost-rank requeue {losses} of {limit})")
+    return False, (f"{what}; not requeued ({losses} losses in {run_dir}, HVD_CIFAR_SLURM_LOST_REQUEUES={limit});"
+                   f" it resumes from its last checkpoint after: scontrol requeue {job}")
+
+
+def read_events(run_dir: str) -> list[dict]:
+    """The run folder's events.jsonl lines (a torn last one left out)."""
+    try:
+        with open(os.path.join(run_dir, EVENTS)) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hvd_cifar.slurm_resume", description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true",
                    help="say what would run, as one line and a command line, instead of the NUL-separated flags")
+    p.add_argument("--lost", metavar="LOST.json",
+                   help="the run lost a rank (hvd_cifar.slurm_output's file): record it, say one line, "
+                        "exit 0 if the job should requeue itself, 1 if not")
     p.add_argument("flags", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
     args = p.parse_args(argv)
     flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags
     try:
+        if args.lost:
+            with open(args.lost) as f:
+                requeue, line = after_loss(json.load(f), flags, os.environ)
+            sys.stderr.write(line + "\n")
+            return 0 if requeue else 1
         chosen, why = decide(flags, os.environ)
-    except ConfigError as exc:
+    except (ConfigError, RunError) as exc:  # a bad value, a run folder that cannot be written
         sys.stderr.write(f"hvd_cifar: error: {exc}\n")
         return 2
     if args.dry_run:

@@ -288,6 +288,10 @@ def test_target_and_whole_epochs_reach_the_trainer(capsys):
     (["--extra", "--batch-size 8"], "--extra: --batch-size is set by the bench itself"),
     (["--extra", "--no-such-key 1"], "--extra: no_such_key: unknown config key"),
     (["--hostfile", "/nonexistent/hosts"], "--hostfile: /nonexistent/hosts does not exist"),
+    (["--sbatch", "-p batch"], "--sbatch: only with --slurm"),
+    (["--tasks-per-node", "2"], "--tasks-per-node: only with --slurm"),
+    (["--slurm", "--hostfile", "hostfiles/localhost"], "--hostfile: not with --slurm"),
+    (["--slurm", "--sbatch", "-p 'batch"], "--sbatch: cannot split"),
 ])
 def test_bad_options_are_one_line_errors(argv, message, capsys):
     try:

@@ -1,17 +1,23 @@
-"""launch/slurm.sbatch under a real Slurm (22.05, Debian's packages), on a cluster of 4 slurmd
+"""launch/slurm.sbatch under a real Slurm (22.05, Debian's packages), on a cluster of 6 slurmd
 nodes on this machine's loopback started by hvd_cifar.slurmcluster: the shipped script trains
 across 2 nodes under both launch styles (mpirun inside the allocation, srun --mpi=pmix), and a
 job stopped mid-epoch by each of `scontrol requeue`, `scancel --signal=USR1 --batch` and a
 preemption by a higher-priority partition saves its place, is requeued, resumes the same run
-folder and ends on the weights of the job never stopped, bit for bit. The jobs run side by side
-(one module fixture) to keep the file short on two cores.
+folder and ends on the weights of the job never stopped, bit for bit. A job whose rank is
+killed (kill -9, as a lost node) ends with one line naming it, requeues itself, resumes and
+ends on the same weights. The jobs run side by side (one module fixture) to keep the file short
+on two cores; then hvd_cifar.bench --slurm runs a sweep of two configurations, one bad.
 
 A job to be stopped carries a hook (sitecustomize) that holds its rank 0 after step 4 of epoch 2
 on its first run, until a stop signal arrives: the stop then comes mid-epoch, at the same step
-every time, however slowly the machine runs."""
+every time, however slowly the machine runs. The job to lose a rank holds its rank 1 there
+instead, until the test kills it (the hook writes the held rank's pid); its next run holds that
+rank again in epoch 3 until slurmctld has no message about the first run left to send."""
 from __future__ import annotations
 
+import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -21,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, TINY, assert_png, md_table, read_csv
+from hvd_cifar import slurm_output
 from hvd_cifar.slurmcluster import SlurmCluster, jobs
 from hvd_cifar.slurmcluster.daemons import missing_programs
 from test_preemption import FLAGS, assert_same_training, events
@@ -57,6 +64,63 @@ def test_under_slurm_a_repeated_stop_signal_does_not_end_the_rank():
     assert proc.returncode == -signal.SIGTERM, proc
 
 
+def test_a_run_that_loses_ranks_is_requeued_once_and_then_says_how_to_go_on(tmp_path):
+    """hvd_cifar.slurm_resume --lost: each loss is an events.jsonl line; the first requeues the
+    job (exit 0), the second does not (exit 1: a node that keeps failing would loop)."""
+    run = tmp_path / "logs" / "slurm-9"
+    run.mkdir(parents=True)
+    (tmp_path / "lost.json").write_text(json.dumps({"node": "n2", "tasks": "1", "why": "Killed"}))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "SLURM_JOB_ID": "9"}
+    argv = [sys.executable, "-m", "hvd_cifar.slurm_resume", "--lost", str(tmp_path / "lost.json"), "--",
+            "--config", TINY, "--log-dir", str(tmp_path / "logs"), "--run-name", "slurm-9"]
+    first = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert (first.returncode, first.stderr) == (0, f"slurm.sbatch: job 9: rank 1 on node n2 lost (Killed); requeued "
+                                                   f"to resume {run} from its last checkpoint (lost-rank requeue 1 of 1)\n")
+    second = subprocess.run(argv, cwd=ROOT, env={**env, "SLURM_RESTART_COUNT": "1"}, capture_output=True,
+                            text=True, timeout=60)
+    assert (second.returncode, second.stderr) == (1, f"slurm.sbatch: job 9: rank 1 on node n2 lost (Killed); not "
+                                                     f"requeued (2 losses in {run}, HVD_CIFAR_SLURM_LOST_REQUEUES=1);"
+                                                     " it resumes from its last checkpoint after: scontrol requeue 9\n")
+    assert [(e["event"], e["slurm_restart_count"]) for e in events(run)] == [("rank_lost", 0), ("rank_lost", 1)]
+    bad = subprocess.run(argv, cwd=ROOT, env={**env, "HVD_CIFAR_SLURM_LOST_REQUEUES": "once"}, capture_output=True,
+                         text=True, timeout=60)
+    assert (bad.returncode, bad.stderr) == (2, "hvd_cifar: error: HVD_CIFAR_SLURM_LOST_REQUEUES='once': a whole "
+                                               "number of requeues (0: none)\n")
+
+
+# What a 2-rank step printed on stderr when its rank on n2 was killed (launch/slurm.sbatch before
+# hvd_cifar.slurm_output, on the cluster below), between a line of the ranks' and one of the script's.
+STEP_STDERR = """hvd_cifar: warning: a line of the ranks'
+--------------------------------------------------------------------------
+An MPI communication peer process has unexpectedly disconnected.  This
+usually indicates a failure in the peer process (e.g., a crash or
+otherwise exiting without calling MPI_FINALIZE first).
+
+  Local host: n1
+  Local PID:  26111
+  Peer host:  n2
+--------------------------------------------------------------------------
+srun: error: n2: task 1: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=2.0
+slurmstepd-n1: error: *** STEP 2.0 ON n1 CANCELLED AT 2026-11-26T00:10:21 ***
+srun: Job step aborted: Waiting up to 32 seconds for job step to finish.
+srun: error: n1: task 0: Killed
+"""
+
+
+def test_a_lost_rank_is_taken_out_of_the_step_output_and_named():
+    ended: dict = {}
+    other = "--------------------------------------------------------------------------\nanother notice\n" * 2
+    out = "".join(slurm_output.condense(io.StringIO(STEP_STDERR + other), ended))
+    assert out == "hvd_cifar: warning: a line of the ranks'\n" + other  # other notices pass
+    assert ended == {"node": "n2", "tasks": "1", "why": "Killed", "lost": True}
+    # A bad input: rank 0 exits 2 first, and the step's end stops rank 1; no loss, status 2.
+    refused = ("srun: error: n1: task 0: Exited with exit code 2\nsrun: launch/slurm: _step_signal: "
+               "Terminating StepId=7.0\nsrun: error: n2: task 1: Terminated\n")
+    assert "".join(slurm_output.condense(io.StringIO(refused), ended := {})) == refused
+    assert ended == {"node": "n1", "tasks": "0", "why": "Exited with exit code 2", "lost": False, "status": 2}
+
+
 # ----------------------------------------------------------------------------- on a Slurm cluster here
 
 HOLD = """
@@ -65,16 +129,24 @@ from hvd_cifar import engine, lifecycle, preempt
 _after_step = engine.TrainingState.after_step
 def after_step(self, step, images):
     _after_step(self, step, images)
-    if (os.environ.get("SLURM_RESTART_COUNT", "0") == "0" and lifecycle.launch_rank() == 0
+    if (os.environ.get("SLURM_RESTART_COUNT", "0") == "0" and lifecycle.launch_rank() == int(os.environ["HOLD_RANK"])
             and (self.epoch, step) == (1, 4)):
-        open(os.environ["HOLD_FILE"], "w").close()
+        with open(os.environ["HOLD_FILE"] + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(os.environ["HOLD_FILE"] + ".tmp", os.environ["HOLD_FILE"])  # whole, with the held rank's pid
         deadline = time.monotonic() + 240
         while not preempt.asked() and time.monotonic() < deadline:
             time.sleep(0.05)
+    if (os.environ.get("SLURM_RESTART_COUNT") == "1" and "RELEASE_FILE" in os.environ
+            and lifecycle.launch_rank() == int(os.environ["HOLD_RANK"]) and (self.epoch, step) == (2, 1)):
+        deadline = time.monotonic() + 240  # the next run, alive until the test lets it go
+        while not os.path.exists(os.environ["RELEASE_FILE"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
 engine.TrainingState.after_step = after_step
 """
-PAIR_A, PAIR_B = "n1,n2", "n3,n4"   # the straight job and two stopped ones; the preempted one
+PAIR_A, PAIR_B, PAIR_C = "n1,n2", "n3,n4", "n5,n6"  # straight, requeue, usr1; preempted; lost
 STOPPED = ("requeue", "usr1", "preempted")
+LOST_WITHIN_S = 60  # issue 22: a lost rank ends the job's run within 60 s
 
 
 def submit(cluster: SlurmCluster, tmp: Path, nodes: str, extra_env: dict | None = None,
@@ -106,29 +178,57 @@ def stop(cluster: SlurmCluster, how: str, job: str, env: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def slurm_runs(tmp_path_factory):
-    """One job straight through (mpirun style) and three stopped once each (srun style) and let
-    go again at once (a requeued job would wait about 120 s); all finished."""
+def cluster():
+    with SlurmCluster(nodes=6, cpus_per_node=4) as up:
+        yield up
+
+
+def held(tmp: Path, how: str, rank: int) -> dict:
+    """The environment of a job whose rank ``rank`` waits at the hook for a stop signal."""
+    # The checkout first: the hook imports hvd_cifar while Python starts, before the current folder
+    # is on the path, and a venv with an editable install would give it another checkout's package.
+    return {"PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp / "hook")]), "HOLD_FILE": str(tmp / f"hold-{how}"),
+            "HOLD_RANK": str(rank)}
+
+
+def lose_rank(tmp: Path, job: str, env: dict) -> float:
+    """SIGKILL to the held rank 1 of the job; seconds from it to the job's requeue (PENDING, 1 restart)."""
+    wait_for_file(tmp / "hold-lost", job, env)
+    os.kill(int((tmp / "hold-lost").read_text()), signal.SIGKILL)
+    killed = time.monotonic()
+    jobs.wait(job, env, ["PENDING"], timeout_s=LOST_WITHIN_S + 30, restarts=1)
+    return time.monotonic() - killed
+
+
+@pytest.fixture(scope="module")
+def slurm_runs(cluster, tmp_path_factory):
+    """One job straight through (mpirun style), three stopped once each and one that loses a
+    rank (srun style), let go again at once (a requeued job would wait about 120 s); all finished."""
     tmp = tmp_path_factory.mktemp("slurm")
-    hook = tmp / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(HOLD)
-    with SlurmCluster(nodes=4, cpus_per_node=4) as cluster:
-        env = cluster.env()
-        ids = {"straight": submit(cluster, tmp, PAIR_A, {"HVD_CIFAR_SLURM_LAUNCH": "mpirun"})}
-        for how in STOPPED:
-            ids[how] = submit(cluster, tmp, PAIR_B if how == "preempted" else PAIR_A, {
-                "PYTHONPATH": str(hook), "HOLD_FILE": str(tmp / f"hold-{how}")})
-        for how in STOPPED:
-            wait_for_file(tmp / f"hold-{how}", ids[how], env)
-            stop(cluster, how, ids[how], env)
-        for how in STOPPED:
-            jobs.wait(ids[how], env, ["PENDING"], timeout_s=90, restarts=1)
-            cluster.start_now(ids[how])  # once the first run's slurmstepds are gone
-        finished = {how: jobs.wait(job, env, ["COMPLETED", "FAILED", "CANCELLED"], timeout_s=240)
-                    for how, job in ids.items()}
-        completions = jobs.completions(env)
-    return {"tmp": tmp, "ids": ids, "finished": finished, "completions": completions,
+    (tmp / "hook").mkdir()
+    (tmp / "hook" / "sitecustomize.py").write_text(HOLD)
+    env = cluster.env()
+    ids = {"straight": submit(cluster, tmp, PAIR_A, {"HVD_CIFAR_SLURM_LAUNCH": "mpirun"}),
+           "lost": submit(cluster, tmp, PAIR_C, {**held(tmp, "lost", rank=1), "RELEASE_FILE": str(tmp / "release")})}
+    for how in STOPPED:
+        ids[how] = submit(cluster, tmp, PAIR_B if how == "preempted" else PAIR_A, held(tmp, how, rank=0))
+    lost_after_s = lose_rank(tmp, ids["lost"], env)
+    (tmp / "lost-after-s").write_text(f"{lost_after_s:.1f}\n")  # for docs/SLURM.md
+    for how in STOPPED:
+        wait_for_file(tmp / f"hold-{how}", ids[how], env)
+        stop(cluster, how, ids[how], env)
+    for how in (*STOPPED, "lost"):
+        jobs.wait(ids[how], env, ["PENDING"], timeout_s=90, restarts=1)
+        cluster.start_now(ids[how])  # once nothing of the first run can reach the next
+    # The lost job's next run waits in epoch 3 until slurmctld has no message left to send again
+    # (at once, after start_now): a message about the first run would end it meanwhile.
+    while jobs.agent_queue(env):
+        time.sleep(0.3)
+    (tmp / "release").touch()
+    finished = {how: jobs.wait(job, env, ["COMPLETED", "FAILED", "CANCELLED"], timeout_s=240)
+                for how, job in ids.items()}
+    return {"tmp": tmp, "ids": ids, "finished": finished, "completions": jobs.completions(env),
+            "lost_after_s": lost_after_s,
             "runs": {how: tmp / "logs" / f"slurm-{job}" for how, job in ids.items()}}
 
 
@@ -165,15 +265,80 @@ def test_a_stopped_job_is_requeued_resumes_its_run_folder_and_ends_bit_identical
 
 
 @needs_slurm
+def test_a_lost_rank_ends_the_run_with_one_line_and_the_job_requeues_itself_and_finishes(slurm_runs):
+    """kill -9 of the rank on n6 mid-epoch: the run ends within 60 s, its output says so in one line
+    (no Open MPI notice, no srun/slurmstepd lines about the step's end), the run folder records
+    it, and the job's next run resumes the last checkpoint and ends on the straight job's weights."""
+    run, job = slurm_runs["runs"]["lost"], slurm_runs["ids"]["lost"]
+    assert slurm_runs["lost_after_s"] <= LOST_WITHIN_S, slurm_runs["lost_after_s"]
+    info = slurm_runs["finished"]["lost"]
+    out = job_output(slurm_runs, "lost")
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, out)
+    lines = out.splitlines()
+    assert [line for line in lines if "lost" in line] == [
+        f"slurm.sbatch: job {job}: rank 1 on node n6 lost (Killed); requeued to resume {run} from its last "
+        "checkpoint (lost-rank requeue 1 of 1)"], out
+    # Not Open MPI's notice, nor srun's and slurmstepd's lines on the step's end; Slurm's own line
+    # on the requeue ("*** JOB J ON n5 CANCELLED AT ... DUE TO JOB REQUEUE ***") stays.
+    assert not [line for line in lines if "disconnected" in line or line.startswith("srun: error")
+                or ("CANCELLED" in line and "DUE TO JOB REQUEUE" not in line)], out
+    assert any(line.startswith("epoch 1/3 ") for line in out.splitlines()), out  # the ranks' own lines pass
+    assert f"slurm_resume: job {job}, restart 1: resume {run} (it holds a checkpoint)" in out
+    assert "resuming after epoch 1 of 3" in out
+    [event] = events(run)
+    assert {k: event[k] for k in ("event", "node", "tasks", "why", "slurm_job_id", "slurm_restart_count")} == {
+        "event": "rank_lost", "node": "n6", "tasks": "1", "why": "Killed", "slurm_job_id": job,
+        "slurm_restart_count": 0}, event
+    assert_same_training(run, slurm_runs["runs"]["straight"])
+
+
+@needs_slurm
 def test_sacct_lists_each_run_of_each_job(slurm_runs):
     states = {}
     for row in slurm_runs["completions"]:
         states.setdefault(row["jobid"], []).append(row["state"])
     ids = slurm_runs["ids"]
     assert states[ids["straight"]] == ["COMPLETED"], states
+    assert states[ids["lost"]] == ["PENDING", "COMPLETED"], states
     for how in STOPPED:  # Slurm 22.05's completion log: a requeued run as the job's state after it
         first = "PREEMPTED" if how == "preempted" else "PENDING"
         assert states[ids[how]] == [first, "COMPLETED"], (how, states)
+
+
+@pytest.fixture(scope="module")
+def slurm_sweep(cluster, tmp_path_factory):
+    """hvd_cifar.bench --slurm at np=2: a batch size larger than the data set (the trainer refuses
+    it), then a tiny run; one job at a time on the cluster above."""
+    out = tmp_path_factory.mktemp("sweep") / "bench"
+    done = subprocess.run([sys.executable, "-m", "hvd_cifar.bench", "--slurm", "--np", "2", "--batch-size",
+                           "100000", "32", "--steps", "2", "--epochs", "1", "--dataset", "digits",
+                           "--timeout", "240", "--out", str(out)], cwd=ROOT, env=cluster.env(),
+                          capture_output=True, text=True, timeout=600)
+    return done, out
+
+
+@needs_slurm
+def test_bench_sweeps_on_slurm_and_a_failed_configuration_is_a_row(slurm_sweep):
+    done, out = slurm_sweep
+    assert done.returncode == 1, done.stdout + done.stderr  # one configuration failed
+    failed, ok = read_csv(out / "scaling.csv")
+    assert (failed["batch_size"], ok["batch_size"]) == ("100000", "32")
+    assert failed["status"] == "failed (exit 2)", failed
+    assert failed["error"].startswith("hvd_cifar: error: batch_size: 100000"), failed
+    assert failed["images_per_s"] == "" and ok["status"] == "ok", ok
+    for row in (failed, ok):  # 2 ranks: 2 nodes, one task each
+        assert row["command"].startswith("sbatch --nodes=2 --ntasks=2 --ntasks-per-node=1 launch/slurm.sbatch ")
+    meta = json.loads((Path(ok["run_dir"]) / "meta.json").read_text())
+    assert meta["world_size"] == 2 and len(set(meta["hostnames"])) == 2 and meta["slurm_job_id"], meta
+    records = [json.loads(line) for line in (Path(ok["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert math.isclose(float(ok["images_per_s"]), records[-1]["images_per_s"], rel_tol=1e-9), (ok, records)
+    progress = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    assert [line.split(" ... ")[1].split()[0] for line in progress] == ["job", "job"], done.stdout
+    assert " failed (exit 2) " in progress[0] and " ok (" in progress[1], progress
+    text = (out / "scaling.md").read_text()
+    assert "Slurm jobs of launch/slurm.sbatch" in text and "## Failed configurations" in text
+    assert [r["status"] for r in md_table(text, "# Scaling sweep")] == ["failed (exit 2)", "ok"]
+    assert_png(out / "scaling.png")
 
 
 def alive(pid: int) -> bool:

@@ -107,21 +107,24 @@ class SlurmCluster:
         return found
 
     def start_now(self, job_id: str, timeout_s: float = 120) -> None:
-        """Let a requeued job start at once (``jobs.start_now``), but only once every slurmstepd
-        of its previous run has exited. Slurm holds a requeued job ~120 s for a reason: a
-        slurmstepd reports its end to slurmctld (REQUEST_COMPLETE_BATCH_SCRIPT, _JOB_STEP), which
-        on a loaded machine may handle it late, or time out and get it again
-        15 s later (the retry). A job that requeued itself (the script's `scontrol requeue`) is
-        PENDING before that. The message names the job and step only, not the run: handled once
-        the next run has begun,
-        it ends that run (the batch script's exit 4 from the first run: the job FAILED; step N.0
-        of the old run: the new run's step N.0 cancelled). Waiting for the old slurmstepds to
-        exit waits for those messages to be delivered."""
+        """Let a requeued job start at once (``jobs.start_now``), but only once nothing of its
+        previous run can still reach it: every slurmstepd of that run has exited, and
+        slurmctld holds no message to a node that it will try again (``jobs.agent_queue``).
+
+        Slurm holds a requeued job ~120 s for this. A message about the old run names the job
+        and step only, not the run; handled once the next run has begun, it ends that run.
+        Seen here: a slurmstepd's report of its end (REQUEST_COMPLETE_BATCH_SCRIPT, _JOB_STEP)
+        handled late on a loaded machine, or timed out and sent again 15 s later (the batch
+        script's exit 4 from the first run: the job FAILED); and slurmctld's order to end a
+        step whose rank was lost (srun --kill-on-bad-exit): slurmd answers it only when the
+        surviving ranks are gone, which takes KillWait (30 s: they ignore SIGTERM while blocked
+        in a collective), so it times out after MessageTimeout (10 s) and slurmctld sends it
+        again 60 s later, then ending the new run's step of the same number (docs/SLURM.md)."""
         deadline = time.monotonic() + timeout_s
-        while left := self.stepds(job_id):
+        while (left := self.stepds(job_id)) or jobs.agent_queue(self.env()):
             if time.monotonic() > deadline:
-                raise SlurmError(f"job {job_id}: its previous run's slurmstepd(s) {left} still running "
-                                 f"after {timeout_s:.0f} s")
+                raise SlurmError(f"job {job_id}: its previous run's slurmstepd(s) {left} still running, or "
+                                 f"slurmctld still has messages to send again, after {timeout_s:.0f} s")
             time.sleep(0.3)
         jobs.start_now(job_id, self.env())
 

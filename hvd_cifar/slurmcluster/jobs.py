@@ -56,6 +56,14 @@ def start_now(job_id: str, env: Mapping[str, str]) -> None:
     command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env)
 
 
+def agent_queue(env: Mapping[str, str]) -> int:
+    """How many messages to nodes slurmctld holds to send again (sdiag's "Agent queue size")."""
+    found = re.search(r"Agent queue size:\s*(\d+)", command(["sdiag"], env))
+    if not found:
+        raise SlurmError("sdiag: no \"Agent queue size\" line")
+    return int(found[1])
+
+
 def completions(env: Mapping[str, str]) -> list[dict[str, str]]:
     """``sacct -c``: one row per end of a job's run (its state and exit code), oldest first."""
     out = command(["sacct", "-c", "-n", "-P", "-o", ",".join(SACCT_FIELDS)], env)
