@@ -214,6 +214,42 @@ def test_local_sgd_payload_is_the_model_amortised():
     assert scheme.payload_bytes([param("w", torch.zeros(10, 10)), param("b", torch.zeros(10))]) == 110 * 4 / 4
 
 
+# ----------------------------------------------------------------------------- checkpointed state
+SCHEMES = {"powersgd": lambda c: PowerSGD(c, rank=1, warmup_steps=1),
+           "topk": lambda c: TopK(c, fraction=0.25, warmup_steps=1),
+           "localsgd": lambda c: LocalSGD(c, every=3)}
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_a_scheme_taken_back_from_its_saved_state_goes_on_as_the_unbroken_one(tmp_path, name):
+    """Three updates, the state through torch.save and torch.load(weights_only=True) as the
+    checkpoint carries it, into a fresh scheme: its next updates equal the unbroken scheme's
+    (red without the residuals, PowerSGD's Q, the warm-up's count or local SGD's count)."""
+    grads = [torch.randn(6, 5, generator=torch.Generator().manual_seed(i)) for i in range(5)]
+
+    def update(scheme, p, g):
+        p.grad = g.clone()
+        scheme.synchronize()
+        with torch.no_grad():
+            p -= 0.1 * p.grad
+        scheme.after_step()
+        return p.detach().clone()
+
+    unbroken, (_, p) = SCHEMES[name](FakeCollective(World(1), 0)), param("w", torch.zeros(6, 5))
+    unbroken.track([("w", p)])
+    for g in grads[:3]:
+        update(unbroken, p, g)
+    torch.save(unbroken.state_dict(), tmp_path / "state.pt")
+    resumed, q = SCHEMES[name](FakeCollective(World(1), 0)), torch.nn.Parameter(p.detach().clone())
+    resumed.track([("w", q)])
+    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    for g in grads[3:]:
+        assert torch.equal(update(unbroken, p, g), update(resumed, q, g))
+    assert resumed.state_dict().keys() == unbroken.state_dict().keys()
+    if name == "localsgd":  # one rank: the average changes nothing, so count the averages
+        assert (resumed.averages, resumed.since_average) == (unbroken.averages, unbroken.since_average) == (1, 2)
+
+
 # ----------------------------------------------------------------------------- real runs
 RUNS = {  # name: (launcher, flags); warm-up 2 of the epoch's 6 updates for PowerSGD; top-k with 2
     # micro-batches per update (3 updates): the scheme reads the gradients backward summed
