@@ -323,6 +323,33 @@ def test_the_scaling_model_counts_each_schemes_collectives(scheme, freeze, paylo
     assert plain["compression"] == "none" and plain["payload_bytes"] == 4 * (126 if freeze == 0 else 50)
 
 
+def test_a_schemes_own_compute_is_timed_on_the_models_shapes_and_paid_once_per_update():
+    """time_schemes times the scheme on the trainable shapes (compress/compute.py); predict_step
+    adds it to the step, per update (divided over k micro-batches), and to nothing else."""
+    scaling, prof, c, net = scaling_case()
+    topk = scaling.Scenario("horovod", False, 2, 0, compression="topk", topk_fraction=0.5)
+    plain = scaling.Scenario("horovod", True, 2, 0)
+    timed, same = scaling.time_schemes(prof, [topk, plain], threads=1)
+    assert timed.scheme_s > 0 and same == plain
+    untimed, row = (scaling.predict_step(c, prof, net, s, 4) for s in (topk, timed))
+    assert row["scheme_s_per_sync"] == timed.scheme_s
+    assert row["step_s"] == pytest.approx(untimed["step_s"] + timed.scheme_s / 2)
+
+
+def test_a_scheme_pays_below_the_bandwidth_where_its_saved_bytes_outweigh_its_compute():
+    """Plain: 504 B in a ring at N = 4 (1.5 x 504 / β, none of it hidden here); PowerSGD r=1:
+    200 B (1.5 x 200 / β) plus 0.1 s of its own compute: the two steps are equal at
+    β = 1.5 x 304 / 0.1 B/s, and PowerSGD is the shorter below it (red without its compute: it
+    would pay on every link)."""
+    scaling, prof, c, net = scaling_case()
+    from dataclasses import replace
+    c = replace(c, hidden_fraction=None)
+    plain = scaling.Scenario("horovod", False, 1, 0)
+    powersgd = scaling.Scenario("horovod", False, 1, 0, compression="powersgd", powersgd_rank=1, scheme_s=0.1)
+    beta = scaling.break_even_bandwidth(c, prof, net, plain, powersgd, 4)
+    assert beta == pytest.approx(1.5 * 304 / 0.1, rel=1e-6)
+
+
 def test_the_profile_knows_each_parameters_block():
     from hvd_cifar import scaling
     prof = scaling.profile("smallcnn", 10)
