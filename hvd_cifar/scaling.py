@@ -315,7 +315,7 @@ class Scenario:
     local_sgd_steps: int = 1    # > 1: local SGD
     powersgd_rank: int = 2
     topk_fraction: float = 0.01
-    scheme_s: float = 0.0       # the scheme's own compute per update on one rank with cores of its own (time_schemes)
+    scheme_s: float = 0.0       # the scheme's own compute per update, timed on a rank with cores of its own (time_schemes)
 
     @property
     def label(self) -> str:
@@ -389,7 +389,8 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
     hidden = (c.hidden_fraction or 0.0) if s.method in OVERLAPS and plan is None else 0.0
     exposed = exposed_s(comm, hidden, backward)
     compute = slower * (c.data_s + c.forward_s + c.other_s) + backward
-    scheme = slower * s.scheme_s if plan is not None else 0.0  # its arithmetic, once per update
+    # The scheme's arithmetic, once per update: timed with cores to itself, so shared as at n.
+    scheme = cpu_share(n, c.threads_per_rank, net.shared_cores) * s.scheme_s if plan is not None else 0.0
     step = compute + (slower * c.optimizer_s + scheme + exposed) / s.accumulation_steps
     return {"method": s.method, "np": n, "fp16_allreduce": s.fp16, "accumulation_steps": s.accumulation_steps,
             "freeze": s.freeze, "compression": s.label, "payload_bytes": payload, "comm_s_per_sync": comm,

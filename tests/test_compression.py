@@ -334,6 +334,12 @@ def test_a_schemes_own_compute_is_timed_on_the_models_shapes_and_paid_once_per_u
     untimed, row = (scaling.predict_step(c, prof, net, s, 4) for s in (topk, timed))
     assert row["scheme_s_per_sync"] == timed.scheme_s
     assert row["step_s"] == pytest.approx(untimed["step_s"] + timed.scheme_s / 2)
+    # timed with a core to itself: 4 one-thread ranks on 2 cores take twice as long, even when
+    # the run's own compute was measured at 4 ranks already (its share is in it)
+    from dataclasses import replace
+    shared, at4 = replace(net, shared_cores=2), replace(c, threads_per_rank=1, world_size=4)
+    untimed, row = (scaling.predict_step(at4, prof, shared, s, 4) for s in (topk, timed))
+    assert row["step_s"] == pytest.approx(untimed["step_s"] + 2 * timed.scheme_s / 2)
 
 
 def test_a_scheme_pays_below_the_bandwidth_where_its_saved_bytes_outweigh_its_compute():
