@@ -250,6 +250,24 @@ def test_a_scheme_taken_back_from_its_saved_state_goes_on_as_the_unbroken_one(tm
         assert (resumed.averages, resumed.since_average) == (unbroken.averages, unbroken.since_average) == (1, 2)
 
 
+def test_a_resumed_compressed_run_ends_on_the_unbroken_runs_weights(tmp_path):
+    """PowerSGD under Horovod, one process: 4 epochs of 3 updates straight, against 2 epochs,
+    stop, resume for 2. The warm-up (4 updates) spans the stop, so the count, the residuals and
+    Q must all come back from the checkpoint for the weights to match."""
+    common = ["--config", "configs/tiny.yaml", "--max-steps-per-epoch", "3", "--epochs", "4", "--sync", "horovod",
+              "--compression", "powersgd", "--compression-warmup-steps", "4"]
+    run_train([*common, "--log-dir", str(tmp_path / "a"), "--run-name", "straight"])
+    run_train([*common, "--log-dir", str(tmp_path / "b"), "--run-name", "halves", "--stop-after", "2"])
+    halves = tmp_path / "b" / "halves"
+    saved = torch.load(halves / "checkpoint_last.pt", weights_only=True)["rank_states"]
+    assert len(saved) == 1 and saved[0]["updates"] == 6 and saved[0]["errors"] and saved[0]["qs"]
+    run_train(["--resume", str(halves), "--stop-after", "0"])
+    a = torch.load(tmp_path / "a" / "straight" / "checkpoint_last.pt", weights_only=True)["model"]
+    b = torch.load(halves / "checkpoint_last.pt", weights_only=True)["model"]
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
 # ----------------------------------------------------------------------------- real runs
 RUNS = {  # name: (launcher, flags); warm-up 2 of the epoch's 6 updates for PowerSGD; top-k with 2
     # micro-batches per update (3 updates): the scheme reads the gradients backward summed
