@@ -38,7 +38,7 @@ from hvd_cifar.launchers import ROOT
 from hvd_cifar.models import build_model
 from hvd_cifar.netcluster import NetCluster
 from hvd_cifar.runs import load_run
-from hvd_cifar.summary import steady_epochs, steady_mean
+from hvd_cifar.summary import steady_epochs, steady_mean, steady_nic_mean
 from hvd_cifar.tables import Column, markdown_table, num
 
 OPTIONS = {  # name -> trainer flags
@@ -91,13 +91,6 @@ def summarize(run_dir: str) -> dict:
     records = load_run(run_dir).metrics
     timed = steady_epochs(records)
 
-    def mean(values):
-        values = list(values)
-        return sum(values) / len(values)
-
-    def nic(direction):  # per epoch, mean over the hosts
-        return mean(mean(r[f"nic_{direction}_bytes"].values()) for r in timed)
-
     def worst(direction):  # the host-epoch furthest from the analytic figure
         return max((r[f"nic_{direction}_bytes"][h] / r["comm_bytes_per_rank"] for r in timed
                     for h in r[f"nic_{direction}_bytes"]), key=lambda x: abs(x - 1))
@@ -109,8 +102,8 @@ def summarize(run_dir: str) -> dict:
         "steps": records[-1]["steps"],
         "syncs": steady_mean(records, "syncs"),
         "analytic_bytes": steady_mean(records, "comm_bytes_per_rank"),
-        "tx_bytes": nic("tx"),
-        "rx_bytes": nic("rx"),
+        "tx_bytes": steady_nic_mean(records, "tx"),
+        "rx_bytes": steady_nic_mean(records, "rx"),
         "worst_tx_ratio": worst("tx"),
         "worst_rx_ratio": worst("rx"),
         "epoch_time_s": steady_mean(records, "epoch_time_s"),

@@ -45,8 +45,8 @@ from hvd_cifar.compress import cost
 from hvd_cifar.launchers import ROOT
 from hvd_cifar.netcluster import NetCluster
 from hvd_cifar.runs import load_run
-from hvd_cifar.summary import run_bytes, steady_epochs, steady_mean, time_to_target
-from hvd_cifar.tables import Column, markdown_table, num
+from hvd_cifar.summary import run_bytes, steady_mean, steady_nic_mean, time_to_target
+from hvd_cifar.tables import Column, markdown_table, num, spaced
 
 SCHEMES = {  # name -> trainer flags: each scheme at its defaults
     "none": [],
@@ -104,15 +104,10 @@ def accuracy_row(run_dir: str) -> dict:
 def bytes_row(run_dir: str) -> dict:
     """Steady-state means (the epochs after the first) per epoch; NIC bytes mean over the hosts."""
     run = load_run(run_dir)
-    steady = steady_epochs(run.metrics)
-
-    def nic(direction):
-        return sum(sum(r[f"nic_{direction}_bytes"].values()) / len(r[f"nic_{direction}_bytes"])
-                   for r in steady) / len(steady)
-
     return {"scheme": scheme_label(run.config), "bytes_per_update": run.metrics[-1]["comm_bytes_per_sync"],
-            "analytic_bytes": steady_mean(run.metrics, "comm_bytes_per_rank"), "tx_bytes": nic("tx"),
-            "rx_bytes": nic("rx"), "syncs": steady_mean(run.metrics, "syncs"),
+            "analytic_bytes": steady_mean(run.metrics, "comm_bytes_per_rank"),
+            "tx_bytes": steady_nic_mean(run.metrics, "tx"), "rx_bytes": steady_nic_mean(run.metrics, "rx"),
+            "syncs": steady_mean(run.metrics, "syncs"),
             "step_s": steady_mean(run.metrics, "epoch_time_s") / steady_mean(run.metrics, "steps"),
             "sync_s": steady_mean(run.metrics, "sync_time_s") / steady_mean(run.metrics, "syncs"), "path": run_dir}
 
@@ -133,11 +128,6 @@ def check_predictions(rows: dict, rate: str, args) -> dict:
     return {("fp16" if r["fp16_allreduce"] == "true" else r["compression"]):
             {"predicted_step_s": float(r["step_s"]), "measured_step_s": float(r["measured_step_s"]),
              "error_pct": float(r["error_pct"])} for r in predicted}
-
-
-def spaced(key: str, spec: str) -> Column:
-    """A list of numbers in one cell, space-separated."""
-    return Column(key.replace("_", " "), key, row_fmt=lambda r: " ".join(format(v, spec) for v in r[key]))
 
 
 def against(key: str, base: dict, header: str) -> Column:
