@@ -29,8 +29,9 @@ scheme (so that the machine's load drifts over every scheme alike; the tables gi
 ``--extra NAME "FLAGS"`` adds an accuracy job (e.g. a scheme at a setting that closes a gap).
 Run folders land in OUT/runs/PASS/NAME, outputs in OUT/logs/, the predictions in
 OUT/predict-RATE/; the tables are made from the runs' files alone, written to
-OUT/compression.json and OUT/compression.md, then printed. ``--render`` makes them again from
-OUT's run folders (the prediction rerun on the current code) without training.
+OUT/compression.json and OUT/compression.md, then printed: from every run folder in OUT, so that
+``--schemes --extra ...`` with an earlier run's --out adds jobs to its tables. ``--render``
+makes them again without training (the prediction rerun on the current code).
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ COMMON = ["--dataset", "digits", *jobs.CLUSTER_TRAIN_FLAGS]
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--np", type=int, default=4, help="ranks, one per host")
-    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    p.add_argument("--schemes", nargs="*", default=list(SCHEMES), choices=list(SCHEMES),
+                   help="schemes to train (none: only --extra, added to OUT's earlier runs)")
     p.add_argument("--model", default="vgg11")
     p.add_argument("--acc-epochs", type=int, default=6, help="whole epochs; 0 skips the accuracy pass")
     p.add_argument("--acc-rate", default="1gbit", help="link rate of the accuracy pass, tc syntax")
@@ -176,9 +178,8 @@ def markdown(results: dict, args) -> str:
     return "\n".join(lines)
 
 
-def train_all(args) -> dict:
-    """Every job, scheme after scheme; the run folders by pass, rate and name."""
-    folders: dict = {"accuracy": {}, "bytes": {rate: {} for rate in args.rates}}
+def train_all(args) -> None:
+    """Every job, scheme after scheme, into OUT/runs/PASS/NAME."""
     acc_flags = ["--epochs", str(args.acc_epochs), "--target-acc", str(args.target_acc)]
     bytes_flags = ["--epochs", str(args.bytes_epochs), "--max-steps-per-epoch", str(args.bytes_steps),
                    "--compression-warmup-steps", "0"]
@@ -186,21 +187,23 @@ def train_all(args) -> dict:
         for name in args.schemes:
             if args.acc_epochs:
                 cluster.shape(args.acc_rate)
-                folders["accuracy"][name] = run_job(cluster, "accuracy", name, [*acc_flags, *SCHEMES[name]], args)
+                run_job(cluster, "accuracy", name, [*acc_flags, *SCHEMES[name]], args)
             for rate in args.rates:
                 cluster.shape(rate)
-                folders["bytes"][rate][name] = run_job(cluster, f"bytes-{rate}", name, [*bytes_flags, *SCHEMES[name]], args)
+                run_job(cluster, f"bytes-{rate}", name, [*bytes_flags, *SCHEMES[name]], args)
         for name, flags in args.extra:
             cluster.shape(args.acc_rate)
-            folders["accuracy"][name] = run_job(cluster, "accuracy", name.replace(" ", "-"), [*acc_flags, *flags.split()], args)
-    return folders
+            run_job(cluster, "accuracy", name.replace(" ", "-"), [*acc_flags, *flags.split()], args)
 
 
 def found_folders(args) -> dict:
-    """``--render``: the run folders an earlier run of this script left in OUT."""
+    """The run folders in OUT, this run's and any an earlier run of this script left there: the
+    schemes in SCHEMES' order, then the extras."""
     def under(pass_name):
         root = os.path.join(args.out, "runs", pass_name)
-        return {name: os.path.join(root, name) for name in sorted(os.listdir(root))} if os.path.isdir(root) else {}
+        names = sorted(os.listdir(root), key=lambda n: (list(SCHEMES).index(n) if n in SCHEMES else len(SCHEMES), n)) \
+            if os.path.isdir(root) else []
+        return {name: os.path.join(root, name) for name in names}
     return {"accuracy": under("accuracy"), "bytes": {rate: under(f"bytes-{rate}") for rate in args.rates}}
 
 
@@ -209,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     span = jobs.Span()
-    folders = found_folders(args) if args.render else train_all(args)
+    if not args.render:
+        train_all(args)
+    folders = found_folders(args)
     results = {"machine": jobs.machine(), "args": vars(args),
                "accuracy": {name: accuracy_row(path) for name, path in folders["accuracy"].items()},
                "bytes": {rate: {name: bytes_row(path) for name, path in runs.items()}
