@@ -45,13 +45,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run_job(cluster: NetCluster, name: str, flags: list[str], args) -> str:
     """One training job; its run folder."""
-    runs = os.path.join(args.out, "runs")
-    train = ["--dataset", "digits", *jobs.CLUSTER_TRAIN_FLAGS, "--model", args.model, "--epochs", str(args.epochs),
-             *flags, "--log-dir", runs, "--run-name", name]
-    done = jobs.run(name, lambda: cluster.run_horovodrun(args.np, train, gloo=True, timeout=args.timeout),
-                    log=os.path.join(args.out, "logs", f"{name}.log"))
-    print(f"{name}: {done.seconds:.0f} s", file=sys.stderr, flush=True)
-    return os.path.join(runs, name)
+    return jobs.cluster_training(cluster, args.np, ["--dataset", "digits", "--model", args.model, "--epochs",
+                                                    str(args.epochs), *flags], os.path.join(args.out, "runs"), name,
+                                 label=name, log=os.path.join(args.out, "logs", f"{name}.log"), timeout=args.timeout)
 
 
 def summarize(run_dir: str) -> dict:

@@ -49,7 +49,7 @@ OPTIONS = {  # name -> trainer flags
     "freeze 2": ["--freeze", "2"],
     "freeze 6": ["--freeze", "6"],
 }
-COMMON = ["--dataset", "digits", *jobs.CLUSTER_TRAIN_FLAGS]
+COMMON = ["--dataset", "digits"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -77,13 +77,9 @@ def slug(option: str, np: int) -> str:
 def run_job(cluster: NetCluster, pass_name: str, option: str, np: int, flags: list[str], args) -> str:
     """One training job; its run folder."""
     name = slug(option, np)
-    runs = os.path.join(args.out, "runs", pass_name)
-    train = [*COMMON, *flags, *OPTIONS[option], "--lr", str(args.lr), "--log-dir", runs, "--run-name", name]
-    label = f"{pass_name} {option} np={np}"
-    done = jobs.run(label, lambda: cluster.run_horovodrun(np, train, gloo=True, timeout=args.timeout),
-                    log=os.path.join(args.out, "logs", f"{pass_name}-{name}.log"))
-    print(f"{label}: {done.seconds:.0f} s", file=sys.stderr, flush=True)
-    return os.path.join(runs, name)
+    return jobs.cluster_training(cluster, np, [*COMMON, *flags, *OPTIONS[option], "--lr", str(args.lr)],
+                                 os.path.join(args.out, "runs", pass_name), name, label=f"{pass_name} {option} np={np}",
+                                 log=os.path.join(args.out, "logs", f"{pass_name}-{name}.log"), timeout=args.timeout)
 
 
 def summarize(run_dir: str) -> dict:

@@ -56,7 +56,6 @@ SCHEMES = {  # name -> trainer flags: each scheme at its defaults
     "topk": ["--compression", "topk"],
     "localsgd": ["--local-sgd-steps", "4"],
 }
-COMMON = ["--dataset", "digits", *jobs.CLUSTER_TRAIN_FLAGS]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -81,13 +80,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run_job(cluster: NetCluster, pass_name: str, name: str, flags: list[str], args) -> str:
     """One training job; its run folder."""
-    runs = os.path.join(args.out, "runs", pass_name)
-    train = [*COMMON, "--model", args.model, *flags, "--log-dir", runs, "--run-name", name]
-    label = f"{pass_name} {name}"
-    done = jobs.run(label, lambda: cluster.run_horovodrun(args.np, train, gloo=True, timeout=args.timeout),
-                    log=os.path.join(args.out, "logs", f"{pass_name}-{name}.log"))
-    print(f"{label}: {done.seconds:.0f} s", file=sys.stderr, flush=True)
-    return os.path.join(runs, name)
+    return jobs.cluster_training(cluster, args.np, ["--dataset", "digits", "--model", args.model, *flags],
+                                 os.path.join(args.out, "runs", pass_name), name, label=f"{pass_name} {name}",
+                                 log=os.path.join(args.out, "logs", f"{pass_name}-{name}.log"), timeout=args.timeout)
 
 
 def scheme_label(config: dict) -> str:
