@@ -28,7 +28,7 @@ from hvd_cifar.launchers import ROOT
 from hvd_cifar.netcluster import NetCluster
 from hvd_cifar.runs import load_run
 from hvd_cifar.summary import run_bytes
-from hvd_cifar.tables import Column, markdown_table, num
+from hvd_cifar.tables import Column, markdown_table, num, spaced
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -45,13 +45,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run_job(cluster: NetCluster, name: str, flags: list[str], args) -> str:
     """One training job; its run folder."""
-    runs = os.path.join(args.out, "runs")
-    train = ["--dataset", "digits", *jobs.CLUSTER_TRAIN_FLAGS, "--model", args.model, "--epochs", str(args.epochs),
-             *flags, "--log-dir", runs, "--run-name", name]
-    done = jobs.run(name, lambda: cluster.run_horovodrun(args.np, train, gloo=True, timeout=args.timeout),
-                    log=os.path.join(args.out, "logs", f"{name}.log"))
-    print(f"{name}: {done.seconds:.0f} s", file=sys.stderr, flush=True)
-    return os.path.join(runs, name)
+    return jobs.cluster_training(cluster, args.np, ["--dataset", "digits", "--model", args.model, "--epochs",
+                                                    str(args.epochs), *flags], os.path.join(args.out, "runs"), name,
+                                 label=name, log=os.path.join(args.out, "logs", f"{name}.log"), timeout=args.timeout)
 
 
 def summarize(run_dir: str) -> dict:
@@ -66,11 +62,6 @@ def summarize(run_dir: str) -> dict:
             "training_time_s": sum(r["epoch_time_s"] for r in run.metrics),
             "freezes": [{k: e[k] for k in ("epoch", "frozen_blocks", "trainable_params", "block_grad_norm_change")}
                         for e in events if e.get("event") == "freeze"]}
-
-
-def spaced(key: str, spec: str) -> Column:
-    """A list of numbers in one cell, space-separated."""
-    return Column(key.replace("_", " "), key, row_fmt=lambda r: " ".join(format(v, spec) for v in r[key]))
 
 
 COLUMNS = [Column("freeze", "freeze"), num("final test acc", "test_acc", ".4f"), spaced("test_acc_per_epoch", ".4f"),

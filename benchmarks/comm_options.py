@@ -38,7 +38,7 @@ from hvd_cifar.launchers import ROOT
 from hvd_cifar.models import build_model
 from hvd_cifar.netcluster import NetCluster
 from hvd_cifar.runs import load_run
-from hvd_cifar.summary import steady_epochs, steady_mean
+from hvd_cifar.summary import steady_epochs, steady_mean, steady_nic_mean
 from hvd_cifar.tables import Column, markdown_table, num
 
 OPTIONS = {  # name -> trainer flags
@@ -49,7 +49,7 @@ OPTIONS = {  # name -> trainer flags
     "freeze 2": ["--freeze", "2"],
     "freeze 6": ["--freeze", "6"],
 }
-COMMON = ["--dataset", "digits", *jobs.CLUSTER_TRAIN_FLAGS]
+COMMON = ["--dataset", "digits"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -77,26 +77,15 @@ def slug(option: str, np: int) -> str:
 def run_job(cluster: NetCluster, pass_name: str, option: str, np: int, flags: list[str], args) -> str:
     """One training job; its run folder."""
     name = slug(option, np)
-    runs = os.path.join(args.out, "runs", pass_name)
-    train = [*COMMON, *flags, *OPTIONS[option], "--lr", str(args.lr), "--log-dir", runs, "--run-name", name]
-    label = f"{pass_name} {option} np={np}"
-    done = jobs.run(label, lambda: cluster.run_horovodrun(np, train, gloo=True, timeout=args.timeout),
-                    log=os.path.join(args.out, "logs", f"{pass_name}-{name}.log"))
-    print(f"{label}: {done.seconds:.0f} s", file=sys.stderr, flush=True)
-    return os.path.join(runs, name)
+    return jobs.cluster_training(cluster, np, [*COMMON, *flags, *OPTIONS[option], "--lr", str(args.lr)],
+                                 os.path.join(args.out, "runs", pass_name), name, label=f"{pass_name} {option} np={np}",
+                                 log=os.path.join(args.out, "logs", f"{pass_name}-{name}.log"), timeout=args.timeout)
 
 
 def summarize(run_dir: str) -> dict:
     """The row of one job; steady-state means (epochs after the first) from hvd_cifar.report."""
     records = load_run(run_dir).metrics
     timed = steady_epochs(records)
-
-    def mean(values):
-        values = list(values)
-        return sum(values) / len(values)
-
-    def nic(direction):  # per epoch, mean over the hosts
-        return mean(mean(r[f"nic_{direction}_bytes"].values()) for r in timed)
 
     def worst(direction):  # the host-epoch furthest from the analytic figure
         return max((r[f"nic_{direction}_bytes"][h] / r["comm_bytes_per_rank"] for r in timed
@@ -109,8 +98,8 @@ def summarize(run_dir: str) -> dict:
         "steps": records[-1]["steps"],
         "syncs": steady_mean(records, "syncs"),
         "analytic_bytes": steady_mean(records, "comm_bytes_per_rank"),
-        "tx_bytes": nic("tx"),
-        "rx_bytes": nic("rx"),
+        "tx_bytes": steady_nic_mean(records, "tx"),
+        "rx_bytes": steady_nic_mean(records, "rx"),
         "worst_tx_ratio": worst("tx"),
         "worst_rx_ratio": worst("rx"),
         "epoch_time_s": steady_mean(records, "epoch_time_s"),

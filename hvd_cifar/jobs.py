@@ -7,10 +7,13 @@ the job when it fails. Every script under benchmarks/ runs its jobs through ``ru
                     log="OUT/logs/bytes-fp16-np4.log")
     done.stdout, done.stderr, done.seconds        # (a cluster's output is all in stdout)
     jobs.run("case 3", argv, timeout=120, check=False).code   # a failure is a result, not an error
+    run_dir = jobs.cluster_training(cluster, 4, flags, "OUT/runs", "fp16", label="bytes fp16 np=4",
+                                    log="OUT/logs/bytes-fp16-np4.log", timeout=900)  # a training job, its run folder
 
 Also the parts of a benchmark's output that several scripts share: ``write_results`` (OUT/STEM.json
 first, OUT/STEM.md from it, the table printed), ``machine`` (what the numbers were measured on),
-the probe job and the trainer flags of every job on the namespace cluster. No torch here.
+the probe job, a training job and the trainer flags of every job on the namespace cluster. No
+torch here.
 """
 from __future__ import annotations
 
@@ -122,6 +125,18 @@ def run(label: str, command: Command, *, log: str | None = None, timeout: float 
     if check and code != 0:
         raise JobError(label, code, log, stdout + stderr)
     return done
+
+
+def cluster_training(cluster, np: int, flags: Sequence[str], runs: str, name: str, *, label: str, log: str,
+                     timeout: float) -> str:
+    """A training job of ``np`` ranks on a NetCluster, ``horovodrun --gloo`` (Gloo's allreduce
+    is a ring, what the analytic bytes count), with CLUSTER_TRAIN_FLAGS and ``flags``, into the
+    run folder RUNS/NAME, which it returns; its seconds said on stderr as it ends (a
+    benchmark's progress)."""
+    train = [*CLUSTER_TRAIN_FLAGS, *flags, "--log-dir", runs, "--run-name", name]
+    done = run(label, lambda: cluster.run_horovodrun(np, train, gloo=True, timeout=timeout), log=log)
+    print(f"{label}: {done.seconds:.0f} s", file=sys.stderr, flush=True)
+    return os.path.join(runs, name)
 
 
 def probe(cluster, n: int, out: str, *, iters: int, timeout: float, max_bytes: int = 0,

@@ -30,7 +30,7 @@ from hvd_cifar.files import RunError
 from hvd_cifar.plots import plot_prediction
 from hvd_cifar.runs import load_run
 from hvd_cifar.scaling import (SCENARIO_KEYS, TRANSPORTS, Compute, Link, Network, Scenario, measure, predict,
-                               profile)
+                               profile, scheme_of, time_schemes)
 from hvd_cifar.summary import MB, summarize
 from hvd_cifar.tables import Column, OneLineParser, markdown_table, num, write_csv
 
@@ -113,6 +113,7 @@ COLUMNS = [
     num("payload (MB/sync)", "payload_bytes", ".2f", MB),
     num("comm (ms/sync)", "comm_s_per_sync", ".2f", 1e-3),
     num("exposed (ms/sync)", "exposed_s_per_sync", ".2f", 1e-3),
+    num("scheme compute (ms/sync)", "scheme_s_per_sync", ".2f", 1e-3),
     num("step (ms)", "step_s", ".2f", 1e-3),
     num("img/s", "images_per_s", ".1f"),
     num("efficiency", "efficiency", ".3f"),
@@ -155,15 +156,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if (args.local_sgd_steps or 2) < 2 or args.powersgd_rank < 1 or not 0 < args.topk_fraction <= 1:
         p.error("--local-sgd-steps must be >= 2, --powersgd-rank >= 1, --topk-fraction in (0, 1]")
     return args
-
-
-def scheme_of(config: dict) -> dict:
-    """A run's scheme of hvd_cifar/compress/ as Scenario's fields (fp16 is a flag of its own)."""
-    compression = config.get("compression", "none")
-    return {"compression": compression if compression in ("powersgd", "topk") else "none",
-            "local_sgd_steps": int(config.get("local_sgd_steps") or 1),
-            "powersgd_rank": int(config.get("powersgd_rank") or 2),
-            "topk_fraction": float(config.get("topk_fraction") or 0.01)}
 
 
 def with_schemes(plain: list[Scenario], args: argparse.Namespace) -> list[Scenario]:
@@ -214,7 +206,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
         raise PredictError(f"--shared-cores: {args.run} chose its threads per rank from its host's cores; "
                            "use a run with threads_per_rank set")
     prof = profile(c.model, c.num_classes)
-    wanted = scenarios(c, args, len(prof.block_params), scheme_of(source.config))
+    wanted = time_schemes(prof, scenarios(c, args, len(prof.block_params), scheme_of(source.config)), c.threads_per_rank)
     net = network(list(dict.fromkeys(s.method for s in wanted)), args)
     rows = predict(c, prof, net, wanted, sorted(set(args.np)))
     measured = measured_rows(args.measured)

@@ -14,7 +14,7 @@ here (there is no obvious folder to put a comparison in)::
 
 How every number is made (steady-state epochs, img/s, speedup, bytes, time to target):
 ``hvd_cifar.summary``. The figures are drawn by ``hvd_cifar.plots``, the tables' columns are
-``hvd_cifar.run_tables``', "where the time went" is ``hvd_cifar.scaling``'s.
+``hvd_cifar.run_tables``', "where the time went" is ``hvd_cifar.explain``'s.
 
 A run killed while writing its last metrics.jsonl line is reported from its whole epochs, with a
 note saying one line was torn. Bad input (no metrics.jsonl, an empty or corrupt one), and an
@@ -30,8 +30,8 @@ import os
 import sys
 from typing import Any
 
-from hvd_cifar import scaling
 from hvd_cifar.errors import PredictError, ReportError
+from hvd_cifar.explain import explain
 from hvd_cifar.files import RunError, write_text
 from hvd_cifar.plots import plot_compare, plot_run, plot_scaling
 from hvd_cifar.run_tables import (ASYNC_PS_COLUMNS, COMPARE_COLUMNS, EPOCH_COLUMNS, TARGET_CSV_COLUMNS, TARGET_NOTE,
@@ -152,17 +152,19 @@ TIME_WENT_COLUMNS = [
 ]
 
 
-def fp16_bandwidth_text(bytes_per_s: float | None) -> str:
+def bandwidth_text(option: str, bytes_per_s: float | None) -> str:
+    """Where ``option`` (fp16, a scheme) would shorten the step, from explain's break-even."""
     if bytes_per_s is None:
-        return "on no link (the casts cost more than the halved bytes save)"
-    if bytes_per_s >= 1.25e12:  # the search's upper end: nothing in the model offsets the halved bytes
-        return "on any link up to 10 Tbit/s (nothing measured offsets the halved bytes)"
-    return f"on links below {bytes_per_s * 8 / 1e9:.3g} Gbit/s"
+        return f"{option} on no link (its compute costs more than its fewer bytes save)"
+    if bytes_per_s >= 1.25e12:  # the search's upper end: nothing in the model offsets the fewer bytes
+        return f"{option} on any link up to 10 Tbit/s (nothing measured offsets its fewer bytes)"
+    return f"{option} on links below {bytes_per_s * 8 / 1e9:.3g} Gbit/s"
 
 
 def time_went_section(runs: list[Run], rows: list[dict]) -> list[str]:
     """"Where the time went" for each multi-rank run with an np=1 run of its configuration among
-    ``runs`` (hvd_cifar.scaling.explain: the split, and the model's fp16 and gather/scatter answers)."""
+    ``runs`` (hvd_cifar.explain: the split, and the model's answers for fp16, the schemes and
+    gather/scatter)."""
     singles = {config_key(r): run for run, r in zip(runs, rows) if r.get("world_size") == 1}
     lines = []
     for run, row in zip(runs, rows):
@@ -170,19 +172,19 @@ def time_went_section(runs: list[Run], rows: list[dict]) -> list[str]:
         if not single or not isinstance(row.get("world_size"), int) or row["world_size"] < 2:
             continue
         try:
-            e = scaling.explain(run, single)
+            e = explain(run, single)
         except (PredictError, KeyError, ValueError) as exc:  # e.g. a run older than the phase times
             lines.append(f"{row['run']}: not explained ({str(exc).splitlines()[0]})\n")
             continue
-        fp16 = e["fp16_break_even_bytes_per_s"]
+        pays = "; ".join(bandwidth_text(option, beta) for option, beta in e["break_even_bytes_per_s"].items())
         star = e["gather_scatter_2x_np"]
         lines += [f"### {row['run']} (np={e['np']}) against {single.name}\n",
                   f"Ideal {e['ideal_images_per_s']:.1f} img/s (np x the np=1 run's), measured "
                   f"{e['measured_images_per_s']:.1f}. Per step on one rank, by part (a negative cost: faster than at np=1):\n",
                   markdown_table(TIME_WENT_COLUMNS, e["parts"]),
                   f"From the model (docs/SCALING.md) on this run's own link ({e['link'].beta_bytes_per_s * 8 / 1e9:.3g} Gbit/s "
-                  f"effective, latency taken as 0; `python -m hvd_cifar.predict --probe` for a measured one): fp16 "
-                  f"compression would shorten this step {fp16_bandwidth_text(fp16)}; gather/scatter's step "
+                  f"effective, latency taken as 0; `python -m hvd_cifar.predict --probe` for a measured one), each "
+                  f"option would shorten this step: {pays}; gather/scatter's step "
                   f"would take twice ring allreduce's from {'- (never up to 2^20)' if star is None else f'np={star}'}.\n"]
     return ["## Where the time went\n", *lines] if lines else []
 

@@ -208,12 +208,16 @@ def save_checkpoint(run_dir: str, state: dict) -> None:
 
 
 def save_training(run_dir: str, epoch: int, *, identity: dict, cfg, model, optimizer, frozen_blocks: int,
-                  freezing, scaler, position: dict | None = None, record: dict | None = None) -> None:
+                  freezing, scaler, rank_states: list[dict] | None = None, position: dict | None = None,
+                  record: dict | None = None) -> None:
     """The checkpoint: ``epoch`` is done, and ``record`` its metrics line; or, with ``position``
-    (a preempted run), is under way from there."""
+    (a preempted run), is under way from there. ``rank_states``: each rank's own state of the
+    sync method, in rank order (SyncMethod.rank_state: a scheme's error feedback), if it has one."""
     ckpt = {"epoch": epoch if position else epoch + 1, "identity": identity, "config": cfg.to_dict(),
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "frozen_blocks": frozen_blocks, "freezing": freezing.state_dict()}
+    if rank_states:
+        ckpt["rank_states"] = rank_states
     if position:
         ckpt["position"] = position
     if record:
@@ -249,6 +253,14 @@ def restore_rank_buffers(model: torch.nn.Module, resume_at: dict | None, rank: i
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(own[name])
+
+
+def rank_state(ckpt: dict | None, rank: int, world_size: int) -> dict | None:
+    """This rank's own state of the sync method as the checkpoint holds it (save_training's
+    ``rank_states``), or None: none saved, or saved by another number of ranks (whose residuals
+    belong to other shards of the data; the method then starts its state afresh)."""
+    saved = (ckpt or {}).get("rank_states")
+    return saved[rank] if saved and len(saved) == world_size else None
 
 
 def restore_training(ckpt: dict, model, optimizer, scaler, model_name: str) -> None:

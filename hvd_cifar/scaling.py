@@ -5,11 +5,14 @@ run's measured phases, the model's parameters and a network's links.
   bytes each rank sends, what of it backward hides;
 * the fits: latency α and bandwidth β of a link from timed messages (hvd_cifar.probe's);
 * the prediction: a run's step (``measure``) at other worker counts, sync methods and options
-  (fp16, accumulation, freezing), and "where the time went" between np=1 and np=N (``explain``).
+  (fp16, accumulation, freezing, the schemes of hvd_cifar/compress/ with their own compute,
+  ``time_schemes``), and the model's answers: the bandwidth below which an option pays
+  (``break_even_bandwidth``), the worker count at which gather/scatter falls behind.
 
-Imported by the probe (an MPI program), ``hvd_cifar.predict`` and the report; no plotting and
-no command line here. The byte counts are the sync methods' own, and ``profile`` counts on the
-real model: both load torch when first called, and nothing else here needs it.
+Imported by the probe (an MPI program), ``hvd_cifar.predict`` and ``hvd_cifar.explain``; no
+plotting and no command line here. The byte counts are the sync methods' own, ``profile`` counts
+on the real model and ``time_schemes`` times the schemes: they load torch when first called, and
+nothing else here needs it.
 """
 from __future__ import annotations
 
@@ -248,6 +251,10 @@ class Profile:
         total = sum(self.block_macs) + self.head_macs
         return 1 - sum(self.block_macs[:frozen]) / total
 
+    def trainable_shapes(self, frozen: int) -> list[tuple[int, ...]]:
+        """The shapes of the parameters that still train with ``frozen`` blocks frozen."""
+        return [shape for block, shape in self.param_shapes if block >= frozen]
+
     def payload_bytes(self, frozen: int, fp16: bool) -> int:
         """Gradient bytes per synchronisation: the trainable parameters, by SyncMethod's rule."""
         numel = sum(self.block_params[frozen:]) + self.head_params
@@ -308,6 +315,37 @@ class Scenario:
     local_sgd_steps: int = 1    # > 1: local SGD
     powersgd_rank: int = 2
     topk_fraction: float = 0.01
+    scheme_s: float = 0.0       # the scheme's own compute per update, timed on a rank with cores of its own (time_schemes)
+
+    @property
+    def label(self) -> str:
+        """The scheme and its setting as a table's cell (fp16 is a flag of its own)."""
+        return cost.label(self.compression, self.local_sgd_steps, self.powersgd_rank, self.topk_fraction)
+
+
+def scheme_of(config: dict) -> dict:
+    """A run's scheme of hvd_cifar/compress/ as Scenario's fields (fp16 is a flag of its own)."""
+    compression = config.get("compression", "none")
+    return {"compression": compression if compression in ("powersgd", "topk") else "none",
+            "local_sgd_steps": int(config.get("local_sgd_steps") or 1),
+            "powersgd_rank": int(config.get("powersgd_rank") or 2),
+            "topk_fraction": float(config.get("topk_fraction") or 0.01)}
+
+
+def time_schemes(prof: Profile, scenarios: list[Scenario], threads: int) -> list[Scenario]:
+    """Each scenario that runs a scheme, with its compute per update (``scheme_s``) timed in this
+    process on the shapes of the parameters it trains, with ``threads`` torch threads (the run's
+    threads_per_rank; 0: this process's), once per scheme and frozen set (compress/compute.py)."""
+    from hvd_cifar.compress.compute import seconds_per_update  # loads torch: only when asked
+    timed: dict = {}
+
+    def with_compute(s: Scenario) -> Scenario:
+        key = (s.compression, s.local_sgd_steps, s.powersgd_rank, s.topk_fraction, s.freeze)
+        if key not in timed:
+            timed[key] = seconds_per_update(prof.trainable_shapes(s.freeze), *key[:4], threads=threads)
+        return replace(s, scheme_s=timed[key])
+    return [s if cost.collectives(s.compression, s.local_sgd_steps, [], s.powersgd_rank, s.topk_fraction) is None
+            else with_compute(s) for s in scenarios]
 
 
 @dataclass(frozen=True)
@@ -333,15 +371,15 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
     slower = (cpu_share(n, c.threads_per_rank, net.shared_cores)
               / cpu_share(c.world_size, c.threads_per_rank, net.shared_cores))
     backward = slower * c.backward_s * prof.backward_share(s.freeze) / prof.backward_share(c.frozen_blocks)
-    trainable = [shape for block, shape in prof.param_shapes if block >= s.freeze]
-    plan = cost.collectives(s.compression, s.local_sgd_steps, trainable, s.powersgd_rank, s.topk_fraction)
+    plan = cost.collectives(s.compression, s.local_sgd_steps, prof.trainable_shapes(s.freeze), s.powersgd_rank,
+                            s.topk_fraction)
     if plan is None:
         payload = prof.payload_bytes(s.freeze, s.fp16)
         comm = comm_s(s.method, n, payload, link, net.local or link, net.ranks_per_host)
         if s.fp16 and n > 1:  # Horovod and DDP cast each gradient to fp16 and back; the MPI methods the buffer
             comm += 2 * payload * net.cast_s_per_byte
         wire = wire_bytes(s.method, n, payload, net.ranks_per_host)
-    else:  # a scheme's collectives, rings and allgathers, each in its share of the updates (compute not counted)
+    else:  # a scheme's collectives, rings and allgathers, each in its share of the updates
         payload = sum(share * size for _, size, share in plan)
         comm = sum(share * (ring_s(n, size, link) if kind == "allreduce" else cost.allgather_s(n, size, link))
                    for kind, size, share in plan)
@@ -351,12 +389,13 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
     hidden = (c.hidden_fraction or 0.0) if s.method in OVERLAPS and plan is None else 0.0
     exposed = exposed_s(comm, hidden, backward)
     compute = slower * (c.data_s + c.forward_s + c.other_s) + backward
-    step = compute + (slower * c.optimizer_s + exposed) / s.accumulation_steps
+    # The scheme's arithmetic, once per update: timed with cores to itself, so shared as at n.
+    scheme = cpu_share(n, c.threads_per_rank, net.shared_cores) * s.scheme_s if plan is not None else 0.0
+    step = compute + (slower * c.optimizer_s + scheme + exposed) / s.accumulation_steps
     return {"method": s.method, "np": n, "fp16_allreduce": s.fp16, "accumulation_steps": s.accumulation_steps,
-            "freeze": s.freeze, "compression": cost.label(s.compression, s.local_sgd_steps, s.powersgd_rank,
-                                                          s.topk_fraction), "payload_bytes": payload, "comm_s_per_sync": comm, "exposed_s_per_sync": exposed,
-            "compute_s": compute, "step_s": step, "images_per_s": n * c.images_per_step / step,
-            "bytes_per_rank_per_step": wire / s.accumulation_steps}
+            "freeze": s.freeze, "compression": s.label, "payload_bytes": payload, "comm_s_per_sync": comm,
+            "exposed_s_per_sync": exposed, "scheme_s_per_sync": scheme, "compute_s": compute, "step_s": step,
+            "images_per_s": n * c.images_per_step / step, "bytes_per_rank_per_step": wire / s.accumulation_steps}
 
 
 def predict(c: Compute, prof: Profile, net: Network, scenarios: list[Scenario], nps: list[int]) -> list[dict]:
@@ -371,13 +410,14 @@ def predict(c: Compute, prof: Profile, net: Network, scenarios: list[Scenario], 
     return rows
 
 
-def break_even_bandwidth(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -> float | None:
-    """The link bandwidth (bytes/s) below which fp16 compression shortens this step at ``n``
-    ranks (bisection on the model; None if it never does between 1 kbit/s and 10 Tbit/s)."""
+def break_even_bandwidth(c: Compute, prof: Profile, net: Network, base: Scenario, option: Scenario,
+                         n: int) -> float | None:
+    """The link bandwidth (bytes/s) below which ``option`` (fp16, a scheme: fewer bytes for more
+    compute) gives a shorter step at ``n`` ranks than ``base``, over the link of ``base``'s
+    method (bisection on the model; None if it never does between 1 kbit/s and 10 Tbit/s)."""
     def gain(beta: float) -> float:
-        slow = replace(net, links={s.method: replace(net.links[s.method], beta_bytes_per_s=beta)})
-        return (predict_step(c, prof, slow, replace(s, fp16=False), n)["step_s"]
-                - predict_step(c, prof, slow, replace(s, fp16=True), n)["step_s"])
+        slow = replace(net, links={base.method: replace(net.links[base.method], beta_bytes_per_s=beta)})
+        return predict_step(c, prof, slow, base, n)["step_s"] - predict_step(c, prof, slow, option, n)["step_s"]
     low, high = 125.0, 1.25e12
     if gain(low) <= 0:
         return None
@@ -404,46 +444,3 @@ def gather_scatter_falls_behind(c: Compute, prof: Profile, net: Network, s: Scen
         mid = (low + high) // 2
         low, high = (mid, high) if ratio(mid) < factor else (low, mid)
     return high
-
-
-# ----------------------------------------------------------------------------- where the time went
-def effective_link(method: str, n: int, payload: int, comm: float) -> Link:
-    """The link a run's own communication implies, latency taken as 0: the β at which the
-    method's equation gives the measured ``comm`` seconds per synchronisation."""
-    at_one_byte_per_s = comm_s(method, n, payload, Link(0.0, 1.0), Link(0.0, 1.0), 1)
-    return Link(0.0, at_one_byte_per_s / comm if comm > 0 else math.inf, source=f"effective, from the np={n} run")
-
-
-def step_parts(c: Compute) -> dict:
-    """One micro-batch step of a run in the report's four parts (seconds): compute (forward,
-    backward, optimizer), exposed communication (the wait in synchronize(), or the recorded
-    comm_exposed_s), data, and idle (the rest: bookkeeping, a wait that moved no bytes)."""
-    k = c.accumulation_steps
-    exposed = c.sync_s / k if c.exposed_s is None else c.exposed_s
-    parts = {"compute": c.forward_s + c.backward_s + c.optimizer_s / k, "exposed communication": exposed, "data": c.data_s}
-    parts["idle"] = c.step_s - sum(parts.values())
-    return parts
-
-
-def explain(multi: Run, single: Run) -> dict:
-    """Ideal against measured img/s of ``multi`` (np=N) with the np=1 run ``single`` of the same
-    configuration beside it, the gap split by step_parts, and the model's two answers on the
-    link the run's own communication implies (effective_link): the link bandwidth below which
-    fp16 would shorten this run's step, and the worker count at which gather/scatter takes
-    twice ring allreduce's step."""
-    cn, c1 = measure(multi), measure(single)
-    n = cn.world_size
-    ideal, measured = n * c1.images_per_step / c1.step_s, n * cn.images_per_step / cn.step_s
-    parts_n, parts_1 = step_parts(cn), step_parts(c1)
-    gap_s = cn.step_s - c1.step_s
-    rows = [{"part": k, "np1_ms": parts_1[k] * 1e3, "npN_ms": parts_n[k] * 1e3, "delta_ms": (parts_n[k] - parts_1[k]) * 1e3,
-             "img_s_lost": (ideal - measured) * (parts_n[k] - parts_1[k]) / gap_s if gap_s else 0.0} for k in parts_n]
-    prof = profile(cn.model, cn.num_classes)
-    s = Scenario(cn.sync if cn.sync in TRANSPORTS else "horovod", False, cn.accumulation_steps, cn.frozen_blocks)
-    comm = cn.comm_s if cn.comm_s is not None else cn.sync_s
-    link = effective_link(s.method, n, prof.payload_bytes(s.freeze, False), comm)
-    net = Network({s.method: link}, None)
-    base = replace(c1, hidden_fraction=cn.hidden_fraction)  # compute as at np=1, overlap as measured at N
-    return {"np": n, "ideal_images_per_s": ideal, "measured_images_per_s": measured, "parts": rows, "link": link,
-            "fp16_break_even_bytes_per_s": break_even_bandwidth(base, prof, net, s, n),
-            "gather_scatter_2x_np": gather_scatter_falls_behind(base, prof, net, s)}

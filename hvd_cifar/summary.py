@@ -66,6 +66,14 @@ def steady_mean(records: list[dict], key: str) -> float:
     return sum(value(r, key) for r in steady) / len(steady)
 
 
+def steady_nic_mean(records: list[dict], direction: str) -> float:
+    """Bytes through the NIC per steady-state epoch (``direction``: tx or rx), mean over the
+    hosts that counted them (``nic_tx_bytes`` / ``nic_rx_bytes``: host -> bytes)."""
+    steady = steady_epochs(records)
+    return sum(sum(r[f"nic_{direction}_bytes"].values()) / len(r[f"nic_{direction}_bytes"])
+               for r in steady) / len(steady)
+
+
 def present_mean(records: list[dict], key: str) -> float:
     """Mean of a metric over the epochs that have it (checkpoint_time_s: those that wrote one);
     NaN when none has."""

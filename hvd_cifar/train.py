@@ -121,6 +121,8 @@ def resume(run: Training, run_dir: str) -> None:
     run.set_trainable(run.freezing.frozen_blocks(run.start_epoch, 0) if saved_frozen is None else saved_frozen)
     if ckpt:
         runlog.restore_training(ckpt, run.model, run.optimizer, run.scaler, cfg.model)
+    if (own := runlog.rank_state(ckpt, sync.rank, sync.size)) is not None:
+        sync.load_rank_state(own)  # after set_trainable: the scheme knows its parameters
     if ckpt and cfg.stop_after and cfg.stop_after <= run.start_epoch < cfg.epochs:
         raise ConfigError(f"stop_after: the run already stopped after epoch {run.start_epoch} of {cfg.epochs}, as "
                           f"its stop_after: {cfg.stop_after} asks; to go on: --resume {run_dir} --stop-after 0 "
@@ -224,22 +226,24 @@ def evaluate_and_record(run: Training, state, epoch: int, result: engine.EpochRe
                                   eval_time_s=time.perf_counter() - eval_start)
     engine.Diverged.check_epoch(record["train_loss"], test.loss, run.dataset.num_classes, epoch, result.steps,
                                 result.lr)
+    rank_states = run.rank_states() if checkpoint else None  # every rank's, before rank 0 saves them
     # Data first, print second; rank 0's write error stops every rank.
-    record = on_main(sync, lambda: checkpoint_and_record(run, epoch, record, checkpoint))
+    record = on_main(sync, lambda: checkpoint_and_record(run, epoch, record, checkpoint, rank_states))
     run.log(f"epoch {epoch + 1}/{cfg.epochs}  train loss {record['train_loss']:.4f} acc {record['train_acc']:.4f}"
             f"  test loss {test.loss:.4f} acc {test.acc:.4f}  {result.time_s:.1f} s  "
             f"{record['images_per_s']:.0f} img/s  lr {record['lr']:.4g}")
     return record, test.confusion
 
 
-def checkpoint_and_record(run: Training, epoch: int, record: dict, checkpoint: bool) -> dict:
+def checkpoint_and_record(run: Training, epoch: int, record: dict, checkpoint: bool,
+                          rank_states: list[dict] | None = None) -> dict:
     """Rank 0: the epoch's checkpoint when one is due, then its metrics line, then TensorBoard's
     copy of the line. The checkpoint goes first so that the line can say what writing it took
     (``checkpoint_time_s``, absent in epochs without one); it carries the line (without that
     figure), so that a job killed between the two gets the line back on resume."""
     if checkpoint:
         began = time.perf_counter()
-        runlog.save_training(run.run_dir, epoch, record=record, **run.checkpointed())
+        runlog.save_training(run.run_dir, epoch, record=record, **run.checkpointed(rank_states))
         record = {**record, "checkpoint_time_s": time.perf_counter() - began}
     run.records = runlog.record_epoch(run.run_dir, record)
     if run.cfg.tensorboard:
@@ -294,8 +298,9 @@ def run(cfg: Config) -> tuple[SyncMethod, preempt.Preempted | None]:
     except preempt.Preempted as exc:  # every rank raised it after the same update
         # No rank may exit before rank 0 has saved: the launcher ends the job at the first exit.
         buffers = sync.allgather_object(runlog.rank_buffers(training.model))  # each rank's BatchNorm statistics
+        rank_states = training.rank_states()
         on_main(sync, lambda: runlog.save_preempted(training.run_dir, state, sync.size, buffers,
-                                                    training.elapsed_s(), exc, **training.checkpointed()))
+                                                    training.elapsed_s(), exc, **training.checkpointed(rank_states)))
         # Without its traceback, which holds the loop's frames and in them the wrapped model.
         stopped, exc.run_dir = exc.with_traceback(None), training.run_dir
         # Said here, while the ranks can still wait for each other: none need linger at exit

@@ -76,7 +76,16 @@ class Training:
         self.unfrozen_payload_bytes = self.sync.payload_bytes(list(self.model.named_parameters()), cfg.fp16_allreduce)
         self.trainable = sum(p.numel() for _, p in named)
 
-    def checkpointed(self) -> dict:
-        """What a checkpoint holds of the run besides where it stands (runlog.save_training)."""
+    def rank_states(self) -> list[dict] | None:
+        """Every rank's own state of the sync method (SyncMethod.rank_state), gathered for rank 0
+        to save; None when the method keeps none. A collective: every rank calls it (each
+        config's ranks all keep one or all keep none)."""
+        own = self.sync.rank_state()
+        return None if own is None else self.sync.allgather_object(own)
+
+    def checkpointed(self, rank_states: list[dict] | None = None) -> dict:
+        """What a checkpoint holds of the run besides where it stands (runlog.save_training);
+        ``rank_states``: what rank_states() gathered."""
         return {"identity": self.identity, "cfg": self.cfg, "model": self.model, "optimizer": self.optimizer,
-                "frozen_blocks": self.frozen, "freezing": self.freezing, "scaler": self.scaler}
+                "frozen_blocks": self.frozen, "freezing": self.freezing, "scaler": self.scaler,
+                "rank_states": rank_states}

@@ -214,6 +214,60 @@ def test_local_sgd_payload_is_the_model_amortised():
     assert scheme.payload_bytes([param("w", torch.zeros(10, 10)), param("b", torch.zeros(10))]) == 110 * 4 / 4
 
 
+# ----------------------------------------------------------------------------- checkpointed state
+SCHEMES = {"powersgd": lambda c: PowerSGD(c, rank=1, warmup_steps=1),
+           "topk": lambda c: TopK(c, fraction=0.25, warmup_steps=1),
+           "localsgd": lambda c: LocalSGD(c, every=3)}
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_a_scheme_taken_back_from_its_saved_state_goes_on_as_the_unbroken_one(tmp_path, name):
+    """Three updates, the state through torch.save and torch.load(weights_only=True) as the
+    checkpoint carries it, into a fresh scheme: its next updates equal the unbroken scheme's
+    (red without the residuals, PowerSGD's Q, the warm-up's count or local SGD's count)."""
+    grads = [torch.randn(6, 5, generator=torch.Generator().manual_seed(i)) for i in range(5)]
+
+    def update(scheme, p, g):
+        p.grad = g.clone()
+        scheme.synchronize()
+        with torch.no_grad():
+            p -= 0.1 * p.grad
+        scheme.after_step()
+        return p.detach().clone()
+
+    unbroken, (_, p) = SCHEMES[name](FakeCollective(World(1), 0)), param("w", torch.zeros(6, 5))
+    unbroken.track([("w", p)])
+    for g in grads[:3]:
+        update(unbroken, p, g)
+    torch.save(unbroken.state_dict(), tmp_path / "state.pt")
+    resumed, q = SCHEMES[name](FakeCollective(World(1), 0)), torch.nn.Parameter(p.detach().clone())
+    resumed.track([("w", q)])
+    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    for g in grads[3:]:
+        assert torch.equal(update(unbroken, p, g), update(resumed, q, g))
+    assert resumed.state_dict().keys() == unbroken.state_dict().keys()
+    if name == "localsgd":  # one rank: the average changes nothing, so count the averages
+        assert (resumed.averages, resumed.since_average) == (unbroken.averages, unbroken.since_average) == (1, 2)
+
+
+def test_a_resumed_compressed_run_ends_on_the_unbroken_runs_weights(tmp_path):
+    """PowerSGD under Horovod, one process: 4 epochs of 3 updates straight, against 2 epochs,
+    stop, resume for 2. The warm-up (4 updates) spans the stop, so the count, the residuals and
+    Q must all come back from the checkpoint for the weights to match."""
+    common = ["--config", "configs/tiny.yaml", "--max-steps-per-epoch", "3", "--epochs", "4", "--sync", "horovod",
+              "--compression", "powersgd", "--compression-warmup-steps", "4"]
+    run_train([*common, "--log-dir", str(tmp_path / "a"), "--run-name", "straight"])
+    run_train([*common, "--log-dir", str(tmp_path / "b"), "--run-name", "halves", "--stop-after", "2"])
+    halves = tmp_path / "b" / "halves"
+    saved = torch.load(halves / "checkpoint_last.pt", weights_only=True)["rank_states"]
+    assert len(saved) == 1 and saved[0]["updates"] == 6 and saved[0]["errors"] and saved[0]["qs"]
+    run_train(["--resume", str(halves), "--stop-after", "0"])
+    a = torch.load(tmp_path / "a" / "straight" / "checkpoint_last.pt", weights_only=True)["model"]
+    b = torch.load(halves / "checkpoint_last.pt", weights_only=True)["model"]
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
 # ----------------------------------------------------------------------------- real runs
 RUNS = {  # name: (launcher, flags); warm-up 2 of the epoch's 6 updates for PowerSGD; top-k with 2
     # micro-batches per update (3 updates): the scheme reads the gradients backward summed
@@ -285,6 +339,39 @@ def test_the_scaling_model_counts_each_schemes_collectives(scheme, freeze, paylo
     assert row["bytes_per_rank_per_step"] == pytest.approx(wire)
     plain = scaling.predict_step(c, prof, net, scaling.Scenario("horovod", False, 1, freeze), 4)
     assert plain["compression"] == "none" and plain["payload_bytes"] == 4 * (126 if freeze == 0 else 50)
+
+
+def test_a_schemes_own_compute_is_timed_on_the_models_shapes_and_paid_once_per_update():
+    """time_schemes times the scheme on the trainable shapes (compress/compute.py); predict_step
+    adds it to the step, per update (divided over k micro-batches), and to nothing else."""
+    scaling, prof, c, net = scaling_case()
+    topk = scaling.Scenario("horovod", False, 2, 0, compression="topk", topk_fraction=0.5)
+    plain = scaling.Scenario("horovod", True, 2, 0)
+    timed, same = scaling.time_schemes(prof, [topk, plain], threads=1)
+    assert timed.scheme_s > 0 and same == plain
+    untimed, row = (scaling.predict_step(c, prof, net, s, 4) for s in (topk, timed))
+    assert row["scheme_s_per_sync"] == timed.scheme_s
+    assert row["step_s"] == pytest.approx(untimed["step_s"] + timed.scheme_s / 2)
+    # timed with a core to itself: 4 one-thread ranks on 2 cores take twice as long, even when
+    # the run's own compute was measured at 4 ranks already (its share is in it)
+    from dataclasses import replace
+    shared, at4 = replace(net, shared_cores=2), replace(c, threads_per_rank=1, world_size=4)
+    untimed, row = (scaling.predict_step(at4, prof, shared, s, 4) for s in (topk, timed))
+    assert row["step_s"] == pytest.approx(untimed["step_s"] + 2 * timed.scheme_s / 2)
+
+
+def test_a_scheme_pays_below_the_bandwidth_where_its_saved_bytes_outweigh_its_compute():
+    """Plain: 504 B in a ring at N = 4 (1.5 x 504 / β, none of it hidden here); PowerSGD r=1:
+    200 B (1.5 x 200 / β) plus 0.1 s of its own compute: the two steps are equal at
+    β = 1.5 x 304 / 0.1 B/s, and PowerSGD is the shorter below it (red without its compute: it
+    would pay on every link)."""
+    scaling, prof, c, net = scaling_case()
+    from dataclasses import replace
+    c = replace(c, hidden_fraction=None)
+    plain = scaling.Scenario("horovod", False, 1, 0)
+    powersgd = scaling.Scenario("horovod", False, 1, 0, compression="powersgd", powersgd_rank=1, scheme_s=0.1)
+    beta = scaling.break_even_bandwidth(c, prof, net, plain, powersgd, 4)
+    assert beta == pytest.approx(1.5 * 304 / 0.1, rel=1e-6)
 
 
 def test_the_profile_knows_each_parameters_block():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -112,7 +113,7 @@ def test_ranks_sharing_one_machines_cores_compute_slower_by_their_share():
 def test_fp16_pays_below_a_bandwidth_and_gather_scatter_falls_behind_at_a_worker_count():
     net = p.Network({"mpi-allreduce": p.Link(0.0, 1e6)}, None, cast_s_per_byte=1e-9)
     s = p.Scenario("mpi-allreduce", False, 1, 0)
-    beta = p.break_even_bandwidth(compute(), PROFILE, net, s, 4)
+    beta = p.break_even_bandwidth(compute(), PROFILE, net, s, replace(s, fp16=True), 4)
     # saving 1.5·2000/β equals the cast 2·2000·1e-9 at β = 7.5e8 bytes/s
     assert beta == pytest.approx(7.5e8, rel=1e-6)
     n = p.gather_scatter_falls_behind(compute(), PROFILE, net, s)
@@ -175,6 +176,9 @@ def test_report_says_where_the_time_went(tmp_path):
     # the run's own link: 30 ms of allreduce per sync moved smallcnn's 379,944 bytes (ring, np=2)
     assert f"({379_944 / 0.03 * 8 / 1e9:.3g} Gbit/s effective" in text
     assert "gather/scatter's step would take twice ring allreduce's from np=" in text
+    # fp16 and each scheme the run's method (horovod) runs: where each would pay, by the model
+    for option in ("fp16 on ", "powersgd r=2 on ", "topk f=0.01 on ", "local SGD H=4 on "):
+        assert option in text, option
 
 
 def test_overlap_from_another_run_and_shared_cores_need_the_runs_thread_count(tmp_path):

@@ -106,6 +106,15 @@ class Scheme:
     def after_step(self) -> None:
         """After the optimizer step."""
 
+    def state_dict(self) -> dict:
+        """This rank's state, for the checkpoint: the count of updates (the warm-up's place) and
+        what the subclass adds (its error feedback). Without it a resumed run would warm up
+        again and drop the residuals, and end on other weights than the unbroken run."""
+        return {"updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.updates = state["updates"]
+
     def end_epoch(self) -> None:
         """After the epoch's last update, before evaluation and the checkpoint."""
 

@@ -7,6 +7,8 @@ each rank's buffer follows its own gradients. BatchNorm's running statistics are
 the epoch's end as under every method. The epoch's last update always averages (``end_epoch``),
 so evaluation and the checkpoint see one model on every rank; the count of updates since the
 last average starts again there. A preempted epoch saves rank 0's model as it stands.
+The checkpoint holds the counts (``state_dict``) but only rank 0's optimizer: a resumed run
+starts every rank from rank 0's momentum, not from its own.
 """
 from __future__ import annotations
 
@@ -41,6 +43,13 @@ class LocalSGD(Scheme):
         average_in_place(self.collective, [p.data for _, p in self.params], "localsgd.params")
         self.since_average = 0
         self.averages += 1
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "since_average": self.since_average, "averages": self.averages}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.since_average, self.averages = state["since_average"], state["averages"]
 
     def payload_bytes(self, named_parameters) -> int:
         return localsgd_payload(sum(p.numel() for _, p in named_parameters), self.every)

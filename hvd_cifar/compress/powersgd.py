@@ -15,8 +15,8 @@ Per matrix-shaped gradient G (a conv weight (out, in, kh, kw) is the matrix (out
 
 Biases, BatchNorm's weights and any matrix too small to gain (r (rows + cols) >= rows x cols) are
 averaged whole in a third allreduce. The first ``compression_warmup_steps`` updates average every
-gradient whole (no error is kept). Error and Q live in this process only: a resumed run starts
-them, and the warm-up, afresh.
+gradient whole (no error is kept). Error, Q and the count of updates are part of the
+checkpoint (``state_dict``), so a resumed run goes on as the unbroken one would.
 """
 from __future__ import annotations
 
@@ -92,6 +92,13 @@ class PowerSGD(Scheme):
             return q
         generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
         return torch.randn(m.shape[1], self.rank, generator=generator).to(m)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "errors": dict(self.errors), "qs": dict(self.qs)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.errors, self.qs = dict(state["errors"]), dict(state["qs"])
 
     def payload_bytes(self, named_parameters) -> int:
         return powersgd_payload([tuple(p.shape) for _, p in named_parameters], self.rank)

@@ -12,7 +12,7 @@ Per gradient tensor G of n entries, k = max(1, ceil(topk_fraction x n)):
 
 Ranks choose different indices, so the pieces are gathered, not summed. The first
 ``compression_warmup_steps`` updates average every gradient whole (no error is kept). The
-residuals live in this process only: a resumed run starts them, and the warm-up, afresh.
+residuals and the count of updates are part of the checkpoint (``state_dict``).
 """
 from __future__ import annotations
 
@@ -55,6 +55,13 @@ class TopK(Scheme):
         with torch.no_grad():
             for grad, averaged in zip(grads, unflatten(dense, grads)):
                 grad.copy_(averaged)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "errors": dict(self.errors)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.errors = dict(state["errors"])
 
     def payload_bytes(self, named_parameters) -> int:
         return topk_payload([p.numel() for _, p in named_parameters], self.fraction)

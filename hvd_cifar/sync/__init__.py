@@ -129,6 +129,15 @@ class SyncMethod:
         """``train(state)`` made restartable after workers come or go; here, as it is."""
         return train
 
+    def rank_state(self) -> dict | None:
+        """What of this rank's own communication state a checkpoint must hold for a resumed run
+        to go on as the unbroken one would (a scheme's error feedback differs per rank), or None
+        when the method keeps none (the default)."""
+        return None
+
+    def load_rank_state(self, state: dict) -> None:
+        """Take back this rank's ``rank_state()`` as a checkpoint saved it."""
+
     # --- accounting ----------------------------------------------------------------
     def payload_bytes(self, named_parameters: list[tuple[str, torch.nn.Parameter]], fp16: bool) -> int:
         """Gradient bytes one synchronisation averages: every trainable parameter's gradient, as

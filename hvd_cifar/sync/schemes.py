@@ -37,6 +37,12 @@ class SchemeHooks:
     def epoch_loop(self, train_one_epoch):
         return super().epoch_loop(self.scheme.epoch_loop(train_one_epoch))
 
+    def rank_state(self):
+        return self.scheme.state_dict()
+
+    def load_rank_state(self, state):
+        self.scheme.load_state_dict(state)
+
     def payload_bytes(self, named_parameters, fp16):
         return self.scheme.payload_bytes(named_parameters)
 

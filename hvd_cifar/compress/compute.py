@@ -1,0 +1,62 @@
+"""What a scheme's own arithmetic costs per update on this machine: PowerSGD's matrix products and
+Gram-Schmidt, top-k's selection and scatter, and the flattening every scheme does. The scaling
+model adds it to a scheme's step (hvd_cifar.scaling.time_schemes); a run's phases cannot give it,
+since a run without the scheme never did that work.
+
+Timed here, in this process, on gradients of the model's real shapes, with the collectives
+answered by this one rank (no wire, no wait), so that what is left is the scheme's compute. It
+does not grow with the number of ranks, except top-k's scatter of the N ranks' pieces
+(index_add_ of N·k entries, small beside the selection over every entry).
+"""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import torch
+
+from hvd_cifar.compress import Collective, make
+
+
+class Alone(Collective):
+    """The collectives of a world of one: every tensor is its own mean and its own gather."""
+
+    def __init__(self):
+        super().__init__(1)
+
+    def _allreduce_mean(self, tensor, name):
+        return tensor
+
+    def _allgather(self, tensor, name):
+        return tensor
+
+
+def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sgd_steps: int = 1,
+                       powersgd_rank: int = 2, topk_fraction: float = 0.01, threads: int = 0,
+                       updates: int = 8) -> float:
+    """Mean seconds of the scheme's synchronize() and after_step() over ``updates`` updates (after
+    one untimed: PowerSGD draws its first Q there) on random gradients of ``shapes``, with
+    ``threads`` torch threads (0: as this process has them); 0 without a scheme."""
+    cfg = SimpleNamespace(compression=compression, local_sgd_steps=local_sgd_steps, powersgd_rank=powersgd_rank,
+                          topk_fraction=topk_fraction, compression_warmup_steps=0)
+    scheme = make(cfg, Alone())
+    if scheme is None:
+        return 0.0
+    generator = torch.Generator().manual_seed(0)
+    params = [(f"p{i}", torch.nn.Parameter(torch.zeros(shape))) for i, shape in enumerate(shapes)]
+    grads = [torch.randn(shape, generator=generator) for shape in shapes]
+    scheme.track(params)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        total = 0.0
+        for update in range(updates + 1):
+            for (_, p), g in zip(params, grads):
+                p.grad = g.clone()  # as backward leaves it: the scheme overwrites .grad
+            began = time.perf_counter()
+            scheme.synchronize()
+            scheme.after_step()
+            total += (time.perf_counter() - began) if update else 0.0
+    finally:
+        torch.set_num_threads(before)
+    return total / updates
