@@ -9,7 +9,9 @@ The lock is a POSIX record lock (``fcntl.lockf``): the kernel drops it when its 
 however it dies, so a crashed job never blocks the next one, and NFS carries such locks
 between hosts (its lock service releases those of a host that went down once the host's lease
 runs out). The file itself only tells people who holds the lock: ``host H pid P since T``.
-Where the file system cannot lock at all, the run goes on unguarded rather than not at all.
+Where the file system cannot lock at all, the run goes on unguarded rather than not at all; a
+folder where the lock file cannot even be opened is one no job can write, and the run's first
+write there says so in its own line.
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ def hold(run_dir: str) -> None:
     path = os.path.join(run_dir, LOCK_NAME)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask
-    except OSError as exc:
-        raise RunError(f"run folder {run_dir}: cannot open {LOCK_NAME} ({exc.strerror})") from None
+    except OSError:
+        return  # a folder no one can write (read-only, no permission): its first write says so
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
