@@ -67,20 +67,17 @@ def before_loop(sync, fn, together=on_main, others=None):
     return together(sync, fn)
 
 
-def say_together(sync, line: str) -> None:
-    """Rank 0 says ``line``, and every rank returns once it is out: the ranks can then exit
-    at once, with none of say_once's wait (for a stop every rank reached together)."""
-    if sync.rank == 0:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    sync.allgather_object(None)
+def speak(line: str) -> None:
+    """Rank 0's line about what every rank knows alike, in one write (launchers that tag output
+    lines would tag a lone newline too)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def say_once(rank: int, line: str, code: int) -> int:
     """What every rank knows alike is said once, by rank 0; returns ``code``."""
-    if rank == 0:  # one write: launchers that tag output lines would tag a lone newline too
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+    if rank == 0:
+        speak(line)
     else:
         # Launchers stop the whole job when the first rank exits non-zero. A silent rank that
         # got there first would have rank 0 killed before it said why; so the others give

@@ -33,7 +33,7 @@ from hvd_cifar import (autofreeze, data, engine, evaluation, lifecycle, metrics,
                        runlock, runlog)
 from hvd_cifar.config import Config, ConfigError
 from hvd_cifar.models import build_model, set_frozen_blocks
-from hvd_cifar.ranks import USER_ERRORS, before_loop, on_every_rank, on_main, say_once, say_together
+from hvd_cifar.ranks import USER_ERRORS, before_loop, on_every_rank, on_main, say_once, speak
 from hvd_cifar.sync import SyncMethod
 from hvd_cifar.sync import make as make_sync
 from hvd_cifar.tboard import Board
@@ -296,16 +296,20 @@ def run(cfg: Config) -> tuple[SyncMethod, preempt.Preempted | None]:
             runlog.append_metrics(training.run_dir, exc.event(sync.rank if exc.alone else None), runlog.EVENTS)
         raise
     except preempt.Preempted as exc:  # every rank raised it after the same update
-        # No rank may exit before rank 0 has saved: the launcher ends the job at the first exit.
+        # No rank may exit before rank 0 has saved and said so: the launcher ends the job at the
+        # first exit. on_main's hand-off after both is that wait, so no rank lingers at exit for
+        # rank 0's line (a launcher that waits for its ranks, like horovodrun --gloo's, ends sooner).
         buffers = sync.allgather_object(runlog.rank_buffers(training.model))  # each rank's BatchNorm statistics
         rank_states = training.rank_states()
-        on_main(sync, lambda: runlog.save_preempted(training.run_dir, state, sync.size, buffers,
-                                                    training.elapsed_s(), exc, **training.checkpointed(rank_states)))
         # Without its traceback, which holds the loop's frames and in them the wrapped model.
         stopped, exc.run_dir = exc.with_traceback(None), training.run_dir
-        # Said here, while the ranks can still wait for each other: none need linger at exit
-        # for rank 0's line (a launcher that waits, like horovodrun --gloo's, ends sooner).
-        say_together(sync, stopped.line())
+
+        def save_and_say() -> None:
+            runlog.save_preempted(training.run_dir, state, sync.size, buffers, training.elapsed_s(), stopped,
+                                  **training.checkpointed(rank_states))
+            speak(stopped.line())
+
+        on_main(sync, save_and_say)
     # The wrappers the sync method made hold its communication resources (DDP's reducer holds
     # the process group): let them go before the method closes.
     training.net = training.optimizer = state = None
