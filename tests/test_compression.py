@@ -1,6 +1,6 @@
 """PowerSGD, top-k and local SGD (hvd_cifar/compress/): each scheme on hand-sized tensors with ranks
-simulated in this process (threads meeting at each collective), then one real 2-rank run per
-sync method that runs them."""
+simulated in this process (threads meeting at each collective), then each scheme in real 2-rank
+runs (Horovod and DDP between them), resumed onto the unbroken run's weights."""
 import json
 import threading
 
@@ -250,24 +250,6 @@ def test_a_scheme_taken_back_from_its_saved_state_goes_on_as_the_unbroken_one(tm
         assert (resumed.averages, resumed.since_average) == (unbroken.averages, unbroken.since_average) == (1, 2)
 
 
-def test_a_resumed_compressed_run_ends_on_the_unbroken_runs_weights(tmp_path):
-    """PowerSGD under Horovod, one process: 4 epochs of 3 updates straight, against 2 epochs,
-    stop, resume for 2. The warm-up (4 updates) spans the stop, so the count, the residuals and
-    Q must all come back from the checkpoint for the weights to match."""
-    common = ["--config", "configs/tiny.yaml", "--max-steps-per-epoch", "3", "--epochs", "4", "--sync", "horovod",
-              "--compression", "powersgd", "--compression-warmup-steps", "4"]
-    run_train([*common, "--log-dir", str(tmp_path / "a"), "--run-name", "straight"])
-    run_train([*common, "--log-dir", str(tmp_path / "b"), "--run-name", "halves", "--stop-after", "2"])
-    halves = tmp_path / "b" / "halves"
-    saved = torch.load(halves / "checkpoint_last.pt", weights_only=True)["rank_states"]
-    assert len(saved) == 1 and saved[0]["updates"] == 6 and saved[0]["errors"] and saved[0]["qs"]
-    run_train(["--resume", str(halves), "--stop-after", "0"])
-    a = torch.load(tmp_path / "a" / "straight" / "checkpoint_last.pt", weights_only=True)["model"]
-    b = torch.load(halves / "checkpoint_last.pt", weights_only=True)["model"]
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-
-
 # ----------------------------------------------------------------------------- real runs
 RUNS = {  # name: (launcher, flags); warm-up 2 of the epoch's 6 updates for PowerSGD; top-k with 2
     # micro-batches per update (3 updates): the scheme reads the gradients backward summed
@@ -292,19 +274,39 @@ def expected_bytes(name, shapes, syncs):
     return round(fp32 / 4), 2 * fp32  # averaged after update 4 and at the epoch's end (6)
 
 
+def weights(run_dir):
+    return torch.load(run_dir / "checkpoint_last.pt", weights_only=True)["model"]
+
+
 @pytest.mark.parametrize("name", RUNS)
-def test_two_ranks_agree_and_record_the_bytes_they_send(tmp_path, name):
+def test_two_ranks_agree_record_their_bytes_and_resume_onto_the_unbroken_runs_weights(tmp_path, name):
+    """Each scheme at 2 ranks: 2 epochs straight, against 1 epoch, stop, resume for 1. The first
+    epoch's line counts the bytes sent; the resumed run must end on the straight run's weights,
+    so every rank's own state must come back from the checkpoint: PowerSGD's count (the warm-up
+    would run again), residuals and Q, top-k's residuals, local SGD's count and each rank's
+    momentum (rank 0's on every rank would end elsewhere)."""
     launcher, flags = RUNS[name]
-    run_train(["--config", "configs/tiny.yaml", "--epochs", "1", "--log-dir", str(tmp_path),
-               "--run-name", name, *flags], launcher=launcher, np=2)
-    assert json.loads((tmp_path / name / "eval.json").read_text())["parameters_identical_across_ranks"]
-    [record] = read_metrics(tmp_path / name)
+    for run_name, stop_after in (("straight", "0"), ("halves", "1")):
+        run_train(["--config", "configs/tiny.yaml", "--epochs", "2", "--stop-after", stop_after, "--log-dir",
+                   str(tmp_path), "--run-name", run_name, *flags], launcher=launcher, np=2)
+    halves = tmp_path / "halves"
+    [record] = read_metrics(halves)
     from hvd_cifar.models import build_model
     shapes = [tuple(p.shape) for p in build_model("smallcnn", 10).parameters()]
     assert record["syncs"] == (3 if name == "ddp-topk" else 6) and record["compression"] == name.split("-")[1]
     per_sync, per_rank = expected_bytes(name, shapes, record["syncs"])
     assert (record["comm_bytes_per_sync"], record["comm_bytes_per_rank"]) == (per_sync, per_rank)
     assert record["comm_bytes_per_sync"] * 3 < record["trainable_params"] * 4  # fp32 ring at N = 2
+    saved = torch.load(halves / "checkpoint_last.pt", weights_only=True)["rank_states"]
+    assert [s["updates"] for s in saved] == [record["syncs"]] * 2
+    if name == "ddp-localsgd":  # each rank's own momentum, not rank 0's twice
+        assert not torch.equal(*(s["optimizer"]["state"][0]["momentum_buffer"] for s in saved))
+    run_train(["--resume", str(halves), "--stop-after", "0"], launcher=launcher, np=2)
+    for run_dir in (tmp_path / "straight", halves):
+        assert json.loads((run_dir / "eval.json").read_text())["parameters_identical_across_ranks"]
+    straight, resumed = weights(tmp_path / "straight"), weights(halves)
+    for key in straight:
+        assert torch.equal(straight[key], resumed[key]), key
 
 
 # ----------------------------------------------------------------------------- the scaling model

@@ -7,8 +7,9 @@ each rank's buffer follows its own gradients. BatchNorm's running statistics are
 the epoch's end as under every method. The epoch's last update always averages (``end_epoch``),
 so evaluation and the checkpoint see one model on every rank; the count of updates since the
 last average starts again there. A preempted epoch saves rank 0's model as it stands.
-The checkpoint holds the counts (``state_dict``) but only rank 0's optimizer: a resumed run
-starts every rank from rank 0's momentum, not from its own.
+The checkpoint holds the counts (``state_dict``) and, since momentum is each rank's own, every
+rank's optimizer state beside them (sync/schemes.py's ``rank_state``): a resumed run ends on the
+unbroken run's weights.
 """
 from __future__ import annotations
 

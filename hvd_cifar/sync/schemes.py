@@ -22,6 +22,7 @@ class SchemeHooks:
 
     def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
         self.scheme.track(named_parameters)
+        self.optimizer = optimizer  # this rank's own, where its gradients are (rank_state)
         return model, optimizer
 
     def accumulate(self, model, sync_now):
@@ -38,10 +39,17 @@ class SchemeHooks:
         return super().epoch_loop(self.scheme.epoch_loop(train_one_epoch))
 
     def rank_state(self):
-        return self.scheme.state_dict()
+        """The scheme's state and, where each rank steps on its own gradients (local SGD), its
+        own optimizer's (momentum), since the checkpoint's ``optimizer`` is rank 0's alone."""
+        state = self.scheme.state_dict()
+        if not self.scheme.averages_gradients:
+            state = {**state, "optimizer": self.optimizer.state_dict()}
+        return state
 
     def load_rank_state(self, state):
         self.scheme.load_state_dict(state)
+        if "optimizer" in state:  # loaded after the checkpoint's (rank 0's): this rank's own wins
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def payload_bytes(self, named_parameters, fp16):
         return self.scheme.payload_bytes(named_parameters)
