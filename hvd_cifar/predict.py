@@ -78,7 +78,7 @@ def network(methods: list[str], args: argparse.Namespace) -> Network:
                                f"(it has: {', '.join(probe['transports']) or 'none'})")
         links[m] = probe_link(probe, found[0], args.probe)
     local = probe_link(probe, "mpi-intra-host", args.probe) if "mpi-intra-host" in probe["transports"] else None
-    return Network(links, local, args.ranks_per_host, probe.get("cast_s_per_byte", 0.0), args.shared_cores)
+    return Network(links, local, args.ranks_per_host, shared_cores=args.shared_cores)
 
 
 # ----------------------------------------------------------------------------- measured points

@@ -20,7 +20,8 @@ Each message size (geometric, --min-bytes to --max-bytes, default the model's fp
 timed --iters times after one warm-up, each time after a 1-element allreduce that starts the
 ranks together; rank 0's times are recorded. The fit is least squares on the medians
 (hvd_cifar.scaling.fit_transport). Also timed on rank 0: summing two buffers
-(``reduce_s_per_byte``) and fp32 -> fp16 -> fp32 (``cast_s_per_byte``).
+(``reduce_s_per_byte``) and fp32 -> fp16 -> fp32 (``cast_s_per_byte``, printed as this host's
+figure: the prediction times fp16's casts in its own process, as a scheme's compute).
 """
 from __future__ import annotations
 

@@ -315,7 +315,7 @@ class Scenario:
     local_sgd_steps: int = 1    # > 1: local SGD
     powersgd_rank: int = 2
     topk_fraction: float = 0.01
-    scheme_s: float = 0.0       # the scheme's own compute per update, timed on a rank with cores of its own (time_schemes)
+    scheme_s: float = 0.0       # the scheme's (fp16: the casts') own compute per update, timed on a rank with cores of its own (time_schemes)
 
     @property
     def label(self) -> str:
@@ -333,19 +333,21 @@ def scheme_of(config: dict) -> dict:
 
 
 def time_schemes(prof: Profile, scenarios: list[Scenario], threads: int) -> list[Scenario]:
-    """Each scenario that runs a scheme, with its compute per update (``scheme_s``) timed in this
-    process on the shapes of the parameters it trains, with ``threads`` torch threads (the run's
-    threads_per_rank; 0: this process's), once per scheme and frozen set (compress/compute.py)."""
+    """Each scenario that runs a scheme or fp16, with its compute per update (``scheme_s``: the
+    scheme's arithmetic, fp16's casts) timed in this process on the shapes of the parameters it
+    trains, with ``threads`` torch threads (the run's threads_per_rank; 0: this process's), once
+    per scheme and frozen set (compress/compute.py); the others as they are (0 s)."""
     from hvd_cifar.compress.compute import seconds_per_update  # loads torch: only when asked
     timed: dict = {}
 
     def with_compute(s: Scenario) -> Scenario:
-        key = (s.compression, s.local_sgd_steps, s.powersgd_rank, s.topk_fraction, s.freeze)
+        # fp16, a flag here, is a compression of its own there; a scheme's scenario times the scheme
+        compression = "fp16" if s.fp16 and s.compression == "none" else s.compression
+        key = (compression, s.local_sgd_steps, s.powersgd_rank, s.topk_fraction, s.freeze)
         if key not in timed:
             timed[key] = seconds_per_update(prof.trainable_shapes(s.freeze), *key[:4], threads=threads)
         return replace(s, scheme_s=timed[key])
-    return [s if cost.collectives(s.compression, s.local_sgd_steps, [], s.powersgd_rank, s.topk_fraction) is None
-            else with_compute(s) for s in scenarios]
+    return [with_compute(s) for s in scenarios]
 
 
 @dataclass(frozen=True)
@@ -354,7 +356,6 @@ class Network:
     links: dict          # method -> Link across hosts
     local: Link | None   # inside a host (hierarchical allreduce); None: the cross-host link
     ranks_per_host: int = 1
-    cast_s_per_byte: float = 0.0  # fp32 -> fp16 -> fp32 of the gradients, both casts, per fp16 byte
     shared_cores: int = 0         # every rank on one machine with this many cores; 0: each rank its own
 
 
@@ -376,8 +377,6 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
     if plan is None:
         payload = prof.payload_bytes(s.freeze, s.fp16)
         comm = comm_s(s.method, n, payload, link, net.local or link, net.ranks_per_host)
-        if s.fp16 and n > 1:  # Horovod and DDP cast each gradient to fp16 and back; the MPI methods the buffer
-            comm += 2 * payload * net.cast_s_per_byte
         wire = wire_bytes(s.method, n, payload, net.ranks_per_host)
     else:  # a scheme's collectives, rings and allgathers, each in its share of the updates
         payload = sum(share * size for _, size, share in plan)
@@ -389,8 +388,10 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
     hidden = (c.hidden_fraction or 0.0) if s.method in OVERLAPS and plan is None else 0.0
     exposed = exposed_s(comm, hidden, backward)
     compute = slower * (c.data_s + c.forward_s + c.other_s) + backward
-    # The scheme's arithmetic, once per update: timed with cores to itself, so shared as at n.
-    scheme = cpu_share(n, c.threads_per_rank, net.shared_cores) * s.scheme_s if plan is not None else 0.0
+    # Its own arithmetic once per update (a scheme's; fp16's casts, which one rank alone does not
+    # do): timed with cores to itself, so shared as at n.
+    own_s = s.scheme_s if plan is not None or n > 1 else 0.0
+    scheme = cpu_share(n, c.threads_per_rank, net.shared_cores) * own_s
     step = compute + (slower * c.optimizer_s + scheme + exposed) / s.accumulation_steps
     return {"method": s.method, "np": n, "fp16_allreduce": s.fp16, "accumulation_steps": s.accumulation_steps,
             "freeze": s.freeze, "compression": s.label, "payload_bytes": payload, "comm_s_per_sync": comm,

@@ -343,22 +343,27 @@ def test_the_scaling_model_counts_each_schemes_collectives(scheme, freeze, paylo
     assert plain["compression"] == "none" and plain["payload_bytes"] == 4 * (126 if freeze == 0 else 50)
 
 
-def test_a_schemes_own_compute_is_timed_on_the_models_shapes_and_paid_once_per_update():
-    """time_schemes times the scheme on the trainable shapes (compress/compute.py); predict_step
-    adds it to the step, per update (divided over k micro-batches), and to nothing else."""
+@pytest.mark.parametrize("option", [{"compression": "topk", "topk_fraction": 0.5}, {"fp16": True}])
+def test_a_schemes_own_compute_is_timed_on_the_models_shapes_and_paid_once_per_update(option):
+    """time_schemes times the scheme (fp16: the casts to fp16 and back) on the trainable shapes
+    (compress/compute.py); predict_step adds it to the step, per update (divided over k
+    micro-batches), and to nothing else; fp16's casts only where there is a wire (np > 1).
+    Red for fp16 while its casts were priced from a probe's figure alone (0 without one)."""
     scaling, prof, c, net = scaling_case()
-    topk = scaling.Scenario("horovod", False, 2, 0, compression="topk", topk_fraction=0.5)
-    plain = scaling.Scenario("horovod", True, 2, 0)
-    timed, same = scaling.time_schemes(prof, [topk, plain], threads=1)
+    plain = scaling.Scenario("horovod", False, 2, 0)
+    from dataclasses import replace
+    timed_one = replace(plain, **option)
+    timed, same = scaling.time_schemes(prof, [timed_one, plain], threads=1)
     assert timed.scheme_s > 0 and same == plain
-    untimed, row = (scaling.predict_step(c, prof, net, s, 4) for s in (topk, timed))
+    untimed, row = (scaling.predict_step(c, prof, net, s, 4) for s in (timed_one, timed))
     assert row["scheme_s_per_sync"] == timed.scheme_s
     assert row["step_s"] == pytest.approx(untimed["step_s"] + timed.scheme_s / 2)
+    alone = scaling.predict_step(c, prof, net, timed, 1)["scheme_s_per_sync"]
+    assert alone == (0.0 if "fp16" in option else timed.scheme_s)
     # timed with a core to itself: 4 one-thread ranks on 2 cores take twice as long, even when
     # the run's own compute was measured at 4 ranks already (its share is in it)
-    from dataclasses import replace
     shared, at4 = replace(net, shared_cores=2), replace(c, threads_per_rank=1, world_size=4)
-    untimed, row = (scaling.predict_step(at4, prof, shared, s, 4) for s in (topk, timed))
+    untimed, row = (scaling.predict_step(at4, prof, shared, s, 4) for s in (timed_one, timed))
     assert row["step_s"] == pytest.approx(untimed["step_s"] + 2 * timed.scheme_s / 2)
 
 

@@ -111,10 +111,10 @@ def test_ranks_sharing_one_machines_cores_compute_slower_by_their_share():
 
 
 def test_fp16_pays_below_a_bandwidth_and_gather_scatter_falls_behind_at_a_worker_count():
-    net = p.Network({"mpi-allreduce": p.Link(0.0, 1e6)}, None, cast_s_per_byte=1e-9)
+    net = p.Network({"mpi-allreduce": p.Link(0.0, 1e6)}, None)
     s = p.Scenario("mpi-allreduce", False, 1, 0)
-    beta = p.break_even_bandwidth(compute(), PROFILE, net, s, replace(s, fp16=True), 4)
-    # saving 1.5·2000/β equals the cast 2·2000·1e-9 at β = 7.5e8 bytes/s
+    beta = p.break_even_bandwidth(compute(), PROFILE, net, s, replace(s, fp16=True, scheme_s=4e-6), 4)
+    # saving 1.5·2000/β equals the casts' 4 µs per update (scaling.time_schemes) at β = 7.5e8 bytes/s
     assert beta == pytest.approx(7.5e8, rel=1e-6)
     n = p.gather_scatter_falls_behind(compute(), PROFILE, net, s)
     ratio = lambda k: (p.predict_step(compute(), PROFILE, p.Network({"mpi-gather-scatter": net.links["mpi-allreduce"]}, None), p.Scenario("mpi-gather-scatter", False, 1, 0), k)["step_s"]  # noqa: E731
@@ -179,6 +179,27 @@ def test_report_says_where_the_time_went(tmp_path):
     # fp16 and each scheme the run's method (horovod) runs: where each would pay, by the model
     for option in ("fp16 on ", "powersgd r=2 on ", "topk f=0.01 on ", "local SGD H=4 on "):
         assert option in text, option
+
+
+def test_fp16_pays_its_casts_on_a_named_link_and_in_the_reports_break_even(tmp_path):
+    """With --bandwidth (no probe), and on the link a run's own communication implies (the
+    report's "where the time went"), fp16's casts are timed in this process on the model's
+    shapes, as a scheme's compute is (compress/compute.py). Red while they were priced from a
+    probe alone: 0 s here, and fp16 paid on every link up to 10 Tbit/s."""
+    from hvd_cifar.explain import explain
+    from hvd_cifar.runs import load_run
+    phases = {"data": 0.0, "forward": 0.1, "backward": 0.2, "sync": 0.0, "optimizer": 0.1}
+    two_epochs(tmp_path / "np1", 1, 0.4, phases)
+    two_epochs(tmp_path / "np2", 2, 0.6, {**phases, "sync": 0.2})
+    rows, _ = predict.run(predict.parse_args([str(tmp_path / "np1"), "--bandwidth", "100mbit", "--np", "1", "2",
+                                              "--compression", "fp16", "--out", str(tmp_path / "out")]))
+    by = {(r["fp16_allreduce"], r["np"]): r for r in rows}
+    assert by[True, 1]["scheme_s_per_sync"] == 0 < by[True, 2]["scheme_s_per_sync"]  # one rank alone casts nothing
+    fp16, plain = by[True, 2], by[False, 2]  # nothing hidden: the casts and the wire add up
+    assert fp16["step_s"] == pytest.approx(plain["step_s"] - plain["comm_s_per_sync"] + fp16["comm_s_per_sync"]
+                                           + fp16["scheme_s_per_sync"])
+    beta = explain(load_run(str(tmp_path / "np2")), load_run(str(tmp_path / "np1")))["break_even_bytes_per_s"]["fp16"]
+    assert beta is not None and beta < 1.25e12  # 1.25e12: scaling.break_even_bandwidth's "on every link"
 
 
 def test_overlap_from_another_run_and_shared_cores_need_the_runs_thread_count(tmp_path):

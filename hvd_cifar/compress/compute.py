@@ -1,7 +1,8 @@
 """What a scheme's own arithmetic costs per update on this machine: PowerSGD's matrix products and
-Gram-Schmidt, top-k's selection and scatter, and the flattening every scheme does. The scaling
-model adds it to a scheme's step (hvd_cifar.scaling.time_schemes); a run's phases cannot give it,
-since a run without the scheme never did that work.
+Gram-Schmidt, top-k's selection and scatter, and the flattening every scheme does; for
+``compression: fp16``, casting each gradient to fp16 and back. The scaling model adds it to the
+step (hvd_cifar.scaling.time_schemes); a run's phases cannot give it, since a run without the
+option never did that work.
 
 Timed here, in this process, on gradients of the model's real shapes, with the collectives
 answered by this one rank (no wire, no wait), so that what is left is the scheme's compute. It
@@ -34,18 +35,19 @@ class Alone(Collective):
 def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sgd_steps: int = 1,
                        powersgd_rank: int = 2, topk_fraction: float = 0.01, threads: int = 0,
                        updates: int = 8) -> float:
-    """Mean seconds of the scheme's synchronize() and after_step() over ``updates`` updates (after
-    one untimed: PowerSGD draws its first Q there) on random gradients of ``shapes``, with
-    ``threads`` torch threads (0: as this process has them); 0 without a scheme."""
+    """Mean seconds of the scheme's synchronize() and after_step() (fp16: the casts) over
+    ``updates`` updates (after one untimed: PowerSGD draws its first Q there) on random gradients
+    of ``shapes``, with ``threads`` torch threads (0: as this process has them); 0 for none."""
     cfg = SimpleNamespace(compression=compression, local_sgd_steps=local_sgd_steps, powersgd_rank=powersgd_rank,
                           topk_fraction=topk_fraction, compression_warmup_steps=0)
     scheme = make(cfg, Alone())
-    if scheme is None:
+    if scheme is None and compression != "fp16":
         return 0.0
     generator = torch.Generator().manual_seed(0)
     params = [(f"p{i}", torch.nn.Parameter(torch.zeros(shape))) for i, shape in enumerate(shapes)]
     grads = [torch.randn(shape, generator=generator) for shape in shapes]
-    scheme.track(params)
+    if scheme is not None:
+        scheme.track(params)
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
@@ -54,9 +56,21 @@ def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sg
             for (_, p), g in zip(params, grads):
                 p.grad = g.clone()  # as backward leaves it: the scheme overwrites .grad
             began = time.perf_counter()
-            scheme.synchronize()
-            scheme.after_step()
+            one_update(scheme, params)
             total += (time.perf_counter() - began) if update else 0.0
     finally:
         torch.set_num_threads(before)
     return total / updates
+
+
+def one_update(scheme, params) -> None:
+    """What one update computes beyond backward: the scheme's synchronize() and after_step(), or,
+    without a scheme (fp16), each gradient cast to fp16 for the wire and back into its fp32
+    buffer, as Horovod's and DDP's fp16 compression do (the MPI methods cast one flat buffer of
+    the same bytes)."""
+    if scheme is None:
+        for _, p in params:
+            p.grad.copy_(p.grad.half())
+        return
+    scheme.synchronize()
+    scheme.after_step()
