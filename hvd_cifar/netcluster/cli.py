@@ -20,6 +20,7 @@ import time
 from hvd_cifar.netcluster import throughput
 from hvd_cifar.netcluster.cleanup import cleanup_leftovers
 from hvd_cifar.netcluster.cluster import NetCluster
+from hvd_cifar.netcluster.shaping import DEFAULT_RATE, rate_or_none
 from hvd_cifar.netcluster.system import ClusterError
 
 
@@ -31,14 +32,6 @@ def _print_cluster(cluster: NetCluster) -> None:
     print(f"ssh: {cluster.ssh} ADDR   (key {cluster.key})", flush=True)
 
 
-def _nic_table(cluster: NetCluster, before: list[tuple[int, int]]) -> str:
-    rows = []
-    for i, (rx0, tx0) in enumerate(before):
-        rx, tx = cluster.nic_counters(i)
-        rows.append(f"  host {i} {cluster.hosts[i]}: eth0 tx {tx - tx0:,} B  rx {rx - rx0:,} B")
-    return "\n".join(rows)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hvd_cifar.netcluster",
                                      description=__doc__.splitlines()[0])
@@ -46,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def cluster_args(p):
         p.add_argument("--hosts", type=int, default=2, help="hosts (network namespaces), 1..16")
-        p.add_argument("--rate", default="1gbit", help="link rate, tc syntax, or 'none' (default 1gbit)")
+        p.add_argument("--rate", default=DEFAULT_RATE, help=f"link rate, tc syntax, or 'none' (default {DEFAULT_RATE})")
         p.add_argument("--mtu", type=int, default=9000)
 
     cluster_args(sub.add_parser("up", help="start a cluster and keep it until Ctrl-C"))
@@ -85,12 +78,12 @@ def _train(cluster: NetCluster, args: argparse.Namespace) -> int:
     print(f"on host 0: {shlex.join(command)}", flush=True)
     before = [cluster.nic_counters(i) for i in range(cluster.n_hosts)]
     result = cluster.exec(0, command, timeout=args.timeout, capture=False)
-    print(f"exit status {result.returncode}; NIC bytes during the job:\n{_nic_table(cluster, before)}")
+    print(f"exit status {result.returncode}; NIC bytes during the job:\n{cluster.nic_table(before)}")
     return result.returncode
 
 
 def _with_cluster(args: argparse.Namespace) -> int:
-    rate = None if args.rate.lower() == "none" else args.rate
+    rate = rate_or_none(args.rate)
     with NetCluster(args.hosts, rate=rate, mtu=args.mtu) as cluster:
         _print_cluster(cluster)
         if args.command == "up":

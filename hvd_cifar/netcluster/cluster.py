@@ -1,6 +1,8 @@
 """The cluster itself: making the namespaces and their links (``up``) and removing them (``down``).
 
-Switch: namespace NAME-sw holds a bridge ``br0``. Host i is namespace NAME-hi with a veth pair:
+Switch: namespace NAME-sw holds a bridge ``br0`` with an address of its own, 10.250.K.254/24
+(``switch_addr``: for a service every host reaches, such as Slurm's controller; nothing runs
+there unless asked). Host i is namespace NAME-hi with a veth pair:
 ``eth0`` inside the host (address 10.250.K.(i+1)/24), port ``pi`` on the bridge. The pair is
 created from inside the switch namespace straight into the host's, so nothing ever appears in the
 root namespace. IPv6 is off in every namespace (no chatter on eth0). Links are then shaped
@@ -28,7 +30,7 @@ from typing import Sequence
 
 from hvd_cifar.netcluster import cleanup, jobs, launch, ssh
 from hvd_cifar.netcluster.layout import Layout
-from hvd_cifar.netcluster.shaping import parse_rate, shape_links
+from hvd_cifar.netcluster.shaping import DEFAULT_RATE, parse_rate, shape_links
 from hvd_cifar.netcluster.system import NIC, PREFIX, ClusterError, list_namespaces, run
 from hvd_cifar.netcluster.throughput import measure
 
@@ -45,19 +47,20 @@ def _used_subnets() -> set[int]:
     return {int(k) for text in texts for k in re.findall(r"\b10\.250\.(\d+)\.\d+", text)}
 
 
-def _free_addresses(n_hosts: int) -> list[str]:
-    """10.250.K.1.. for ``n_hosts`` hosts, K the first unused subnet from one this process's id
-    picks. Caller holds the global lock."""
+def _free_addresses(n_hosts: int) -> tuple[list[str], str]:
+    """10.250.K.1.. for ``n_hosts`` hosts and 10.250.K.254 for the switch, K the first unused
+    subnet from one this process's id picks. Caller holds the global lock."""
     used = _used_subnets()
     subnet = next((k for k in itertools.chain(range(1 + os.getpid() % 250, 255), range(1, 255))
                    if k not in used), None)
     if subnet is None:
         raise ClusterError("no free subnet 10.250.K.0/24 left (see `ip -all netns`)")
-    return [f"10.250.{subnet}.{i + 1}" for i in range(n_hosts)]
+    return [f"10.250.{subnet}.{i + 1}" for i in range(n_hosts)], f"10.250.{subnet}.254"
 
 
-def _make_network(switch_ns: str, namespaces: Sequence[str], addresses: Sequence[str], mtu: int) -> None:
-    """The switch namespace with its bridge, and one namespace per host linked to it."""
+def _make_network(switch_ns: str, namespaces: Sequence[str], addresses: Sequence[str], switch_addr: str,
+                  mtu: int) -> None:
+    """The switch namespace with its bridge (and its address), and one namespace per host linked to it."""
     ipv6_off = ["sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
                 "net.ipv6.conf.default.disable_ipv6=1"]
     sw = switch_ns
@@ -74,6 +77,7 @@ def _make_network(switch_ns: str, namespaces: Sequence[str], addresses: Sequence
         run(["ip", "-n", ns, "link", "set", "lo", "up"])
         run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", NIC])
         run(["ip", "-n", ns, "link", "set", NIC, "up"])
+    run(["ip", "-n", sw, "addr", "add", f"{switch_addr}/24", "dev", "br0"])
     run(["ip", "-n", sw, "link", "set", "br0", "mtu", str(mtu), "up"])
 
 
@@ -82,7 +86,7 @@ class NetCluster(Layout):
     block does both; see the module docstring. What runs on the hosts lives in the modules named
     below, each function offered here as a method of the same name."""
 
-    def __init__(self, n_hosts: int = 2, rate: str | None = "1gbit", mtu: int = 9000,
+    def __init__(self, n_hosts: int = 2, rate: str | None = DEFAULT_RATE, mtu: int = 9000,
                  python: str = sys.executable, root: str = ROOT):
         if not 1 <= n_hosts <= 16:
             raise ClusterError(f"n_hosts: {n_hosts} is outside 1..16")
@@ -115,8 +119,8 @@ class NetCluster(Layout):
             self.tmpdir = tempfile.mkdtemp(prefix=self.name + "-", dir="/tmp")
             with cleanup.global_lock():
                 self._created_run_dirs = cleanup.claim_run_dirs()
-                self.hosts = _free_addresses(self.n_hosts)
-                _make_network(self.switch_ns, self.namespaces, self.hosts, self.mtu)
+                self.hosts, self.switch_addr = _free_addresses(self.n_hosts)
+                _make_network(self.switch_ns, self.namespaces, self.hosts, self.switch_addr, self.mtu)
                 self.shape(self.rate)
             ssh.write_files(self)
             ssh.start_sshd(self)
@@ -152,6 +156,7 @@ class NetCluster(Layout):
     exec = jobs.exec
     kill_jobs = jobs.kill_jobs
     nic_counters = jobs.nic_counters
+    nic_table = jobs.nic_table
 
     # --- launcher command lines, run on host 0: launch.py ----------------------------------
     hostfile = launch.hostfile

@@ -87,3 +87,13 @@ def nic_counters(cluster: Layout, host_index: int) -> tuple[int, int]:
                   f"{stats}/rx_bytes", f"{stats}/tx_bytes"])
     rx, tx = (int(v) for v in result.stdout.split())
     return rx, tx
+
+
+def nic_table(cluster: Layout, before: Sequence[tuple[int, int]]) -> str:
+    """One line per host: the bytes its eth0 sent and received since ``before`` (``nic_counters``
+    of every host, taken earlier)."""
+    rows = []
+    for i, (rx0, tx0) in enumerate(before):
+        rx, tx = nic_counters(cluster, i)
+        rows.append(f"  host {i} {cluster.hosts[i]}: {NIC} tx {tx - tx0:,} B  rx {rx - rx0:,} B")
+    return "\n".join(rows)

@@ -25,6 +25,7 @@ class Layout:
         self.namespaces = [f"{self.name}-h{i}" for i in range(n_hosts)]
         self.hostnames = list(self.namespaces)  # a host's hostname is its namespace's name
         self.hosts: list[str] = []              # eth0 addresses, known once up
+        self.switch_addr = ""                   # the switch's own address on br0, known once up
         self.tmpdir = ""                        # made by up, removed by down
         self.sshd: list[subprocess.Popen] = []  # one listener per host; kill_jobs spares them
         self.torn_down = False

@@ -8,6 +8,7 @@ from typing import Sequence
 
 from hvd_cifar.netcluster.system import NIC, ClusterError, run
 
+DEFAULT_RATE = "1gbit"            # a 1 GbE NIC on a switch
 TBF_LATENCY = "10ms"              # longest a packet may wait in the shaper's queue
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)bit\s*$", re.IGNORECASE)
 
@@ -21,6 +22,11 @@ def parse_rate(rate: str) -> int:
     if bits < 1e5:
         raise ClusterError(f"rate: {rate!r} is below 100kbit")
     return int(bits)
+
+
+def rate_or_none(rate: str) -> str | None:
+    """A rate as the command lines take it: 'none' means unshaped (None)."""
+    return None if rate.lower() == "none" else rate
 
 
 def shape_links(switch_ns: str, namespaces: Sequence[str], mtu: int, bits: int | None) -> None:

@@ -1,7 +1,9 @@
 """What a Slurm cluster harness that died (SIGKILL, a power cut of the test run) left behind,
 found by its temp dir ``/tmp/hvds-PID-*`` whose harness PID is gone: the daemons it recorded
 (``pids.json``: checked to still be the same programs, by their command line naming the temp
-dir) and every process in its nodes' UTS namespaces, stopped; the temp dir removed."""
+dir) and every process in its nodes' UTS namespaces, stopped; the temp dir removed; then the
+namespace clusters of harnesses that died (``hvd_cifar.netcluster``'s own ``down``), where a
+cluster started with ``netcluster=True`` had its nodes."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ import os
 import re
 import shutil
 
+from hvd_cifar.netcluster.cleanup import cleanup_leftovers as remove_netclusters
 from hvd_cifar.netcluster.cleanup import kill
 from hvd_cifar.slurmcluster.daemons import node_pids
 from hvd_cifar.slurmcluster.layout import PREFIX
@@ -56,4 +59,4 @@ def cleanup_leftovers(everything: bool = False, tmp: str = "/tmp") -> list[str]:
         kill(sorted(set(daemons + stray)))
         shutil.rmtree(path, ignore_errors=True)
         removed.append(f"temp dir {path} ({len(daemons)} daemon(s), {len(stray)} node process(es) stopped)")
-    return removed
+    return removed + remove_netclusters(everything)

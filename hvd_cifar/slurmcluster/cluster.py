@@ -1,5 +1,5 @@
-"""SlurmCluster: munged, slurmctld and N slurmd nodes on this machine's loopback, up until every
-node is idle, and down again by process id, also when the code using it fails half-way (a
+"""SlurmCluster: munged, slurmctld and N slurmd nodes on this machine, on the loopback or in the
+hosts of a namespace cluster with shaped links (hosts.py), up until every node is idle, and down again by process id, also when the code using it fails half-way (a
 context manager, an atexit hook, and SIGTERM/SIGHUP turned into an unwinding SystemExit:
 netcluster.cleanup's, shared)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from hvd_cifar.netcluster.cleanup import exit_on_signals, kill, restore_signals, signals_deferred
-from hvd_cifar.slurmcluster import cleanup, daemons, jobs
+from hvd_cifar.slurmcluster import cleanup, daemons, hosts, jobs
 from hvd_cifar.slurmcluster.daemons import SlurmError
 from hvd_cifar.slurmcluster.layout import Layout
 
@@ -19,12 +19,15 @@ from hvd_cifar.slurmcluster.layout import Layout
 class SlurmCluster:
     """``with SlurmCluster(nodes=2) as cluster:`` then Slurm's commands with ``env=cluster.env()``
     (or the helpers in ``hvd_cifar.slurmcluster.jobs``). ``keep_dir``: leave the temp dir (logs,
-    completion log) in place after ``down``, for a look at what happened."""
+    completion log) in place after ``down``, for a look at what happened. ``netcluster``: the nodes
+    are the hosts of a NetCluster (``self.net``), links at ``rate`` (tc syntax; None: unshaped)."""
 
     def __init__(self, nodes: int = 2, cpus_per_node: int = 2, ready_timeout_s: float = 60,
-                 keep_dir: bool = False):
+                 keep_dir: bool = False, netcluster: bool = False, rate: str | None = None):
         if not 1 <= nodes <= 16:
             raise SlurmError(f"--nodes {nodes}: 1 to 16 nodes")
+        self.hosts = hosts.place(nodes, netcluster, rate)
+        self.net = self.hosts.net
         self.n_nodes, self.cpus_per_node = nodes, cpus_per_node
         self.ready_timeout_s, self.keep_dir = ready_timeout_s, keep_dir
         self.layout: Layout | None = None
@@ -45,8 +48,8 @@ class SlurmCluster:
         return self.layout.nodes if self.layout else []
 
     def env(self) -> dict[str, str]:
-        """This process's environment with SLURM_CONF pointing at the cluster."""
-        return self.layout.env()
+        """This process's environment with SLURM_CONF (and PATH: hosts.py) leading to the cluster."""
+        return self.hosts.env(self.layout.env())
 
     def up(self) -> None:
         missing = daemons.missing_programs()
@@ -66,14 +69,15 @@ class SlurmCluster:
 
     def _start(self) -> None:
         self.layout = layout = Layout.create(self.n_nodes)
+        self.hosts.up(layout.bin)
         with open(layout.conf, "w") as f:
-            f.write(layout.slurm_conf(self.cpus_per_node))
+            f.write(layout.slurm_conf(self.cpus_per_node, self.hosts))
         self.daemons["munged"] = daemons.start_munged(layout)
         self._wait("munged", lambda: os.path.exists(layout.munge_socket), 10)
-        self.daemons["slurmctld"] = daemons.start_slurmctld(layout)
+        self.daemons["slurmctld"] = daemons.start_slurmctld(layout, self.hosts)
         own = daemons.uts_namespace(os.getpid())
-        for node in layout.nodes:
-            proc = self.daemons[f"slurmd-{node}"] = daemons.start_slurmd(layout, node)
+        for i, node in enumerate(layout.nodes):
+            proc = self.daemons[f"slurmd-{node}"] = daemons.start_slurmd(layout, self.hosts, i)
             self._wait(f"slurmd-{node}", lambda: daemons.uts_namespace(proc.pid) not in ("", own), 10)
             self.namespaces.add(daemons.uts_namespace(proc.pid))
         cleanup.record(layout.tmpdir, [p.pid for p in self.daemons.values()], self.namespaces)
@@ -144,7 +148,7 @@ class SlurmCluster:
         """Stop everything this cluster started, by process id: the nodes' processes (slurmd,
         slurmstepd, job tasks: everything in the nodes' UTS namespaces), then slurmctld and
         munged; SIGTERM, then SIGKILL after a few seconds (slurmd may ignore SIGTERM while it
-        retries registering). Then the temp dir. Safe to call twice."""
+        retries registering). Then the namespace cluster, if any, and the temp dir. Safe to call twice."""
         if not self._up:
             return
         self._up = False
@@ -157,6 +161,7 @@ class SlurmCluster:
                     proc.wait(timeout=2)
                 except subprocess.TimeoutExpired:
                     pass
+            self.hosts.down()
             if self.layout and not self.keep_dir:
                 shutil.rmtree(self.layout.tmpdir, ignore_errors=True)
         restore_signals(self._old_signals)

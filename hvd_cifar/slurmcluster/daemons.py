@@ -1,18 +1,18 @@
 """The daemons of a Slurm cluster on this machine, started from Debian's packages in the
 foreground (so that their process ids are ours): munged, slurmctld, and one slurmd per node,
-each slurmd in a UTS namespace of its own so that every node has its own hostname (Open MPI's
-shared-memory transport crashes when ranks of two nodes share one). Everything a node starts
+where hosts.py puts them, each slurmd in a UTS namespace of its own so that every node has its
+own hostname (Open MPI's shared-memory transport crashes when ranks of two nodes share one). Everything a node starts
 (slurmstepd, the job's tasks) stays in its namespace: ``node_pids`` finds it there."""
 from __future__ import annotations
 
 import ctypes
 import os
-import shlex
 import shutil
 import signal
 import subprocess
 
 from hvd_cifar.netcluster.system import ClusterError
+from hvd_cifar.slurmcluster.hosts import Where
 from hvd_cifar.slurmcluster.layout import Layout
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -57,16 +57,17 @@ def start_munged(layout: Layout) -> subprocess.Popen:
                    f"--log-file={layout.log('munged')}"], layout, "munged")
 
 
-def start_slurmctld(layout: Layout) -> subprocess.Popen:
+def start_slurmctld(layout: Layout, where: Where) -> subprocess.Popen:
     # -i: start without the state of an earlier controller (there is none: a fresh folder)
-    return _start(["slurmctld", "-D", "-i", "-f", layout.conf], layout, "slurmctld")
+    return _start(where.ctld_argv(["slurmctld", "-D", "-i", "-f", layout.conf]), layout, "slurmctld")
 
 
-def start_slurmd(layout: Layout, node: str) -> subprocess.Popen:
-    """slurmd for ``node`` (multiple-slurmd mode: -N), with hostname ``node`` in a UTS namespace
-    of its own; unshare and sh exec, so the Popen's pid is slurmd's."""
-    inner = f"hostname {shlex.quote(node)} && exec slurmd -D -N {shlex.quote(node)} -f {shlex.quote(layout.conf)}"
-    return _start(["unshare", "--uts", "--", "sh", "-c", inner], layout, f"slurmd-{node}")
+def start_slurmd(layout: Layout, where: Where, index: int) -> subprocess.Popen:
+    """slurmd for node ``index`` (multiple-slurmd mode: -N) where ``where`` puts it, in a UTS
+    namespace of its own; the wrappers exec, so the Popen's pid is slurmd's."""
+    node = layout.nodes[index]
+    argv = where.slurmd_argv(index, node, ["slurmd", "-D", "-N", node, "-f", layout.conf])
+    return _start(argv, layout, f"slurmd-{node}")
 
 
 def uts_namespace(pid: int) -> str:

@@ -1,6 +1,7 @@
 """Where a Slurm cluster on this machine keeps everything (one temp dir of its own: config,
 spool, state, logs, munge key and socket) and the slurm.conf that ties it together: one
-slurmctld and N slurmd on the loopback in Slurm's multiple-slurmd mode, each on a port of its own."""
+slurmctld and N slurmd in Slurm's multiple-slurmd mode, each on a port of its own, at the
+addresses hosts.py gives (the loopback, or a namespace cluster's hosts)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +9,8 @@ import os
 import socket
 import tempfile
 from dataclasses import dataclass, field
+
+from hvd_cifar.slurmcluster.hosts import Where
 
 PREFIX = "hvds"            # temp dirs are /tmp/hvds-PID-XXXX (PID: the harness), for `down`
 PARTITION = "batch"        # the default partition; its jobs are requeued when preempted
@@ -44,6 +47,10 @@ class Layout:
         return os.path.join(self.tmpdir, *parts)
 
     @property
+    def bin(self) -> str:
+        return self.path("bin")        # client wrappers, when the cluster has any (hosts.py)
+
+    @property
     def conf(self) -> str:
         return self.path("slurm.conf")
 
@@ -62,12 +69,12 @@ class Layout:
         """What a client (sbatch, squeue, scontrol, sacct -c) needs to reach this cluster."""
         return {**os.environ, "SLURM_CONF": self.conf}
 
-    def slurm_conf(self, cpus_per_node: int) -> str:
+    def slurm_conf(self, cpus_per_node: int, where: Where) -> str:
         nodes = ",".join(self.nodes)
         lines = [
-            "# written by hvd_cifar.slurmcluster: a cluster on this machine's loopback",
+            "# written by hvd_cifar.slurmcluster: a cluster on this machine",
             "ClusterName=hvds",
-            f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
+            f"SlurmctldHost={socket.gethostname()}({where.ctld_addr})",
             f"SlurmctldPort={self.ports[0]}",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={self.munge_socket}",
@@ -84,14 +91,14 @@ class Layout:
             # No accounting database: sacct -c reads the completion log instead.
             "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/filetxt", f"JobCompLoc={self.jobcomp}",
-            "CommunicationParameters=NoCtldInAddrAny",
+            *where.conf_lines,
             "MpiDefault=none", "ReturnToService=2", "SchedulerType=sched/backfill",
             "SchedulerParameters=sched_interval=2,bf_interval=2",
             "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE",
             "SlurmdTimeout=60", "InactiveLimit=0", "KillWait=30", "MinJobAge=600",
         ]
-        lines += [f"NodeName={n} NodeHostname={n} NodeAddr=127.0.0.1 Port={port} CPUs={cpus_per_node} "
-                  f"State=UNKNOWN" for n, port in zip(self.nodes, self.ports[1:])]
+        lines += [f"NodeName={n} NodeHostname={where.hostname(i, n)} NodeAddr={where.node_addr(i)} Port={port} "
+                  f"CPUs={cpus_per_node} State=UNKNOWN" for i, (n, port) in enumerate(zip(self.nodes, self.ports[1:]))]
         lines += [f"PartitionName={PARTITION} Nodes={nodes} Default=YES PriorityTier=1 MaxTime=INFINITE "
                   "State=UP PreemptMode=REQUEUE GraceTime=0",
                   f"PartitionName={URGENT} Nodes={nodes} PriorityTier=2 MaxTime=INFINITE State=UP "

@@ -1,0 +1,107 @@
+"""Slurm against mpirun on the same hosts (issue 22, point 2): one training config, launched
+once as ``sbatch launch/slurm.sbatch`` (srun --mpi=pmix, one task per node) and once as
+``launch/mpirun.sh`` (one rank per host, over ssh), on the same 2 hosts of a namespace cluster
+whose links run at --rate: a Slurm cluster with ``netcluster=True`` (hvd_cifar.slurmcluster),
+whose hosts mpirun.sh reaches too. The two alternate, the first launcher changing each round.
+Printed and written to OUT/slurm_vs_mpirun.{json,md}: each job's final test accuracy and
+steady-state img/s (hvd_cifar.summary: the epochs after the first), then the medians over the
+rounds side by side with their ratio (Slurm / mpirun).
+
+    .venv/bin/python benchmarks/slurm_vs_mpirun.py [--config configs/demo.yaml] [--rate 1gbit]
+        [--repeats 3] [--epochs N] [--steps N] [--out logs/slurm-vs-mpirun-YYYYmmdd-HHMMSS]
+
+As root, with Slurm installed (scripts/install.sh). Every job gets the namespace cluster's
+trainer flags (hvd_cifar.jobs.CLUSTER_TRAIN_FLAGS: seed 0, one thread per rank, no checkpoints,
+bytes counted on eth0); the Slurm jobs ask for --cpus-per-task=1 to match.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+from hvd_cifar import jobs
+from hvd_cifar.runs import load_run
+from hvd_cifar.slurmcluster import SlurmCluster
+from hvd_cifar.summary import summarize
+from hvd_cifar.tables import Column, markdown_table, num
+
+LAUNCHERS = ("slurm", "mpirun")
+NODES = 2
+JOB_COLUMNS = [Column("job", "run"), Column("launcher", "launcher"), num("test acc", "test_acc", ".4f"),
+               num("img/s", "images_per_s", ".1f"), num("wall s", "seconds", ".0f")]
+MEDIAN_COLUMNS = [Column("measure", "measure"), num("Slurm (srun)", "slurm", ".4g"), num("mpirun.sh", "mpirun", ".4g"),
+                  num("Slurm / mpirun", "ratio", ".3f")]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="configs/demo.yaml", help="the trainer's config (default configs/demo.yaml)")
+    p.add_argument("--rate", default="1gbit", help="link rate, tc syntax (default 1gbit)")
+    p.add_argument("--epochs", type=int, default=0, help="epochs per job (default: the config's)")
+    p.add_argument("--steps", type=int, default=0, help="steps per epoch per rank (default: the config's)")
+    jobs.add_options(p, repeats=3, timeout=1800)
+    p.add_argument("--out", default=time.strftime("logs/slurm-vs-mpirun-%Y%m%d-%H%M%S"))
+    return p.parse_args(argv)
+
+
+def train_flags(args, name: str) -> list[str]:
+    runs = os.path.abspath(os.path.join(args.out, "runs"))
+    flags = ["--config", args.config, *jobs.CLUSTER_TRAIN_FLAGS, "--log-dir", runs, "--run-name", name]
+    flags += ["--epochs", str(args.epochs)] if args.epochs else []
+    return flags + (["--max-steps-per-epoch", str(args.steps)] if args.steps else [])
+
+
+def run_job(cluster: SlurmCluster, launcher: str, name: str, args) -> dict:
+    """One training job on the cluster's hosts; its row (accuracy, img/s) from its run folder."""
+    log = os.path.abspath(os.path.join(args.out, "logs", f"{name}.log"))   # the job's output
+    if launcher == "slurm":   # sbatch --wait: exits with the job's status
+        argv = ["sbatch", "--wait", f"-N{NODES}", "--ntasks-per-node=1", "--cpus-per-task=1", f"--output={log}",
+                "launch/slurm.sbatch", *train_flags(args, name)]
+        done = jobs.run(name, argv, log=log.replace(".log", ".sbatch.log"), env={**cluster.env(), "PYTHONUNBUFFERED": "1"},
+                        timeout=args.timeout)
+    else:                     # on host 0, as on any cluster's first host
+        net = cluster.net
+        argv = ["launch/mpirun.sh", "-np", str(NODES), "-hostfile", net.hostfile(NODES), *train_flags(args, name)]
+        done = jobs.run(name, lambda: net.exec(0, argv, timeout=args.timeout), log=log)
+    row = summarize(load_run(os.path.join(args.out, "runs", name)))
+    print(f"{name}: {done.seconds:.0f} s, test acc {row['final_test_acc']:.4f}, {row['images_per_s']:.1f} img/s",
+          file=sys.stderr, flush=True)
+    return {"launcher": launcher, "run": name, "seconds": done.seconds, "test_acc": row["final_test_acc"],
+            "images_per_s": row["images_per_s"]}
+
+
+def side_by_side(rows: list[dict]) -> list[dict]:
+    """Per measure: the median over the rounds under each launcher, and Slurm's over mpirun's."""
+    table = []
+    for key, what in (("test_acc", "final test accuracy"), ("images_per_s", "img/s (steady state)")):
+        median = {la: statistics.median(r[key] for r in rows if r["launcher"] == la) for la in LAUNCHERS}
+        table.append({"measure": what, **median, "ratio": median["slurm"] / median["mpirun"]})
+    return table
+
+
+def report(args, rows: list[dict]) -> str:
+    return (f"# Slurm against mpirun.sh on {NODES} namespace hosts at {args.rate}\n\n{args.config}, "
+            f"{args.repeats} round(s), launchers alternating\n\n{markdown_table(JOB_COLUMNS, rows)}\n"
+            f"## Medians\n\n{markdown_table(MEDIAN_COLUMNS, side_by_side(rows))}")
+
+
+@jobs.one_line_errors("slurm_vs_mpirun")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    rows = []
+    with SlurmCluster(nodes=NODES, cpus_per_node=1, netcluster=True, rate=args.rate) as cluster:
+        for round_ in range(args.repeats):
+            order = LAUNCHERS if round_ % 2 == 0 else LAUNCHERS[::-1]
+            rows += [run_job(cluster, launcher, f"{launcher}-{round_}", args) for launcher in order]
+    jobs.write_results(args.out, "slurm_vs_mpirun", {"machine": jobs.machine(), "config": args.config,
+                                                     "rate": args.rate, "jobs": rows, "medians": side_by_side(rows)},
+                       report(args, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
