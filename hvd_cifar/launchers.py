@@ -51,9 +51,10 @@ def as_root() -> list[str]:
     return ["--allow-run-as-root"] if os.geteuid() == 0 else []
 
 
-def recommended_mpirun_flags() -> list[str]:
-    """Horovod's Open MPI flags, as launch/mpirun.sh gives them to every job."""
-    exported = [arg for name in EXPORTED for arg in ("-x", name)]
+def recommended_mpirun_flags(env: Mapping[str, str] = os.environ) -> list[str]:
+    """Horovod's Open MPI flags, as launch/mpirun.sh gives them to every job: the variables of
+    EXPORTED that ``env`` (mpirun's environment) sets (mpirun warns of every one it lacks)."""
+    exported = [arg for name in EXPORTED if name in env for arg in ("-x", name)]
     return [*MAP_FLAGS, *exported, *TRANSPORT_FLAGS]
 
 

@@ -19,7 +19,7 @@ from hvd_cifar.files import RunError, append_whole, atomic_write, write_error, w
 
 CHECKPOINT = "checkpoint_last.pt"
 METRICS = runs.METRICS
-EVENTS = "events.jsonl"  # elastic training: one line per (re)start of the workers
+EVENTS = runs.EVENTS
 
 
 def default_run_name(cfg, world_size: int) -> str:

@@ -20,6 +20,7 @@ import yaml
 from hvd_cifar.errors import ReportError
 
 METRICS = "metrics.jsonl"
+EVENTS = "events.jsonl"  # one line per thing that happened to the run: a stop, a lost rank, a restart
 # The phases of a training step, in order; each epoch record has a <phase>_time_s per phase.
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
 # eval.json's time-to-accuracy keys (time_to_target); None: no target / not reached
@@ -32,32 +33,57 @@ class Metrics:
     torn: bool = False  # a last line cut short by a killed write was left out
 
 
-def parse_metrics(text: str, path: str = METRICS) -> Metrics:
-    """metrics.jsonl's text as epoch records; a bad line other than a torn last one is a
-    ReportError naming it."""
+def parse_lines(text: str, path: str, check: Callable[[Any], str]) -> tuple[list[dict], bool]:
+    """A JSON-lines file's text as its records and whether a torn last line was left out; a
+    bad line other than a torn last one is a ReportError naming it (``check``: what a record
+    lacks, "" when it is one)."""
     lines = text.split("\n")
     last = lines.pop()  # "" when the file ends in a newline, as a whole write leaves it
-    records = []
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            records.append(_record(line, number, path))
+    records = [_record(line, number, path, check) for number, line in enumerate(lines, 1) if line.strip()]
     torn = False
     if last.strip():
         try:
-            records.append(_record(last, len(lines) + 1, path))
+            records.append(_record(last, len(lines) + 1, path, check))
         except ReportError:
             torn = True
-    return Metrics(records, torn)
+    return records, torn
 
 
-def _record(line: str, number: int, path: str) -> dict:
+def _record(line: str, number: int, path: str, check: Callable[[Any], str]) -> dict:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ReportError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
-    if not isinstance(record, dict) or not isinstance(record.get("epoch"), int):
-        raise ReportError(f"{path}: line {number} is not an epoch record (needs an integer 'epoch')")
+    if lacks := check(record):
+        raise ReportError(f"{path}: line {number} is not {lacks}")
     return record
+
+
+def _epoch_record(record: Any) -> str:
+    ok = isinstance(record, dict) and isinstance(record.get("epoch"), int)
+    return "" if ok else "an epoch record (needs an integer 'epoch')"
+
+
+def _event_record(record: Any) -> str:
+    return "" if isinstance(record, dict) and isinstance(record.get("event"), str) else "an event (needs an 'event' name)"
+
+
+def parse_metrics(text: str, path: str = METRICS) -> Metrics:
+    """metrics.jsonl's text as epoch records (``parse_lines``)."""
+    return Metrics(*parse_lines(text, path, _epoch_record))
+
+
+def read_events(run_dir: str) -> list[dict]:
+    """RUN_DIR/events.jsonl's events (none without the file; a torn last line left out)."""
+    path = os.path.join(run_dir, EVENTS)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot be read ({exc})") from None
+    return parse_lines(text, path, _event_record)[0]
 
 
 def read_metrics(run_dir: str, missing_ok: bool = False) -> Metrics:

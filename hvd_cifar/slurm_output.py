@@ -1,46 +1,60 @@
-"""What a Slurm job step prints on stderr, made readable when a rank is lost. launch/slurm.sbatch
-runs srun's stderr through it (the ranks' stderr, srun's and slurmstepd's own lines):
+"""What a Slurm job step prints on stderr, made readable when a rank or node is lost, and the
+loss told to the batch script at once. launch/slurm.sbatch runs the launcher's stderr through
+it (srun's, or mpirun's; with them the ranks' and slurmstepd's lines):
 
-    srun ... 2>FIFO &  python -m hvd_cifar.slurm_output --lost LOST.json --status STATUS <FIFO >&2
+    srun ... 2>FIFO &  python -m hvd_cifar.slurm_output --lost LOST.json --status STATUS --notify PID <FIFO >&2
 
-Every line passes through unchanged (the ranks' hvd_cifar lines among them), except two kinds:
+Every line passes through unchanged (the ranks' hvd_cifar lines among them), except these:
 
 * Open MPI's notice that a peer went away ("An MPI communication peer process has unexpectedly
   disconnected", 10 lines between two rules, from every rank that was talking to it): dropped.
-  Open MPI 4.1's parameters (ompi_info --all) include none that silences it.
-* srun's line naming the first task to end, when it died by a signal or with its node
-  (``srun: error: n2: task 1: Killed``, ``srun: error: Node failure on n2``): taken out and
-  written to LOST.json ({"node": "n2", "tasks": "1", "why": "Killed"}), for the script's one
-  line; after it, srun's and slurmstepd's lines about ending the step (the step cancelled, the
-  other tasks killed) are dropped too.
+  Open MPI 4.1's parameters (ompi_info --all) include none that silences it. It names the
+  peer's host, and it is the only word of a node lost whole (its slurmd and slurmstepd gone
+  with its ranks: srun says nothing until Slurm marks the node down, SlurmdTimeout later).
+  Unless the launcher says within GRACE_S that the first task to end exited with a status
+  (a bad input, a pause), the peer's node is lost.
+* The launcher's word on the first task to end, when it died by a signal or with its node:
+  srun's ``srun: error: n2: task 1: Killed`` (or ``Node failure on n2``), mpirun's ``mpirun
+  noticed that process rank 1 with PID P on node n2 exited on signal 9 (Killed).`` and ``ORTE
+  has lost communication with a remote daemon`` (its node gone). Taken out; after it, the
+  step's end as srun, slurmstepd and mpirun tell it is dropped too.
 
-Only the first task to end can be lost. When it exits with a status instead (``Exited with
-exit code 2``: a bad input; 4: a pause), its line and the step's end pass as they are, the
-other tasks stopped by it (``Terminated``) included, and that status goes to STATUS: srun's own
-is the highest of all tasks' (143 for the stopped ones), not the one that says why.
+The first loss is written to LOST.json ({"node": "n2", "tasks": "1", "why": "Killed"}; no
+"tasks" when only the node is known) when the stream ends, and PID (the batch script) gets
+SIGUSR2 the moment it is known: srun waits for a lost node until Slurm gives up on it, so the
+script ends the step itself. Only the first task to end can be lost: when it exits with a
+status instead, its line and the step's end pass as they are, and that status goes to STATUS
+(srun's own is the highest of all tasks', 143 for the ones it stopped, not the one that says why).
 
-The filter ignores the stop signals Slurm sends to the whole batch step, and reads to the end:
-srun writes until the step is over.
+The filter ignores the stop signals Slurm sends to the whole batch step, and reads to the end.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import sys
-from typing import Iterable, Iterator
+import threading
+from typing import Callable, Iterable, Iterator
 
-RULE = re.compile(r"^-{40,}$")           # Open MPI's help messages sit between two such lines
+GRACE_S = 5.0  # after a peer's notice: time for the launcher to say a task exited with a status
+RULE = re.compile(r"^-{40,}$")  # Open MPI's help messages sit between two such lines
 PEER_GONE = "unexpectedly disconnected"  # help-mpi-btl-tcp.txt, [peer hung up]
+PEER_HOST = re.compile(r"^\s*Peer host:\s*(?P<node>\S+)", re.M)
+DAEMON_LOST = re.compile(r"lost communication with a remote daemon.*?Remote daemon:.*? on node (?P<node>\S+)", re.S)
+MPIRUN_LOST = re.compile(r"mpirun noticed that process rank (?P<tasks>\d+) with PID \d+ on node (?P<node>\S+) "
+                         r"exited on signal \d+ \((?P<why>[^)]+)\)")
+MPIRUN_EXITED = re.compile(r"exited with non-zero status.*?Process name: \[\[\d+,\d+\],(?P<tasks>\d+)\].*?"
+                           r"Exit code:\s+(?P<status>\d+)", re.S)
+MPIRUN_ABORTED = "Per user-direction, the job has been aborted"  # before its verdict: held until it comes
 TASK_ENDED = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<why>.+)$")
 # srun's wording for a node that failed under a running step: a guess, never seen here (a node
-# killed whole left srun silent until Slurm cancelled the job; docs/SLURM.md).
+# killed whole leaves srun silent; its ranks' peers' notices say it).
 NODE_FAILED = re.compile(r"^srun: error: Node failure on (?P<node>\S+)")
-STEP_CHATTER = ("srun: ", "slurmstepd")   # after a loss: the step's end, as srun and slurmstepd tell it
-
-
 EXITED = re.compile(r"^Exited with exit code (?P<status>\d+)$")
+STEP_CHATTER = ("srun: ", "slurmstepd")  # after a loss: the step's end, as srun and slurmstepd tell it
 
 
 def task_end(line: str) -> dict | None:
@@ -54,46 +68,120 @@ def task_end(line: str) -> dict | None:
     return None
 
 
-def condense(lines: Iterable[str], first_end: dict) -> Iterator[str]:
-    """``lines`` without Open MPI's lost-peer notices, and, when the first task to end was lost,
-    without that line and the step's end after it. That first end goes into ``first_end``
-    (left empty if no task ended badly). A task that exits first (a bad input's exit 2) is no
-    loss, nor are the others that the step's end then stops (``Terminated``)."""
-    block: list[str] = []  # an Open MPI help message being read, from its opening rule
-    for line in lines:
-        if block:
-            block.append(line)
-            if RULE.match(line.rstrip("\n")):
-                if not any(PEER_GONE in b for b in block):
-                    yield from block
-                block = []
-            continue
-        text = line.rstrip("\n")
-        if RULE.match(text):
-            block = [line]
-            continue
-        if not first_end and (found := task_end(text)):
-            first_end.update(found)
-            if found["lost"]:
+def block_end(text: str) -> dict | None:
+    """What one of Open MPI's messages (rules included) says about the first task's end."""
+    if found := DAEMON_LOST.search(text):
+        return {"node": found["node"], "tasks": "", "why": "its node's Open MPI daemon lost", "lost": True}
+    if found := MPIRUN_LOST.search(text):
+        return {**found.groupdict(), "lost": True}
+    if found := MPIRUN_EXITED.search(text):
+        return {"node": "", "tasks": found["tasks"], "why": f"exited with status {found['status']}", "lost": False,
+                "status": int(found["status"])}
+    return None
+
+
+class Watch:
+    """The step's stderr, line by line (``lines``), with what it says about the first task to
+    end kept in ``first_end``; ``on_loss(first_end)`` is called once, when a loss is known (from
+    a peer's notice: GRACE_S later, from a timer thread, unless a status came meanwhile)."""
+
+    def __init__(self, on_loss: Callable[[dict], None] = lambda end: None, grace_s: float = GRACE_S):
+        self.first_end: dict = {}
+        self.on_loss, self.grace_s = on_loss, grace_s
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def _found(self, end: dict) -> None:
+        """The launcher's word on a task's end: the first is the one; a loss that only a notice
+        named gets the task's number from the launcher's word on the same node."""
+        with self._lock:
+            if not self.first_end:
+                self.first_end.update(end)
+                if end["lost"]:
+                    self.on_loss(self.first_end)
+            elif self.first_end.get("lost") and end["lost"] and not self.first_end["tasks"] \
+                    and end["node"] == self.first_end["node"]:
+                self.first_end.update(tasks=end["tasks"], why=end["why"])
+
+    def _suspect(self, node: str) -> None:
+        if self._timer is None and not self.first_end:
+            self._timer = threading.Timer(self.grace_s, self._found,
+                                          [{"node": node, "tasks": "", "why": "connection lost", "lost": True}])
+            self._timer.daemon = True
+            self._timer.start()
+
+    def lines(self, stream: Iterable[str]) -> Iterator[str]:
+        block: list[str] = []  # an Open MPI help message being read, from its opening rule
+        held: list[str] = []   # mpirun's "job aborted" message: dropped if its verdict is a loss
+        for line in stream:
+            text = line.rstrip("\n")
+            if block:
+                block.append(line)
+                if RULE.match(text):
+                    yield from self._message("".join(block), held)
+                    block = []
                 continue
-        if not (first_end.get("lost") and text.startswith(STEP_CHATTER)):
-            yield line
-    yield from block  # an unclosed message: the step ended in the middle of it
+            if RULE.match(text):
+                block = [line]
+                continue
+            if found := task_end(text):
+                self._found(found)  # a loss: this line and the step's end after it are dropped
+            if not (self.first_end.get("lost") and text.startswith(STEP_CHATTER)):
+                yield line
+        yield from block  # an unclosed message: the step ended in the middle of it
+        if not self.first_end.get("lost"):
+            yield from held
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _message(self, text: str, held: list[str]) -> Iterator[str]:
+        if PEER_GONE in text:
+            if found := PEER_HOST.search(text):
+                self._suspect(found["node"])
+            return
+        if MPIRUN_ABORTED in text and not self.first_end:
+            held.append(text)
+            return
+        if (found := block_end(text)) is not None:
+            self._found(found)
+            if found["lost"]:
+                return
+        if self.first_end and not self.first_end.get("lost"):
+            yield from held
+            held.clear()
+        yield text
+
+
+def condense(lines: Iterable[str], first_end: dict) -> Iterator[str]:
+    """``lines`` as the job's output shows them, what they say of the first task's end in ``first_end``."""
+    watch = Watch()
+    watch.first_end = first_end
+    yield from watch.lines(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hvd_cifar.slurm_output", description=__doc__.splitlines()[0])
     p.add_argument("--lost", required=True, help="where to write the lost task's facts (JSON), if the first to end was lost")
     p.add_argument("--status", required=True, help="where to write the exit status of the first task to end, if it exited")
+    p.add_argument("--notify", type=int, metavar="PID", help="send PID SIGUSR2 as soon as a loss is known")
     args = p.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the batch step's signals are for the ranks
-    sys.stdin.reconfigure(errors="replace")    # whatever the ranks print, the filter goes on
+
+    def notify(end: dict) -> None:
+        if args.notify:
+            try:
+                os.kill(args.notify, signal.SIGUSR2)
+            except OSError:
+                pass  # the script is gone: nobody to tell
+
+    sys.stdin.reconfigure(errors="replace")  # whatever the ranks print, the filter goes on
     sys.stdout.reconfigure(errors="replace")
-    first_end: dict = {}
-    for line in condense(sys.stdin, first_end):
+    watch = Watch(notify)
+    for line in watch.lines(sys.stdin):
         sys.stdout.write(line)
         sys.stdout.flush()
+    first_end = dict(watch.first_end)
     if first_end.pop("lost", False):
         with open(args.lost, "w") as f:
             json.dump(first_end, f)

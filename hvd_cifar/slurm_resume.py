@@ -32,8 +32,8 @@ import time
 from typing import Mapping
 
 from hvd_cifar import config as config_mod
-from hvd_cifar import slurm_job
-from hvd_cifar.errors import ConfigError
+from hvd_cifar import runs, slurm_job
+from hvd_cifar.errors import ConfigError, ReportError
 from hvd_cifar.files import RunError
 from hvd_cifar.runlog import CHECKPOINT, EVENTS, append_metrics
 
@@ -85,13 +85,15 @@ def after_loss(lost: dict, flags: list[str], env: Mapping[str, str]) -> tuple[bo
     if not limit.isdigit():
         raise ConfigError(f"HVD_CIFAR_SLURM_LOST_REQUEUES={limit!r}: a whole number of requeues (0: none)")
     limit = int(limit)
-    tasks = f"rank {lost['tasks']} on node {lost['node']}" if lost["tasks"] else f"node {lost['node']}"
-    what = f"slurm.sbatch: job {job}: {tasks} lost ({lost['why']})"
     run_dir = run_folder(flags)
+    lost = {**lost, "tasks": lost["tasks"] or ranks_on(run_dir, lost["node"])}
+    ranks = "ranks" if any(c in lost["tasks"] for c in ",-") else "rank"  # srun's "1-3", meta.json's "1,3"
+    tasks = f"{ranks} {lost['tasks']} on node {lost['node']}" if lost["tasks"] else f"node {lost['node']}"
+    what = f"slurm.sbatch: job {job}: {tasks} lost ({lost['why']})"
     if not os.path.isdir(run_dir):  # lost before the run folder was made: nothing to resume
         return False, f"{what}; no run folder {run_dir} yet; submit the job again"
     append_metrics(run_dir, {"event": "rank_lost", "time": time.time(), **lost, **slurm_job.facts(env)}, EVENTS)
-    losses = sum(1 for e in read_events(run_dir) if e.get("event") == "rank_lost")
+    losses = sum(1 for e in runs.read_events(run_dir) if e["event"] == "rank_lost")
     if losses <= limit:
         return True, (f"{what}; requeued to resume {run_dir} from its last checkpoint "
                       f"(lost-rank requeue {losses} of {limit})")
@@ -99,20 +101,14 @@ def after_loss(lost: dict, flags: list[str], env: Mapping[str, str]) -> tuple[bo
                    f" it resumes from its last checkpoint after: scontrol requeue {job}")
 
 
-def read_events(run_dir: str) -> list[dict]:
-    """The run folder's events.jsonl lines (a torn last one left out)."""
+def ranks_on(run_dir: str, node: str) -> str:
+    """The ranks the run had on ``node`` (meta.json's hostnames, one per rank), e.g. "1" or "2,3"; "" if unknown."""
     try:
-        with open(os.path.join(run_dir, EVENTS)) as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return []
-    events = []
-    for line in lines:
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue
-    return events
+        with open(os.path.join(run_dir, "meta.json")) as f:
+            hostnames = json.load(f).get("hostnames", [])
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return ",".join(str(rank) for rank, host in enumerate(hostnames) if host == node)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(line + "\n")
             return 0 if requeue else 1
         chosen, why = decide(flags, os.environ)
-    except (ConfigError, RunError) as exc:  # a bad value, a run folder that cannot be written
+    except (ConfigError, RunError, ReportError) as exc:  # a bad value, a run folder that cannot be written or read
         sys.stderr.write(f"hvd_cifar: error: {exc}\n")
         return 2
     if args.dry_run:

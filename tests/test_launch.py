@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT, read_metrics, run_train
+from hvd_cifar import launchers
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun-gloo", "mpirun"])
@@ -105,3 +106,11 @@ def test_two_ranks_compute_the_update_one_rank_computes_for_their_images(tmp_pat
     [r2], [r1] = read_metrics(tmp_path / "np2"), read_metrics(tmp_path / "np1")
     assert (r2["world_size"], r1["world_size"], r2["lr"]) == (2, 1, r1["lr"])
     assert r2["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-5)
+
+
+def test_mpirun_flags_export_only_the_variables_mpiruns_environment_sets():
+    """mpirun warns of each -x variable its environment lacks (three lines in every job's output
+    under Slurm's mpirun style): only those set are exported."""
+    flags = launchers.recommended_mpirun_flags({"PATH": "/bin", "HOROVOD_TIMELINE": "t.json"})
+    assert [flags[i + 1] for i, f in enumerate(flags) if f == "-x"] == ["PATH", "HOROVOD_TIMELINE"]
+    assert flags[:4] == list(launchers.MAP_FLAGS) and flags[-len(launchers.TRANSPORT_FLAGS):] == list(launchers.TRANSPORT_FLAGS)

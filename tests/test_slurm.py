@@ -1,16 +1,17 @@
-"""launch/slurm.sbatch under a real Slurm (22.05, Debian's packages), on a cluster of 6 slurmd
+"""launch/slurm.sbatch under a real Slurm (22.05, Debian's packages), on a cluster of 8 slurmd
 nodes on this machine's loopback started by hvd_cifar.slurmcluster: the shipped script trains
 across 2 nodes under both launch styles (mpirun inside the allocation, srun --mpi=pmix), and a
 job stopped mid-epoch by each of `scontrol requeue`, `scancel --signal=USR1 --batch` and a
 preemption by a higher-priority partition saves its place, is requeued, resumes the same run
 folder and ends on the weights of the job never stopped, bit for bit. A job whose rank is
-killed (kill -9, as a lost node) ends with one line naming it, requeues itself, resumes and
-ends on the same weights. The jobs run side by side (one module fixture) to keep the file short
-on two cores; then hvd_cifar.bench --slurm runs a sweep of two configurations, one bad.
+killed (kill -9; mpirun style), and one whose node is killed whole (its slurmd, slurmstepds and
+rank; srun style), end with one line naming it, requeue themselves, resume and end on the same
+weights. The jobs run side by side (one module fixture) to keep the file short on two cores;
+then hvd_cifar.bench --slurm runs a sweep of two configurations, one bad.
 
 A job to be stopped carries a hook (sitecustomize) that holds its rank 0 after step 4 of epoch 2
 on its first run, until a stop signal arrives: the stop then comes mid-epoch, at the same step
-every time, however slowly the machine runs. The job to lose a rank holds its rank 1 there
+every time, however slowly the machine runs. A job to lose a rank or node holds its rank 1 there
 instead, until the test kills it (the hook writes the held rank's pid); its next run holds that
 rank again in epoch 3 until slurmctld has no message about the first run left to send."""
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -88,6 +90,21 @@ def test_a_run_that_loses_ranks_is_requeued_once_and_then_says_how_to_go_on(tmp_
                                                "number of requeues (0: none)\n")
 
 
+def test_a_node_lost_with_only_its_name_known_is_told_by_the_ranks_it_had(tmp_path):
+    """A loss that only a peer's notice or Open MPI's daemon named (no task number): the one line
+    names the ranks the run had on that node, from meta.json's hostnames (one per rank)."""
+    run = tmp_path / "logs" / "slurm-9"
+    run.mkdir(parents=True)
+    (run / "meta.json").write_text(json.dumps({"hostnames": ["n1", "n2", "n1", "n2"]}))
+    (tmp_path / "lost.json").write_text(json.dumps({"node": "n2", "tasks": "", "why": "connection lost"}))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "SLURM_JOB_ID": "9"}
+    done = subprocess.run([sys.executable, "-m", "hvd_cifar.slurm_resume", "--lost", str(tmp_path / "lost.json"), "--",
+                           "--config", TINY, "--log-dir", str(tmp_path / "logs"), "--run-name", "slurm-9"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.stderr.startswith("slurm.sbatch: job 9: ranks 1,3 on node n2 lost (connection lost); requeued"), done
+    assert [e["tasks"] for e in events(run)] == ["1,3"]
+
+
 # What a 2-rank step printed on stderr when its rank on n2 was killed (launch/slurm.sbatch before
 # hvd_cifar.slurm_output, on the cluster below), between a line of the ranks' and one of the script's.
 STEP_STDERR = """hvd_cifar: warning: a line of the ranks'
@@ -121,6 +138,52 @@ def test_a_lost_rank_is_taken_out_of_the_step_output_and_named():
     assert ended == {"node": "n1", "tasks": "0", "why": "Exited with exit code 2", "lost": False, "status": 2}
 
 
+RULE = "-" * 74 + "\n"
+PEER_NOTICE = STEP_STDERR[STEP_STDERR.index(RULE):STEP_STDERR.index("srun: error")]
+# What mpirun printed (launch/slurm.sbatch, HVD_CIFAR_SLURM_LAUNCH=mpirun, on the cluster below)
+# when rank 1 on n2 was killed, and when n2 was killed whole (its orted, its rank), after the notice.
+MPIRUN_LOST_RANK = (RULE + "Primary job  terminated normally, but 1 process returned\na non-zero exit code. Per "
+                    "user-direction, the job has been aborted.\n" + RULE + RULE + "mpirun noticed that process rank 1 "
+                    "with PID 21421 on node n2 exited on signal 9 (Killed).\n" + RULE)
+MPIRUN_LOST_NODE = (RULE + "ORTE has lost communication with a remote daemon.\n\n  HNP daemon   : [[20476,0],0] on "
+                    "node n1\n  Remote daemon: [[20476,0],1] on node n2\n\nThis is usually due to either a failure of "
+                    "the TCP network\nconnection to the node, or possibly an internal failure of\nthe daemon itself. We "
+                    "cannot recover from this failure, and\ntherefore will terminate the job.\n" + RULE)
+
+
+def paced(*parts: str, pause_s: float) -> Iterator[str]:
+    """The parts' lines, with a pause before each part after the first (a step's stderr as it comes)."""
+    for i, part in enumerate(parts):
+        if i:
+            time.sleep(pause_s)
+        yield from io.StringIO(part)
+
+
+def test_a_node_lost_whole_is_named_by_its_peers_notice_unless_a_task_exits_with_a_status_meanwhile():
+    """srun says nothing of a node killed whole: the surviving rank's notice names the peer's host,
+    and once the grace has passed without a task's status that node is lost, the script told at
+    once. A notice followed within the grace by a task's exit with a status (a bad input, a pause)
+    is no loss."""
+    told: list = []
+    watch = slurm_output.Watch(lambda end: told.append(dict(end)), grace_s=0.2)
+    out = "".join(watch.lines(paced("a rank's line\n", PEER_NOTICE, "srun: forcing job termination\n", pause_s=0.5)))
+    assert out == "a rank's line\n" and told == [{"node": "n2", "tasks": "", "why": "connection lost", "lost": True}]
+    watch = slurm_output.Watch(lambda end: told.append(end), grace_s=0.2)
+    exited = "srun: error: n1: task 0: Exited with exit code 4\n"
+    assert "".join(watch.lines(paced(PEER_NOTICE, exited, pause_s=0.05))) == exited
+    time.sleep(0.3)
+    assert len(told) == 1 and watch.first_end["status"] == 4 and not watch.first_end["lost"]
+
+
+@pytest.mark.parametrize("text, lost", [(MPIRUN_LOST_RANK, {"node": "n2", "tasks": "1", "why": "Killed"}),
+                                        (MPIRUN_LOST_NODE, {"node": "n2", "tasks": "",
+                                                            "why": "its node's Open MPI daemon lost"})])
+def test_under_mpirun_a_lost_rank_or_node_is_named_and_taken_out(text, lost):
+    ended: dict = {}
+    assert "".join(slurm_output.condense(io.StringIO(PEER_NOTICE + text + "a line after\n"), ended)) == "a line after\n"
+    assert ended == {**lost, "lost": True}
+
+
 # ----------------------------------------------------------------------------- on a Slurm cluster here
 
 HOLD = """
@@ -144,9 +207,10 @@ def after_step(self, step, images):
             time.sleep(0.05)
 engine.TrainingState.after_step = after_step
 """
-PAIR_A, PAIR_B, PAIR_C = "n1,n2", "n3,n4", "n5,n6"  # straight, requeue, usr1; preempted; lost
+PAIR_A, PAIR_B, PAIR_C, PAIR_D = "n1,n2", "n3,n4", "n5,n6", "n7,n8"  # straight, requeue, usr1; preempted; lost rank; lost node
 STOPPED = ("requeue", "usr1", "preempted")
-LOST_WITHIN_S = 60  # issue 22: a lost rank ends the job's run within 60 s
+LOST = ("lost", "node")
+LOST_WITHIN_S = 60  # issue 22: a lost rank or node ends the job's run within 60 s
 
 
 def submit(cluster: SlurmCluster, tmp: Path, nodes: str, extra_env: dict | None = None,
@@ -179,7 +243,7 @@ def stop(cluster: SlurmCluster, how: str, job: str, env: dict) -> None:
 
 @pytest.fixture(scope="module")
 def cluster():
-    with SlurmCluster(nodes=6, cpus_per_node=4) as up:
+    with SlurmCluster(nodes=8, cpus_per_node=4) as up:
         yield up
 
 
@@ -191,13 +255,22 @@ def held(tmp: Path, how: str, rank: int) -> dict:
             "HOLD_RANK": str(rank)}
 
 
-def lose_rank(tmp: Path, job: str, env: dict) -> float:
-    """SIGKILL to the held rank 1 of the job; seconds from it to the job's requeue (PENDING, 1 restart)."""
-    wait_for_file(tmp / "hold-lost", job, env)
-    os.kill(int((tmp / "hold-lost").read_text()), signal.SIGKILL)
-    killed = time.monotonic()
-    jobs.wait(job, env, ["PENDING"], timeout_s=LOST_WITHIN_S + 30, restarts=1)
-    return time.monotonic() - killed
+def lose(cluster: SlurmCluster, tmp: Path, how: str, job: str) -> dict:
+    """At the job's hold: SIGKILL to its held rank 1 ("lost") or to everything on that rank's
+    node, n8 ("node"). Seconds from it to the script's line, and to the job's requeue."""
+    env = cluster.env()
+    wait_for_file(tmp / f"hold-{how}", job, env)
+    if how == "node":
+        cluster.kill_node("n8")
+    else:
+        os.kill(int((tmp / f"hold-{how}").read_text()), signal.SIGKILL)
+    killed, out = time.monotonic(), tmp / f"slurm-{job}.out"
+    while " lost (" not in out.read_text():
+        assert time.monotonic() - killed < LOST_WITHIN_S + 30, out.read_text()
+        time.sleep(0.2)
+    said = time.monotonic() - killed
+    jobs.wait(job, env, ["COMPLETING", "PENDING"], timeout_s=LOST_WITHIN_S + 30, restarts=1)
+    return {"said_s": said, "requeued_s": time.monotonic() - killed}
 
 
 @pytest.fixture(scope="module")
@@ -208,16 +281,19 @@ def slurm_runs(cluster, tmp_path_factory):
     (tmp / "hook").mkdir()
     (tmp / "hook" / "sitecustomize.py").write_text(HOLD)
     env = cluster.env()
-    ids = {"straight": submit(cluster, tmp, PAIR_A, {"HVD_CIFAR_SLURM_LAUNCH": "mpirun"}),
-           "lost": submit(cluster, tmp, PAIR_C, {**held(tmp, "lost", rank=1), "RELEASE_FILE": str(tmp / "release")})}
+    ids = {"straight": submit(cluster, tmp, PAIR_A, {"HVD_CIFAR_SLURM_LAUNCH": "mpirun"})}
+    for how, pair, launch in (("lost", PAIR_C, "mpirun"), ("node", PAIR_D, "srun")):
+        ids[how] = submit(cluster, tmp, pair, {**held(tmp, how, rank=1), "RELEASE_FILE": str(tmp / "release"),
+                                               "HVD_CIFAR_SLURM_LAUNCH": launch})
     for how in STOPPED:
         ids[how] = submit(cluster, tmp, PAIR_B if how == "preempted" else PAIR_A, held(tmp, how, rank=0))
-    lost_after_s = lose_rank(tmp, ids["lost"], env)
-    (tmp / "lost-after-s").write_text(f"{lost_after_s:.1f}\n")  # for docs/SLURM.md
+    lost = {how: lose(cluster, tmp, how, ids[how]) for how in LOST}
+    (tmp / "lost-after-s").write_text(json.dumps(lost) + "\n")  # for docs/SLURM.md
+    cluster.restart_node("n8")  # the node back; the job's next run may have it
     for how in STOPPED:
         wait_for_file(tmp / f"hold-{how}", ids[how], env)
         stop(cluster, how, ids[how], env)
-    for how in (*STOPPED, "lost"):
+    for how in (*STOPPED, *LOST):
         jobs.wait(ids[how], env, ["PENDING"], timeout_s=90, restarts=1)
         cluster.start_now(ids[how])  # once nothing of the first run can reach the next
     # The lost job's next run waits in epoch 3 until slurmctld has no message left to send again
@@ -228,7 +304,7 @@ def slurm_runs(cluster, tmp_path_factory):
     finished = {how: jobs.wait(job, env, ["COMPLETED", "FAILED", "CANCELLED"], timeout_s=240)
                 for how, job in ids.items()}
     return {"tmp": tmp, "ids": ids, "finished": finished, "completions": jobs.completions(env),
-            "lost_after_s": lost_after_s,
+            "lost": lost,
             "runs": {how: tmp / "logs" / f"slurm-{job}" for how, job in ids.items()}}
 
 
@@ -265,29 +341,36 @@ def test_a_stopped_job_is_requeued_resumes_its_run_folder_and_ends_bit_identical
 
 
 @needs_slurm
-def test_a_lost_rank_ends_the_run_with_one_line_and_the_job_requeues_itself_and_finishes(slurm_runs):
-    """kill -9 of the rank on n6 mid-epoch: the run ends within 60 s, its output says so in one line
-    (no Open MPI notice, no srun/slurmstepd lines about the step's end), the run folder records
-    it, and the job's next run resumes the last checkpoint and ends on the straight job's weights."""
-    run, job = slurm_runs["runs"]["lost"], slurm_runs["ids"]["lost"]
-    assert slurm_runs["lost_after_s"] <= LOST_WITHIN_S, slurm_runs["lost_after_s"]
-    info = slurm_runs["finished"]["lost"]
-    out = job_output(slurm_runs, "lost")
+@pytest.mark.parametrize("how, node, why", [("lost", "n6", "Killed"), ("node", "n8", "connection lost")])
+def test_a_lost_rank_or_node_ends_the_run_with_one_line_and_the_job_requeues_itself_and_finishes(
+        slurm_runs, how, node, why):
+    """kill -9 mid-epoch of the rank on n6 ("lost", mpirun style: mpirun names it), or of
+    everything on n8, its slurmd and slurmstepds too ("node", srun style: srun says nothing, a
+    peer's notice names it, and the script ends the step): the run ends
+    within 60 s, its output says so in one line (no Open MPI notice, no srun/slurmstepd lines about
+    the step's end), the run folder records it, and the job's next run resumes the last
+    checkpoint and ends on the straight job's weights."""
+    run, job = slurm_runs["runs"][how], slurm_runs["ids"][how]
+    assert slurm_runs["lost"][how]["requeued_s"] <= LOST_WITHIN_S, slurm_runs["lost"][how]
+    info = slurm_runs["finished"][how]
+    out = job_output(slurm_runs, how)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, out)
     lines = out.splitlines()
     assert [line for line in lines if "lost" in line] == [
-        f"slurm.sbatch: job {job}: rank 1 on node n6 lost (Killed); requeued to resume {run} from its last "
+        f"slurm.sbatch: job {job}: rank 1 on node {node} lost ({why}); requeued to resume {run} from its last "
         "checkpoint (lost-rank requeue 1 of 1)"], out
-    # Not Open MPI's notice, nor srun's and slurmstepd's lines on the step's end; Slurm's own line
-    # on the requeue ("*** JOB J ON n5 CANCELLED AT ... DUE TO JOB REQUEUE ***") stays.
-    assert not [line for line in lines if "disconnected" in line or line.startswith("srun: error")
+    # Not Open MPI's notices, nor srun's, mpirun's, slurmstepd's and bash's lines on the step's end; Slurm's
+    # own line on the requeue ("*** JOB J ON n5 CANCELLED AT ... DUE TO JOB REQUEUE ***") stays.
+    assert not [line for line in lines if "disconnected" in line or line.startswith("srun: error") or "mpirun" in line
+                or "aborted" in line or "Warning" in line
+                or "Killed" in line.replace(f"({why})", "")
                 or ("CANCELLED" in line and "DUE TO JOB REQUEUE" not in line)], out
     assert any(line.startswith("epoch 1/3 ") for line in out.splitlines()), out  # the ranks' own lines pass
     assert f"slurm_resume: job {job}, restart 1: resume {run} (it holds a checkpoint)" in out
     assert "resuming after epoch 1 of 3" in out
     [event] = events(run)
     assert {k: event[k] for k in ("event", "node", "tasks", "why", "slurm_job_id", "slurm_restart_count")} == {
-        "event": "rank_lost", "node": "n6", "tasks": "1", "why": "Killed", "slurm_job_id": job,
+        "event": "rank_lost", "node": node, "tasks": "1", "why": why, "slurm_job_id": job,
         "slurm_restart_count": 0}, event
     assert_same_training(run, slurm_runs["runs"]["straight"])
 
@@ -299,7 +382,8 @@ def test_sacct_lists_each_run_of_each_job(slurm_runs):
         states.setdefault(row["jobid"], []).append(row["state"])
     ids = slurm_runs["ids"]
     assert states[ids["straight"]] == ["COMPLETED"], states
-    assert states[ids["lost"]] == ["PENDING", "COMPLETED"], states
+    for how in LOST:
+        assert states[ids[how]] == ["PENDING", "COMPLETED"], (how, states)
     for how in STOPPED:  # Slurm 22.05's completion log: a requeued run as the job's state after it
         first = "PREEMPTED" if how == "preempted" else "PENDING"
         assert states[ids[how]] == [first, "COMPLETED"], (how, states)

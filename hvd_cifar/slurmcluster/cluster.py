@@ -5,8 +5,11 @@ netcluster.cleanup's, shared)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
+import glob
 import os
 import shutil
+import signal
 import subprocess
 import time
 
@@ -75,13 +78,39 @@ class SlurmCluster:
         self.daemons["munged"] = daemons.start_munged(layout)
         self._wait("munged", lambda: os.path.exists(layout.munge_socket), 10)
         self.daemons["slurmctld"] = daemons.start_slurmctld(layout, self.hosts)
-        own = daemons.uts_namespace(os.getpid())
-        for i, node in enumerate(layout.nodes):
-            proc = self.daemons[f"slurmd-{node}"] = daemons.start_slurmd(layout, self.hosts, i)
-            self._wait(f"slurmd-{node}", lambda: daemons.uts_namespace(proc.pid) not in ("", own), 10)
-            self.namespaces.add(daemons.uts_namespace(proc.pid))
-        cleanup.record(layout.tmpdir, [p.pid for p in self.daemons.values()], self.namespaces)
+        for node in layout.nodes:
+            self._start_node(node)
         self._wait("slurmctld", self._all_idle, self.ready_timeout_s)
+
+    def _start_node(self, node: str) -> None:
+        """The node's slurmd, in a UTS namespace of its own, recorded for cleanup."""
+        proc = self.daemons[f"slurmd-{node}"] = daemons.start_slurmd(self.layout, self.hosts, self.nodes.index(node))
+        own = daemons.uts_namespace(os.getpid())
+        self._wait(f"slurmd-{node}", lambda: daemons.uts_namespace(proc.pid) not in ("", own), 10)
+        self.namespaces.add(daemons.uts_namespace(proc.pid))
+        cleanup.record(self.layout.tmpdir, [p.pid for p in self.daemons.values()], self.namespaces)
+
+    def kill_node(self, node: str) -> list[int]:
+        """The node lost whole, as in a crash: SIGKILL to every process in its UTS namespace
+        (its slurmd, slurmstepds and job tasks); their pids."""
+        victims = daemons.node_pids({daemons.uts_namespace(self.daemons[f"slurmd-{node}"].pid)})
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return victims
+
+    def restart_node(self, node: str, timeout_s: float = 60) -> None:
+        """A node back after ``kill_node``: its slurmd started again, until Slurm has it idle
+        (``ReturnToService=2``: a node that was down returns when it registers)."""
+        self.daemons[f"slurmd-{node}"].wait(timeout=10)
+        # A killed step's PMIx socket and folder stay in the node's spool (as on a real node's
+        # disk, which a reboot does not clear): a step of the same id there cannot make them
+        # again ("Address already in use", "File exists"), so the job's next run, whose step ids
+        # start again at 0, would fail to launch on it. A reboot would clear its TmpFS.
+        for stale in glob.glob(self.layout.path("spool", node, "*pmix.*")) + glob.glob(self.layout.path("tmp", node, "*")):
+            shutil.rmtree(stale) if os.path.isdir(stale) and not os.path.islink(stale) else os.unlink(stale)
+        self._start_node(node)
+        self._wait(f"slurmd-{node}", lambda: self.node_states().get(node) == "idle", timeout_s)
 
     def _wait(self, what: str, ready, timeout_s: float) -> None:
         """Poll ``ready()`` until true; a daemon that died or a timeout is a SlurmError naming
@@ -124,12 +153,17 @@ class SlurmCluster:
         surviving ranks are gone, which takes KillWait (30 s: they ignore SIGTERM while blocked
         in a collective), so it times out after MessageTimeout (10 s) and slurmctld sends it
         again 60 s later, then ending the new run's step of the same number (docs/SLURM.md)."""
-        deadline = time.monotonic() + timeout_s
+        began = time.monotonic()
+        deadline = began + timeout_s
         while (left := self.stepds(job_id)) or jobs.agent_queue(self.env()):
             if time.monotonic() > deadline:
                 raise SlurmError(f"job {job_id}: its previous run's slurmstepd(s) {left} still running, or "
                                  f"slurmctld still has messages to send again, after {timeout_s:.0f} s")
             time.sleep(0.3)
+        # A run started in the second of the requeue is refused ("Killing non-startable batch
+        # JobId=J: Job credential revoked": the requeue revokes the job's credentials up to
+        # that second). The job was requeued before this call: 1.1 s after it is a later second.
+        time.sleep(max(0.0, began + 1.1 - time.monotonic()))
         jobs.start_now(job_id, self.env())
 
     def node_states(self) -> dict[str, str]:
