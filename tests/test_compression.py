@@ -250,6 +250,32 @@ def test_a_scheme_taken_back_from_its_saved_state_goes_on_as_the_unbroken_one(tm
         assert (resumed.averages, resumed.since_average) == (unbroken.averages, unbroken.since_average) == (1, 2)
 
 
+def test_local_sgd_stopped_between_averages_keeps_each_ranks_own_parameters():
+    """A preempted epoch stops between two averages, where every rank's model is its own: each
+    rank's state carries its parameters, loaded over the checkpoint's (rank 0's); at an average
+    the models are one and nothing more is saved."""
+    def work(collective, rank):
+        scheme, (name, p) = LocalSGD(collective, every=3), param("w", torch.zeros(2))
+        scheme.track([(name, p)])
+        for _ in range(2):
+            scheme.synchronize()
+            with torch.no_grad():
+                p += rank + 1.0
+            scheme.after_step()
+        return scheme.state_dict()
+
+    states = on_ranks(2, work)
+    fresh, (name, q) = LocalSGD(FakeCollective(World(1), 0), every=3), param("w", torch.full((2,), 9.0))
+    fresh.track([(name, q)])
+    fresh.load_state_dict(states[1])
+    assert torch.equal(q.detach(), torch.full((2,), 4.0)) and fresh.since_average == 2  # rank 1's: 2 x (1 + 1)
+    scheme, (name, p) = LocalSGD(FakeCollective(World(1), 0), every=1), param("w", torch.zeros(2))
+    scheme.track([(name, p)])
+    scheme.synchronize()
+    scheme.after_step()
+    assert "params" not in scheme.state_dict()  # just averaged: the checkpoint's model is every rank's
+
+
 # ----------------------------------------------------------------------------- real runs
 RUNS = {  # name: (launcher, flags); warm-up 2 of the epoch's 6 updates for PowerSGD; top-k with 2
     # micro-batches per update (3 updates): the scheme reads the gradients backward summed

@@ -6,12 +6,14 @@ Momentum buffers stay each rank's own (not averaged): averaging them would doubl
 each rank's buffer follows its own gradients. BatchNorm's running statistics are averaged at
 the epoch's end as under every method. The epoch's last update always averages (``end_epoch``),
 so evaluation and the checkpoint see one model on every rank; the count of updates since the
-last average starts again there. A preempted epoch saves rank 0's model as it stands.
-The checkpoint holds the counts (``state_dict``) and, since momentum is each rank's own, every
-rank's optimizer state beside them (sync/schemes.py's ``rank_state``): a resumed run ends on the
-unbroken run's weights.
+last average starts again there. The checkpoint holds the counts (``state_dict``) and, since
+momentum is each rank's own, every rank's optimizer state beside them (sync/schemes.py's
+``rank_state``); a preempted epoch, stopped between two averages, also each rank's own
+parameters (the checkpoint's model is rank 0's): a resumed run ends on the unbroken run's weights.
 """
 from __future__ import annotations
+
+import torch
 
 from hvd_cifar.compress import Collective, Scheme
 from hvd_cifar.compress.cost import localsgd_payload
@@ -46,11 +48,19 @@ class LocalSGD(Scheme):
         self.averages += 1
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "since_average": self.since_average, "averages": self.averages}
+        """The counts and, between two averages (a preempted epoch), this rank's own parameters:
+        the checkpoint's model is rank 0's alone."""
+        own = {"params": {name: p.detach().clone() for name, p in self.params}} if self.since_average else {}
+        return {**super().state_dict(), "since_average": self.since_average, "averages": self.averages, **own}
 
     def load_state_dict(self, state: dict) -> None:
+        """Loaded after the checkpoint's model (rank 0's): this rank's own parameters win."""
         super().load_state_dict(state)
         self.since_average, self.averages = state["since_average"], state["averages"]
+        with torch.no_grad():
+            for name, p in self.params:
+                if name in state.get("params", {}):
+                    p.copy_(state["params"][name])
 
     def payload_bytes(self, named_parameters) -> int:
         return localsgd_payload(sum(p.numel() for _, p in named_parameters), self.every)
