@@ -11,18 +11,19 @@ Every line passes through unchanged (the ranks' hvd_cifar lines among them), exc
   Open MPI 4.1's parameters (ompi_info --all) include none that silences it. It names the
   peer's host, and it is the only word of a node lost whole (its slurmd and slurmstepd gone
   with its ranks: srun says nothing until Slurm marks the node down, SlurmdTimeout later).
-  Unless the launcher says within GRACE_S that the first task to end exited with a status
-  (a bad input, a pause), the peer's node is lost.
+  Under srun (--notify), unless srun says within GRACE_S how a task ended, the peer's node
+  is lost. Open MPI's TCP transport prints it: on another transport (UCX, InfiniBand) a node
+  lost whole waits for Slurm.
 * The launcher's word on the first task to end, when it died by a signal or with its node:
   srun's ``srun: error: n2: task 1: Killed`` (or ``Node failure on n2``), mpirun's ``mpirun
   noticed that process rank 1 with PID P on node n2 exited on signal 9 (Killed).`` and ``ORTE
   has lost communication with a remote daemon`` (its node gone). Taken out; after it, the
   step's end as srun, slurmstepd and mpirun tell it is dropped too.
 
-The first loss is written to LOST.json ({"node": "n2", "tasks": "1", "why": "Killed"}; no
-"tasks" when only the node is known) when the stream ends, and PID (the batch script) gets
-SIGUSR2 the moment it is known: srun waits for a lost node until Slurm gives up on it, so the
-script ends the step itself. Only the first task to end can be lost: when it exits with a
+The first loss is written to LOST.json ({"node": "n2", "tasks": "1", "why": "Killed"}; "tasks"
+empty when only the node is known) the moment it is known, and again, as the launcher may have
+told more, when the stream ends; PID (the batch script, under srun) gets SIGUSR2 then: srun
+waits for a lost node until Slurm gives up on it, so the script ends the step itself. Only the first task to end can be lost: when it exits with a
 status instead, its line and the step's end pass as they are, and that status goes to STATUS
 (srun's own is the highest of all tasks', 143 for the ones it stopped, not the one that says why).
 
@@ -31,6 +32,7 @@ The filter ignores the stop signals Slurm sends to the whole batch step, and rea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -39,7 +41,7 @@ import sys
 import threading
 from typing import Callable, Iterable, Iterator
 
-GRACE_S = 5.0  # after a peer's notice: time for the launcher to say a task exited with a status
+GRACE_S = 10.0  # srun, after a peer's notice: time for srun to say a task ended (measured: ~0.1 s)
 RULE = re.compile(r"^-{40,}$")  # Open MPI's help messages sit between two such lines
 PEER_GONE = "unexpectedly disconnected"  # help-mpi-btl-tcp.txt, [peer hung up]
 PEER_HOST = re.compile(r"^\s*Peer host:\s*(?P<node>\S+)", re.M)
@@ -48,6 +50,7 @@ MPIRUN_LOST = re.compile(r"mpirun noticed that process rank (?P<tasks>\d+) with 
                          r"exited on signal \d+ \((?P<why>[^)]+)\)")
 MPIRUN_EXITED = re.compile(r"exited with non-zero status.*?Process name: \[\[\d+,\d+\],(?P<tasks>\d+)\].*?"
                            r"Exit code:\s+(?P<status>\d+)", re.S)
+MPI_ABORT = re.compile(r"MPI_ABORT was invoked on rank (?P<tasks>\d+) in communicator \S+\s+with errorcode (?P<status>\d+)")
 MPIRUN_ABORTED = "Per user-direction, the job has been aborted"  # before its verdict: held until it comes
 TASK_ENDED = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<why>.+)$")
 # srun's wording for a node that failed under a running step: a guess, never seen here (a node
@@ -74,6 +77,9 @@ def block_end(text: str) -> dict | None:
         return {"node": found["node"], "tasks": "", "why": "its node's Open MPI daemon lost", "lost": True}
     if found := MPIRUN_LOST.search(text):
         return {**found.groupdict(), "lost": True}
+    if found := MPI_ABORT.search(text):  # a rank that failed ended the job: its own error said why
+        return {"node": "", "tasks": found["tasks"], "why": f"MPI_ABORT with errorcode {found['status']}",
+                "lost": False, "status": int(found["status"])}
     if found := MPIRUN_EXITED.search(text):
         return {"node": "", "tasks": found["tasks"], "why": f"exited with status {found['status']}", "lost": False,
                 "status": int(found["status"])}
@@ -82,33 +88,49 @@ def block_end(text: str) -> dict | None:
 
 class Watch:
     """The step's stderr, line by line (``lines``), with what it says about the first task to
-    end kept in ``first_end``; ``on_loss(first_end)`` is called once, when a loss is known (from
-    a peer's notice: GRACE_S later, from a timer thread, unless a status came meanwhile)."""
+    end kept in ``first_end``; ``on_loss(first_end)`` is called once, when a loss is known. With
+    ``grace_s`` (srun: no launcher word comes for a node lost whole), a peer's notice is a loss
+    of the peer's node ``grace_s`` later, from a timer thread, unless a task's end came meanwhile;
+    a status that comes after it still takes its place (the stream's end is the last word)."""
 
-    def __init__(self, on_loss: Callable[[dict], None] = lambda end: None, grace_s: float = GRACE_S):
+    def __init__(self, on_loss: Callable[[dict], None] = lambda end: None, grace_s: float | None = None):
         self.first_end: dict = {}
         self.on_loss, self.grace_s = on_loss, grace_s
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._guessed = False  # first_end is the timer's: only a peer's notice named the node
+        self._closed = False   # the stream ended: the timer has no say any more
 
-    def _found(self, end: dict) -> None:
-        """The launcher's word on a task's end: the first is the one; a loss that only a notice
-        named gets the task's number from the launcher's word on the same node."""
+    def _found(self, end: dict, guess: bool = False) -> None:
+        """A task's end: the first is the one, but a loss only the timer guessed gives way to the
+        launcher's word (a status: no loss; a loss on the same node: its task number)."""
         with self._lock:
+            if guess and self._closed:
+                return
             if not self.first_end:
                 self.first_end.update(end)
+                self._guessed = guess
                 if end["lost"]:
-                    self.on_loss(self.first_end)
+                    self.on_loss(dict(self.first_end))
+            elif self._guessed and not end["lost"]:
+                self.first_end.clear()
+                self.first_end.update(end)
+                self._guessed = False
             elif self.first_end.get("lost") and end["lost"] and not self.first_end["tasks"] \
                     and end["node"] == self.first_end["node"]:
                 self.first_end.update(tasks=end["tasks"], why=end["why"])
 
     def _suspect(self, node: str) -> None:
-        if self._timer is None and not self.first_end:
-            self._timer = threading.Timer(self.grace_s, self._found,
-                                          [{"node": node, "tasks": "", "why": "connection lost", "lost": True}])
+        if self.grace_s is not None and self._timer is None and not self.first_end:
+            lost = {"node": node, "tasks": "", "why": "connection lost", "lost": True}
+            self._timer = threading.Timer(self.grace_s, self._found, [lost, True])
             self._timer.daemon = True
             self._timer.start()
+
+    def result(self) -> dict:
+        """What the stream said of the first task's end, once it has ended."""
+        with self._lock:
+            return dict(self.first_end)
 
     def lines(self, stream: Iterable[str]) -> Iterator[str]:
         block: list[str] = []  # an Open MPI help message being read, from its opening rule
@@ -128,11 +150,13 @@ class Watch:
                 self._found(found)  # a loss: this line and the step's end after it are dropped
             if not (self.first_end.get("lost") and text.startswith(STEP_CHATTER)):
                 yield line
+        with self._lock:
+            self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
         yield from block  # an unclosed message: the step ended in the middle of it
         if not self.first_end.get("lost"):
             yield from held
-        if self._timer is not None:
-            self._timer.cancel()
 
     def _message(self, text: str, held: list[str]) -> Iterator[str]:
         if PEER_GONE in text:
@@ -152,13 +176,6 @@ class Watch:
         yield text
 
 
-def condense(lines: Iterable[str], first_end: dict) -> Iterator[str]:
-    """``lines`` as the job's output shows them, what they say of the first task's end in ``first_end``."""
-    watch = Watch()
-    watch.first_end = first_end
-    yield from watch.lines(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hvd_cifar.slurm_output", description=__doc__.splitlines()[0])
     p.add_argument("--lost", required=True, help="where to write the lost task's facts (JSON), if the first to end was lost")
@@ -168,26 +185,31 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the batch step's signals are for the ranks
 
-    def notify(end: dict) -> None:
+    def write(path: str, text: str) -> None:
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)  # whole: the script may read it at any time
+
+    def lost(end: dict) -> None:  # at once: the script may end the step before the stream ends
+        write(args.lost, json.dumps({k: v for k, v in end.items() if k != "lost"}))
         if args.notify:
-            try:
+            with contextlib.suppress(OSError):  # the script is gone: nobody to tell
                 os.kill(args.notify, signal.SIGUSR2)
-            except OSError:
-                pass  # the script is gone: nobody to tell
 
     sys.stdin.reconfigure(errors="replace")  # whatever the ranks print, the filter goes on
     sys.stdout.reconfigure(errors="replace")
-    watch = Watch(notify)
+    watch = Watch(lost, GRACE_S if args.notify else None)
     for line in watch.lines(sys.stdin):
         sys.stdout.write(line)
         sys.stdout.flush()
-    first_end = dict(watch.first_end)
+    first_end = watch.result()
     if first_end.pop("lost", False):
-        with open(args.lost, "w") as f:
-            json.dump(first_end, f)
-    elif "status" in first_end:
-        with open(args.status, "w") as f:
-            f.write(f"{first_end['status']}\n")
+        write(args.lost, json.dumps(first_end))
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(args.lost)  # a loss the timer guessed, then a status: no loss
+        if "status" in first_end:
+            write(args.status, f"{first_end['status']}\n")
     return 0
 
 

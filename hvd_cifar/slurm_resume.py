@@ -92,8 +92,8 @@ def after_loss(lost: dict, flags: list[str], env: Mapping[str, str]) -> tuple[bo
     what = f"slurm.sbatch: job {job}: {tasks} lost ({lost['why']})"
     if not os.path.isdir(run_dir):  # lost before the run folder was made: nothing to resume
         return False, f"{what}; no run folder {run_dir} yet; submit the job again"
+    losses = 1 + sum(1 for e in runs.read_events(run_dir) if e["event"] == "rank_lost")  # (read before the append)
     append_metrics(run_dir, {"event": "rank_lost", "time": time.time(), **lost, **slurm_job.facts(env)}, EVENTS)
-    losses = sum(1 for e in runs.read_events(run_dir) if e["event"] == "rank_lost")
     if losses <= limit:
         return True, (f"{what}; requeued to resume {run_dir} from its last checkpoint "
                       f"(lost-rank requeue {losses} of {limit})")

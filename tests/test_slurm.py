@@ -125,16 +125,22 @@ srun: error: n1: task 0: Killed
 """
 
 
+def filtered(text: str) -> tuple[str, dict]:
+    """The step's stderr as the job's output shows it, and what it said of the first task's end."""
+    watch = slurm_output.Watch()
+    return "".join(watch.lines(io.StringIO(text))), watch.result()
+
+
 def test_a_lost_rank_is_taken_out_of_the_step_output_and_named():
-    ended: dict = {}
     other = "--------------------------------------------------------------------------\nanother notice\n" * 2
-    out = "".join(slurm_output.condense(io.StringIO(STEP_STDERR + other), ended))
+    out, ended = filtered(STEP_STDERR + other)
     assert out == "hvd_cifar: warning: a line of the ranks'\n" + other  # other notices pass
     assert ended == {"node": "n2", "tasks": "1", "why": "Killed", "lost": True}
     # A bad input: rank 0 exits 2 first, and the step's end stops rank 1; no loss, status 2.
     refused = ("srun: error: n1: task 0: Exited with exit code 2\nsrun: launch/slurm: _step_signal: "
                "Terminating StepId=7.0\nsrun: error: n2: task 1: Terminated\n")
-    assert "".join(slurm_output.condense(io.StringIO(refused), ended := {})) == refused
+    out, ended = filtered(refused)
+    assert out == refused
     assert ended == {"node": "n1", "tasks": "0", "why": "Exited with exit code 2", "lost": False, "status": 2}
 
 
@@ -172,16 +178,41 @@ def test_a_node_lost_whole_is_named_by_its_peers_notice_unless_a_task_exits_with
     exited = "srun: error: n1: task 0: Exited with exit code 4\n"
     assert "".join(watch.lines(paced(PEER_NOTICE, exited, pause_s=0.05))) == exited
     time.sleep(0.3)
-    assert len(told) == 1 and watch.first_end["status"] == 4 and not watch.first_end["lost"]
+    assert len(told) == 1 and watch.result()["status"] == 4 and not watch.result()["lost"]
+    # srun's word after the grace still counts: a status takes the guessed loss's place
+    watch = slurm_output.Watch(lambda end: told.append(end), grace_s=0.05)
+    exited = "srun: error: n2: task 1: Exited with exit code 2\n"
+    assert "".join(watch.lines(paced(PEER_NOTICE, exited, pause_s=0.3))) == exited
+    assert len(told) == 2 and watch.result() == {"node": "n2", "tasks": "1", "why": "Exited with exit code 2",
+                                                  "lost": False, "status": 2}
+    # without a grace (mpirun, which names its losses itself) a notice alone is none
+    assert filtered(PEER_NOTICE) == ("", {})
+
+
+MPI_ABORT = (RULE + "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\nwith errorcode 1.\n\nNOTE: "
+             "invoking MPI_ABORT causes Open MPI to kill all MPI processes.\nYou may or may not see output from "
+             "other processes, depending on\nexactly when Open MPI kills them.\n" + RULE)
+MPIRUN_EXIT_2 = (RULE + "Primary job  terminated normally, but 1 process returned\na non-zero exit code. Per "
+                 "user-direction, the job has been aborted.\n" + RULE + RULE + "mpirun detected that one or more "
+                 "processes exited with non-zero status, thus causing\nthe job to be terminated. The first process "
+                 "to do so was:\n\n  Process name: [[15711,1],0]\n  Exit code:    2\n" + RULE)
+
+
+@pytest.mark.parametrize("text, status", [(MPI_ABORT, 1), (MPIRUN_EXIT_2, 2)])
+def test_a_rank_that_fails_or_refuses_is_no_loss_and_its_messages_stay(text, status):
+    """A rank's MPI_ABORT (a rank that failed ends the job: lifecycle.abort_job) and mpirun's word
+    on a rank's exit status (a bad input's 2) are ends with a status: they pass, the peers'
+    notices aside, and a peer's notice before them is no loss."""
+    watch = slurm_output.Watch(grace_s=0.05)
+    out = "".join(watch.lines(paced(PEER_NOTICE, text, pause_s=0.01)))
+    assert out == text and watch.result()["status"] == status and not watch.result()["lost"]
 
 
 @pytest.mark.parametrize("text, lost", [(MPIRUN_LOST_RANK, {"node": "n2", "tasks": "1", "why": "Killed"}),
                                         (MPIRUN_LOST_NODE, {"node": "n2", "tasks": "",
                                                             "why": "its node's Open MPI daemon lost"})])
 def test_under_mpirun_a_lost_rank_or_node_is_named_and_taken_out(text, lost):
-    ended: dict = {}
-    assert "".join(slurm_output.condense(io.StringIO(PEER_NOTICE + text + "a line after\n"), ended)) == "a line after\n"
-    assert ended == {**lost, "lost": True}
+    assert filtered(PEER_NOTICE + text + "a line after\n") == ("a line after\n", {**lost, "lost": True})
 
 
 # ----------------------------------------------------------------------------- on a Slurm cluster here

@@ -59,4 +59,4 @@ def cleanup_leftovers(everything: bool = False, tmp: str = "/tmp") -> list[str]:
         kill(sorted(set(daemons + stray)))
         shutil.rmtree(path, ignore_errors=True)
         removed.append(f"temp dir {path} ({len(daemons)} daemon(s), {len(stray)} node process(es) stopped)")
-    return removed + remove_netclusters(everything)
+    return removed + remove_netclusters()  # dead harnesses' only: --all is about Slurm clusters, not every namespace cluster

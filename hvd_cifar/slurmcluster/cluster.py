@@ -93,7 +93,10 @@ class SlurmCluster:
     def kill_node(self, node: str) -> list[int]:
         """The node lost whole, as in a crash: SIGKILL to every process in its UTS namespace
         (its slurmd, slurmstepds and job tasks); their pids."""
-        victims = daemons.node_pids({daemons.uts_namespace(self.daemons[f"slurmd-{node}"].pid)})
+        namespace = daemons.uts_namespace(self.daemons[f"slurmd-{node}"].pid)
+        if not namespace:
+            raise SlurmError(f"{node}: its slurmd is not running")
+        victims = daemons.node_pids({namespace})
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
