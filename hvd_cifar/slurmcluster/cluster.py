@@ -5,11 +5,8 @@ netcluster.cleanup's, shared)."""
 from __future__ import annotations
 
 import atexit
-import contextlib
-import glob
 import os
 import shutil
-import signal
 import subprocess
 import time
 
@@ -96,24 +93,15 @@ class SlurmCluster:
         namespace = daemons.uts_namespace(self.daemons[f"slurmd-{node}"].pid)
         if not namespace:
             raise SlurmError(f"{node}: its slurmd is not running")
-        victims = daemons.node_pids({namespace})
-        for pid in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return victims
+        return daemons.kill_all(daemons.node_pids({namespace}))
 
     def restart_node(self, node: str, timeout_s: float = 60) -> None:
         """A node back after ``kill_node``: its slurmd started again, until Slurm has it idle
         (``ReturnToService=2``: a node that was down returns when it registers)."""
         self.daemons[f"slurmd-{node}"].wait(timeout=10)
-        # A killed step's PMIx socket and folder stay in the node's spool (as on a real node's
-        # disk, which a reboot does not clear): a step of the same id there cannot make them
-        # again ("Address already in use", "File exists"), so the job's next run, whose step ids
-        # start again at 0, would fail to launch on it. A reboot would clear its TmpFS.
-        for stale in glob.glob(self.layout.path("spool", node, "*pmix.*")) + glob.glob(self.layout.path("tmp", node, "*")):
-            shutil.rmtree(stale) if os.path.isdir(stale) and not os.path.islink(stale) else os.unlink(stale)
+        daemons.clear_step_files(self.layout, node)  # as a reboot would
         self._start_node(node)
-        self._wait(f"slurmd-{node}", lambda: self.node_states().get(node) == "idle", timeout_s)
+        self._wait(f"slurmd-{node}", lambda: jobs.node_states(self.env()).get(node) == "idle", timeout_s)
 
     def _wait(self, what: str, ready, timeout_s: float) -> None:
         """Poll ``ready()`` until true; a daemon that died or a timeout is a SlurmError naming
@@ -125,40 +113,20 @@ class SlurmCluster:
                 raise SlurmError(f"{dead[0]} exited ({self.daemons[dead[0]].returncode}): "
                                  f"{daemons.log_tail(self.layout, dead[0])}")
             if time.monotonic() > deadline:
-                raise SlurmError(f"{what} not ready after {timeout_s:.0f} s: {self.node_states() or ''} "
+                raise SlurmError(f"{what} not ready after {timeout_s:.0f} s: {jobs.node_states(self.env()) or ''} "
                                  f"{daemons.log_tail(self.layout, what)}")
             time.sleep(0.2)
-
-    def stepds(self, job_id: str) -> list[int]:
-        """The slurmstepd processes of a job still on the nodes (titled ``slurmstepd: [JOB.STEP]``)."""
-        found = []
-        for pid in daemons.node_pids(self.namespaces):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    title = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if title.startswith(f"slurmstepd: [{job_id}."):
-                found.append(pid)
-        return found
 
     def start_now(self, job_id: str, timeout_s: float = 120) -> None:
         """Let a requeued job start at once (``jobs.start_now``), but only once nothing of its
         previous run can still reach it: every slurmstepd of that run has exited, and
         slurmctld holds no message to a node that it will try again (``jobs.agent_queue``).
-
-        Slurm holds a requeued job ~120 s for this. A message about the old run names the job
-        and step only, not the run; handled once the next run has begun, it ends that run.
-        Seen here: a slurmstepd's report of its end (REQUEST_COMPLETE_BATCH_SCRIPT, _JOB_STEP)
-        handled late on a loaded machine, or timed out and sent again 15 s later (the batch
-        script's exit 4 from the first run: the job FAILED); and slurmctld's order to end a
-        step whose rank was lost (srun --kill-on-bad-exit): slurmd answers it only when the
-        surviving ranks are gone, which takes KillWait (30 s: they ignore SIGTERM while blocked
-        in a collective), so it times out after MessageTimeout (10 s) and slurmctld sends it
-        again 60 s later, then ending the new run's step of the same number (docs/SLURM.md)."""
+        Slurm holds a requeued job ~120 s for this: a late message about the old run names the
+        job and step only, and ends the next run (docs/SLURM.md, "Why a requeued run was
+        cancelled")."""
         began = time.monotonic()
         deadline = began + timeout_s
-        while (left := self.stepds(job_id)) or jobs.agent_queue(self.env()):
+        while (left := daemons.step_pids(self.namespaces, job_id)) or jobs.agent_queue(self.env()):
             if time.monotonic() > deadline:
                 raise SlurmError(f"job {job_id}: its previous run's slurmstepd(s) {left} still running, or "
                                  f"slurmctld still has messages to send again, after {timeout_s:.0f} s")
@@ -169,16 +137,8 @@ class SlurmCluster:
         time.sleep(max(0.0, began + 1.1 - time.monotonic()))
         jobs.start_now(job_id, self.env())
 
-    def node_states(self) -> dict[str, str]:
-        """Each node's state as sinfo says it (idle, allocated, down, ...); {} if slurmctld does not answer."""
-        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env(), capture_output=True,
-                              text=True, timeout=30)
-        if proc.returncode != 0:
-            return {}
-        return dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
-
     def _all_idle(self) -> bool:
-        states = self.node_states()
+        states = jobs.node_states(self.env())
         return sorted(states) == sorted(self.nodes) and all(s == "idle" for s in states.values())
 
     def down(self) -> None:

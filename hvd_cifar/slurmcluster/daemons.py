@@ -5,7 +5,9 @@ own hostname (Open MPI's shared-memory transport crashes when ranks of two nodes
 (slurmstepd, the job's tasks) stays in its namespace: ``node_pids`` finds it there."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import glob
 import os
 import shutil
 import signal
@@ -99,3 +101,38 @@ def log_tail(layout: Layout, name: str, lines: int = 3) -> str:
         if text:
             return " | ".join(text[-lines:])
     return "no log"
+
+
+def step_pids(namespaces: set[str], job_id: str) -> list[int]:
+    """The slurmstepd processes of a job in ``namespaces`` (titled ``slurmstepd: [JOB.STEP]``)."""
+    found = []
+    for pid in node_pids(namespaces):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith(f"slurmstepd: [{job_id}."):
+            found.append(pid)
+    return found
+
+
+def kill_all(pids: list[int]) -> list[int]:
+    """SIGKILL to each, as a crash would end them; the pids."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+def clear_step_files(layout: Layout, node: str) -> None:
+    """What a killed step leaves on its node and a restarted slurmd does not clear: its PMIx
+    socket and folder in the spool (``stepd.slurm.pmix.J.S``, ``pmix.J.S``; a real node's disk
+    keeps them over a reboot), where a step of the same job and number (a requeued run's: step
+    ids start again at 0) cannot make them again ("Address already in use", "File exists") and
+    fails to launch; and its TmpFS, which a reboot clears."""
+    for stale in glob.glob(layout.path("spool", node, "*pmix.*")) + glob.glob(layout.path("tmp", node, "*")):
+        if os.path.isdir(stale) and not os.path.islink(stale):
+            shutil.rmtree(stale)
+        else:
+            os.unlink(stale)

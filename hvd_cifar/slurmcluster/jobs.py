@@ -56,6 +56,15 @@ def start_now(job_id: str, env: Mapping[str, str]) -> None:
     command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env)
 
 
+def node_states(env: Mapping[str, str]) -> dict[str, str]:
+    """Each node's state as sinfo says it (idle, allocated, down, ...); {} if slurmctld does not answer."""
+    proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=dict(env), capture_output=True, text=True,
+                          timeout=30)
+    if proc.returncode != 0:
+        return {}
+    return dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
+
+
 def agent_queue(env: Mapping[str, str]) -> int:
     """How many messages to nodes slurmctld holds to send again (sdiag's "Agent queue size")."""
     found = re.search(r"Agent queue size:\s*(\d+)", command(["sdiag"], env))
