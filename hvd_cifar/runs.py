@@ -123,6 +123,11 @@ def _read_optional(path: str, parse: Callable[[Any], Any]) -> Any:
         raise ReportError(f"{path}: cannot be read ({str(exc).splitlines()[0]})") from None
 
 
+def read_meta(run_dir: str) -> Any:
+    """RUN_DIR/meta.json ({} if absent; a mapping unless the file is wrong: the caller checks)."""
+    return _read_optional(os.path.join(run_dir, "meta.json"), json.load) or {}
+
+
 def load_run(path: str) -> Run:
     """A run folder with at least one whole epoch record; anything unusable is a ReportError."""
     if not os.path.isdir(path):
@@ -132,7 +137,7 @@ def load_run(path: str) -> Run:
         raise ReportError(f"{os.path.join(path, METRICS)}: holds no epoch records"
                           + (" (its only line is torn: the run was killed while writing it)" if metrics.torn else ""))
     config = _read_optional(os.path.join(path, "config.yaml"), yaml.safe_load) or {}
-    meta = _read_optional(os.path.join(path, "meta.json"), json.load) or {}
+    meta = read_meta(path)
     evaluation = _read_optional(os.path.join(path, "eval.json"), json.load)
     if not isinstance(config, dict) or not isinstance(meta, dict):
         raise ReportError(f"{path}: config.yaml / meta.json must each hold a mapping")

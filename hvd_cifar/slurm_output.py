@@ -190,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             f.write(text)
         os.replace(path + ".tmp", path)  # whole: the script may read it at any time
 
-    def lost(end: dict) -> None:  # at once: the script may end the step before the stream ends
+    def write_lost(end: dict) -> None:
         write(args.lost, json.dumps({k: v for k, v in end.items() if k != "lost"}))
+
+    def lost(end: dict) -> None:  # at once: the script may end the step before the stream ends
+        write_lost(end)
         if args.notify:
             with contextlib.suppress(OSError):  # the script is gone: nobody to tell
                 os.kill(args.notify, signal.SIGUSR2)
@@ -203,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(line)
         sys.stdout.flush()
     first_end = watch.result()
-    if first_end.pop("lost", False):
-        write(args.lost, json.dumps(first_end))
+    if first_end.get("lost"):
+        write_lost(first_end)  # again: the launcher may have told more since
     else:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(args.lost)  # a loss the timer guessed, then a status: no loss

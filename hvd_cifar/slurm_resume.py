@@ -104,10 +104,10 @@ def after_loss(lost: dict, flags: list[str], env: Mapping[str, str]) -> tuple[bo
 def ranks_on(run_dir: str, node: str) -> str:
     """The ranks the run had on ``node`` (meta.json's hostnames, one per rank), e.g. "1" or "2,3"; "" if unknown."""
     try:
-        with open(os.path.join(run_dir, "meta.json")) as f:
-            hostnames = json.load(f).get("hostnames", [])
-    except (OSError, ValueError, AttributeError):
+        meta = runs.read_meta(run_dir)
+    except ReportError:
         return ""
+    hostnames = meta.get("hostnames", []) if isinstance(meta, dict) else []
     return ",".join(str(rank) for rank, host in enumerate(hostnames) if host == node)
 
 

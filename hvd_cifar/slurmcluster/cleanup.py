@@ -13,7 +13,7 @@ import shutil
 
 from hvd_cifar.netcluster.cleanup import cleanup_leftovers as remove_netclusters
 from hvd_cifar.netcluster.cleanup import kill
-from hvd_cifar.slurmcluster.daemons import node_pids
+from hvd_cifar.slurmcluster.daemons import cmdline, node_pids
 from hvd_cifar.slurmcluster.layout import PREFIX
 
 STATE = "pids.json"
@@ -23,14 +23,6 @@ _NAME = re.compile(rf"^{PREFIX}-(?P<pid>\d+)-")
 def record(tmpdir: str, daemon_pids: list[int], namespaces: set[str]) -> None:
     with open(os.path.join(tmpdir, STATE), "w") as f:
         json.dump({"daemons": daemon_pids, "namespaces": sorted(namespaces)}, f)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _alive(pid: int) -> bool:
@@ -54,7 +46,7 @@ def cleanup_leftovers(everything: bool = False, tmp: str = "/tmp") -> list[str]:
                 state = json.load(f)
         except (OSError, ValueError):
             state = {"daemons": [], "namespaces": []}
-        daemons = [p for p in state["daemons"] if path in _cmdline(p)]
+        daemons = [p for p in state["daemons"] if path in cmdline(p)]
         stray = node_pids(set(state["namespaces"]))
         kill(sorted(set(daemons + stray)))
         shutil.rmtree(path, ignore_errors=True)

@@ -105,16 +105,16 @@ def log_tail(layout: Layout, name: str, lines: int = 3) -> str:
 
 def step_pids(namespaces: set[str], job_id: str) -> list[int]:
     """The slurmstepd processes of a job in ``namespaces`` (titled ``slurmstepd: [JOB.STEP]``)."""
-    found = []
-    for pid in node_pids(namespaces):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                title = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if title.startswith(f"slurmstepd: [{job_id}."):
-            found.append(pid)
-    return found
+    return [pid for pid in node_pids(namespaces) if cmdline(pid).startswith(f"slurmstepd: [{job_id}.")]
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line (or title), arguments joined by spaces; "" if it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def kill_all(pids: list[int]) -> list[int]:
