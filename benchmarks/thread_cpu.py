@@ -24,8 +24,6 @@ import subprocess
 import sys
 import time
 
-import psutil
-
 from hvd_cifar import jobs, launchers, tables
 
 METHODS = ("horovod", "ddp", "mpi-allreduce", "mpi-gather-scatter")
@@ -55,14 +53,6 @@ def threads(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
-def ranks_of(job: subprocess.Popen) -> list[int]:
-    try:
-        return [p.pid for p in psutil.Process(job.pid).children(recursive=True)
-                if p.cmdline()[1:3] == ["-m", "hvd_cifar.train"]]
-    except psutil.Error:
-        return []
-
-
 def epochs_done(run: str) -> int:
     try:
         with open(os.path.join(run, "metrics.jsonl")) as f:
@@ -87,7 +77,7 @@ def one_job(args, out: str, method: str, round_: int) -> dict:
         try:
             pids = []
             while job.poll() is None:
-                pids = pids if len(pids) == args.np else ranks_of(job)
+                pids = pids if len(pids) == args.np else jobs.rank_pids(job)
                 done = epochs_done(run)
                 snap = {pid: threads(pid) for pid in pids}
                 if done >= 1 and not first:

@@ -153,6 +153,17 @@ def probe(cluster, n: int, out: str, *, iters: int, timeout: float, max_bytes: i
         return json.load(f)
 
 
+def rank_pids(job: subprocess.Popen) -> list[int]:
+    """The process ids of a launched training job's ranks (``python -m hvd_cifar.train`` under
+    the job's launcher); [] once the job is gone."""
+    import psutil
+    try:
+        return [p.pid for p in psutil.Process(job.pid).children(recursive=True)
+                if p.cmdline()[1:3] == ["-m", "hvd_cifar.train"]]
+    except psutil.Error:
+        return []
+
+
 def machine() -> dict:
     """What a benchmark's numbers were measured on."""
     return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
