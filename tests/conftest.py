@@ -187,3 +187,16 @@ def seconds_until_it_ends(proc: subprocess.Popen, act, timeout: float = 30) -> f
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# `make test` runs the files on two workers (pytest-xdist, `-n 2 --dist loadfile`, a file's
+# tests all on one worker, so that its module fixtures start once): these files take longest
+# (`--durations`), and a worker that starts one last would run it alone while the other idles.
+# They go first, in this order; the rest follow in collection order.
+LONGEST_FIRST = ("test_slurm.py", "test_reliability.py", "test_wire_bytes.py", "test_preemption.py",
+                 "test_async_ps.py", "test_stopping.py", "test_bad_inputs.py", "test_sync_methods.py")
+
+
+def pytest_collection_modifyitems(items):
+    place = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: place.get(item.path.name, len(place)))  # stable: each file's own order stays
