@@ -105,10 +105,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PACKAGES[*]}" ]; then
   echo "${PY_PACKAGES[*]}" > "$stamp"
 fi
 
-# --- horovod, built from source with six fixes, wheel cached --------------------------
+# --- horovod, built from source with seven fixes, wheel cached --------------------------
 # HOROVOD_FIXES names the set of fixes below: a new fix bumps it, which rebuilds the cached
 # wheel and reinstalls horovod in a venv that has an older build (stamp file).
-HOROVOD_FIXES=6
+HOROVOD_FIXES=7
 gpu_ops="${HOROVOD_GPU_OPERATIONS:-}"
 wheel_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-fixes$HOROVOD_FIXES-torch$TORCH_VERSION-py$("$PY" -c 'import sys;print("%d%d"%sys.version_info[:2])')${gpu_ops:+-$gpu_ops}"
 horovod_stamp="$VENV/.hvd_cifar_horovod_build"
@@ -172,6 +172,20 @@ patch("horovod/runner/mpi_run.py",
 patch("horovod/runner/common/util/safe_shell_exec.py",
       "    try:\n        p.terminate()\n    except psutil.NoSuchProcess:",
       "    try:\n        p.terminate()\n        p.send_signal(signal.SIGCONT)\n    except psutil.NoSuchProcess:")
+
+# Fix 7: each rank's background thread sleeps until one cycle after the moment its own last
+# cycle began, then negotiates with every other rank, a collective that ends for all of them at
+# once. So the ranks' cycles keep whatever phase they started with, and at every cycle the
+# rank that starts first waits out the difference in Open MPI's polling: up to a whole core
+# while idle, and at 4 ranks on 2 cores 2.6 ms of CPU per trained image (docs/BENCHMARKS.md,
+# "Where the CPU goes, by code"). Counting the next cycle from the end of the negotiation
+# instead starts every rank's next cycle at the same moment.
+patch("horovod/common/operations.cc",
+      "    if (process_set_id == 0) {\n"
+      "      state.mark_cycles_in_timeline =\n",
+      "    if (process_set_id == 0) {\n"
+      "      state.last_cycle_start = std::chrono::steady_clock::now();\n"
+      "      state.mark_cycles_in_timeline =\n")
 PYEOF
     # Fix 3: use the system cmake (3.25; pip's cmake 4 rejects gloo's cmake_minimum_required)
     # and build without isolation so the extension compiles against the torch installed above
