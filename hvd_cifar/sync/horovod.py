@@ -81,6 +81,7 @@ def apply_tuning(cfg) -> str | None:
         # namespace cluster (docs/SYNC_METHODS.md), 1 ms cost about a fifth of the epoch time on
         # hosts whose cores the training threads already fill, and 5 to 50 ms did equally well.
         # Not under the autotuner: a cycle time Horovod finds set is one it does not tune.
+        # (Horovod as built by scripts/install.sh starts every rank's cycle together, Fix 7.)
         os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
         return None
     # The run folder does not exist yet on a fresh run: Horovod writes here, and rank 0 copies
