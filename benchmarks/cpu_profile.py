@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ import sys
 import time
 
 from hvd_cifar import jobs, launchers, tables
+from hvd_cifar.runs import read_metrics
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
 CATEGORIES = ("compute", "MPI / Gloo", "Horovod", "libc copies", "kernel copies", "kernel sched", "Python", "other")
@@ -83,16 +83,8 @@ def profile(data: str, ranks: set[int]) -> collections.Counter:
     return counts
 
 
-def metrics_lines(run: str) -> int:
-    try:
-        with open(os.path.join(run, "metrics.jsonl")) as f:
-            return sum(1 for line in f if line.strip())
-    except OSError:
-        return 0
-
-
 def wait_for_lines(job: subprocess.Popen, run: str, n: int, label: str, log: str) -> None:
-    while metrics_lines(run) < n:
+    while len(read_metrics(run, missing_ok=True).records) < n:
         if job.poll() is not None:
             raise jobs.JobError(label, job.returncode, log, "it ended before epoch " + str(n))
         time.sleep(0.05)
@@ -125,11 +117,11 @@ def one_job(args, method: str, round_: int) -> dict:
             if job.wait(timeout=args.timeout) != 0:
                 raise jobs.JobError(name, job.returncode, log, "")
         finally:
-            for proc in (perf, job):
-                if proc is not None and proc.poll() is None:
-                    jobs.stop(proc) if proc is job else proc.kill()
-    with open(os.path.join(run, "metrics.jsonl")) as f:
-        epoch2 = [json.loads(line) for line in f if line.strip()][1]
+            if perf is not None and perf.poll() is None:
+                perf.kill()
+            if job.poll() is None:
+                jobs.stop(job)
+    epoch2 = read_metrics(run).records[1]
     images = args.batch_size * epoch2["steps"]  # per rank
     counts = profile(data, ranks)
     os.remove(data)  # tens of MB each; the counts are kept

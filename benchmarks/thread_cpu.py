@@ -17,7 +17,6 @@ Written to OUT/thread_cpu.json and OUT/thread_cpu.md, then printed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -25,6 +24,7 @@ import sys
 import time
 
 from hvd_cifar import jobs, launchers, tables
+from hvd_cifar.runs import read_metrics
 
 METHODS = ("horovod", "ddp", "mpi-allreduce", "mpi-gather-scatter")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -53,14 +53,6 @@ def threads(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
-def epochs_done(run: str) -> int:
-    try:
-        with open(os.path.join(run, "metrics.jsonl")) as f:
-            return sum(1 for line in f if line.strip())
-    except OSError:
-        return 0
-
-
 def one_job(args, out: str, method: str, round_: int) -> dict:
     name = f"{method}-r{round_}"
     run = os.path.join(out, "runs", name)
@@ -78,7 +70,7 @@ def one_job(args, out: str, method: str, round_: int) -> dict:
             pids = []
             while job.poll() is None:
                 pids = pids if len(pids) == args.np else jobs.rank_pids(job)
-                done = epochs_done(run)
+                done = len(read_metrics(run, missing_ok=True).records)
                 snap = {pid: threads(pid) for pid in pids}
                 if done >= 1 and not first:
                     first = snap
@@ -91,8 +83,7 @@ def one_job(args, out: str, method: str, round_: int) -> dict:
                 jobs.stop(job)
     if job.returncode != 0 or not first or not last:
         raise jobs.JobError(name, job.returncode, log.name, "no window sampled")
-    with open(os.path.join(run, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f if line.strip()][1:]
+    records = read_metrics(run).records[1:]
     images = sum(r["images_per_s"] * r["epoch_time_s"] for r in records) / args.np  # per rank
     per_rank = []
     for pid in last:
