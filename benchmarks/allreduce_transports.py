@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, list[float]] = {m: [] for m in args.only}
     with NetCluster(args.hosts, rate=args.rate) as cluster:
         for k in range(args.rounds):
-            for method in args.only[k % len(args.only):] + args.only[:k % len(args.only)]:
+            for method in jobs.rotated(args.only, k):
                 got = run_one(cluster, method, args)
                 samples[method] += got["seconds"]
                 print(f"{method} round {k + 1}: fastest {min(got['seconds']):.3f} s", file=sys.stderr, flush=True)

@@ -149,7 +149,7 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     span, runs = jobs.Span(), []
     for round_ in range(args.repeats):
-        for method in METHODS[round_ % len(METHODS):] + METHODS[:round_ % len(METHODS)]:
+        for method in jobs.rotated(METHODS, round_):
             runs.append(one_job(args, method, round_))
             r = runs[-1]
             print(f"round {round_ + 1} {method}: {r['images_per_s']:.1f} img/s, {r['total']:.2f} CPU ms/image/rank "

@@ -93,10 +93,10 @@ def main() -> int:
     p.add_argument("--out", default=time.strftime("logs/bench-horovod-tuning-%Y%m%d-%H%M%S"))
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    span, runs, order = jobs.Span(), [], list(SETTINGS)
+    span, runs = jobs.Span(), []
     with NetCluster(args.hosts, rate=args.rate) as cluster:
         for round_ in range(args.repeats):
-            for setting in order[round_ % len(order):] + order[:round_ % len(order)]:
+            for setting in jobs.rotated(list(SETTINGS), round_):
                 runs.append(one_run(cluster, args, args.out, setting, round_))
                 r = runs[-1]
                 print(f"round {round_ + 1} {setting}: " + (f"{r['images_per_s']:.1f} img/s" if r["code"] == 0

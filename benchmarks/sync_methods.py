@@ -202,7 +202,7 @@ def run_local_pass(args) -> list[dict]:
     rounds = []
     for k in range(args.repeats):
         for np in args.np:
-            for method in METHODS[k % len(METHODS):] + METHODS[:k % len(METHODS)]:
+            for method in jobs.rotated(METHODS, k):
                 start = time.perf_counter()
                 run_dir = run_local(method, f"{method}-np{np}-r{k + 1}", args, np)
                 print(f"{method} np={np} round {k + 1}: done in {time.perf_counter() - start:.0f} s, {run_dir}",
@@ -215,7 +215,7 @@ def run_rounds(run_one, repeats: int, suffix: str, labels: tuple[str, ...] = MET
     """Every method (row label) ``repeats`` times, each round in a rotated order; a summary per job."""
     rounds = []
     for k in range(repeats):
-        for method in labels[k % len(labels):] + labels[:k % len(labels)]:
+        for method in jobs.rotated(labels, k):
             start = time.perf_counter()
             run_dir = run_one(method, f"{method}{suffix}-r{k + 1}")
             print(f"{method}{suffix} round {k + 1}: done in {time.perf_counter() - start:.0f} s, {run_dir}",

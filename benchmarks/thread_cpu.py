@@ -110,7 +110,7 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     span, runs = jobs.Span(), []
     for round_ in range(args.repeats):
-        order = METHODS[round_ % len(METHODS):] + METHODS[:round_ % len(METHODS)]
+        order = jobs.rotated(METHODS, round_)
         for method in order:
             runs.append(one_job(args, args.out, method, round_))
             r = runs[-1]

@@ -28,7 +28,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Sequence, TypeVar, Union
+
+import psutil
 
 from hvd_cifar.files import write_json, write_text
 from hvd_cifar.launchers import ROOT
@@ -156,12 +158,21 @@ def probe(cluster, n: int, out: str, *, iters: int, timeout: float, max_bytes: i
 def rank_pids(job: subprocess.Popen) -> list[int]:
     """The process ids of a launched training job's ranks (``python -m hvd_cifar.train`` under
     the job's launcher); [] once the job is gone."""
-    import psutil
     try:
         return [p.pid for p in psutil.Process(job.pid).children(recursive=True)
                 if p.cmdline()[1:3] == ["-m", "hvd_cifar.train"]]
     except psutil.Error:
         return []
+
+
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], k: int) -> list[T]:
+    """Round ``k``'s order of a benchmark's variants: ``items`` rotated by ``k``, so that over the
+    rounds no variant always runs first (interleaved, side by side)."""
+    k %= len(items)
+    return [*items[k:], *items[:k]]
 
 
 def machine() -> dict:
