@@ -63,7 +63,7 @@ def test_dockerfile_recipe():
 # a second, over IDLE_S. Each thread wakes once a cycle (5 ms, hvd_cifar's default) and
 # negotiates with the other rank. Without Fix 7 the ranks' cycles keep the phase they began
 # with, and the rank ahead polls in Open MPI for the rest of each cycle. Measured here
-# (2026-11-26), the busier rank of the two: without the fix 90-999 ms a second (how much depends
+# (2026-11-26), the busier rank of the two: without the fix 80-999 ms a second (how much depends
 # on the phase the ranks start in, set by chance); with it 10-20 ms, also beside 2 and 4 CPU
 # hogs (35-45 ms at a 1 ms cycle).
 IDLE_S = 3.0
