@@ -1,0 +1,210 @@
+"""Rewrite every results table in README.md and docs/*.md from the committed results files.
+
+    .venv/bin/python -m testbed.render_docs            # rewrite the generated blocks in place
+    .venv/bin/python -m testbed.render_docs --check    # exit 1, naming each stale block, change nothing
+
+A generated block sits between two markers; everything between them is the renderer's:
+
+    <!-- results: sync_methods.json figures=images_per_s,cpu_s_per_image match="np=2$" -->
+    ...
+    <!-- /results -->
+
+The marker names a file in benchmarks/results/ and says what to show (``key=value``, shell
+quoting):
+
+  show=table     (default) one row per configuration, one column per figure; each cell the
+                 median over the configuration's rounds and, with more than one, (min-max);
+                 then the rounds that failed, with their reasons, and where the numbers came from.
+  show=rounds    every round's raw figures, one row per round and configuration.
+  show=checks    one row per ``check="CONFIG:FIGURE>=TARGET"`` (or <=), repeatable: the
+                 figure's median, spread and n, and the verdict of testbed.results.verdict over
+                 all of its rounds: met, not met, or within noise.
+  figures=a,b    the figures shown (default: every declared figure the rows have).
+  configs=a,b    the configurations shown, in this order; match=REGEX: those it finds (re.search).
+
+A results file that does not exist renders as a line saying which command writes it, never as
+an old number. tests/test_docs_tables.py fails when a block differs from what this makes.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shlex
+import sys
+
+from testbed.results import RESULTS_DIR, ROOT, verdict
+
+BLOCK = re.compile(r"(?P<open><!-- results: (?P<spec>.*?) -->\n)(?P<body>.*?)(?P<close><!-- /results -->)", re.S)
+CHECK = re.compile(r"^(?P<config>.+):(?P<figure>\w+)\s*(?P<op>>=|<=)\s*(?P<target>[-+0-9.eE]+)$")
+SYMBOL = {">=": "≥", "<=": "≤"}
+
+
+def doc_files() -> list[str]:
+    return [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """The marker's file name and its options (``check`` a list, the rest strings)."""
+    words = shlex.split(spec)
+    if not words:
+        raise ValueError("results marker names no file")
+    options: dict = {"check": []}
+    for word in words[1:]:
+        key, sep, value = word.partition("=")
+        if not sep:
+            raise ValueError(f"results marker {spec!r}: {word!r} is not key=value")
+        if key == "check":
+            options["check"].append(value)
+        elif key in ("show", "figures", "configs", "match"):
+            options[key] = value
+        else:
+            raise ValueError(f"results marker {spec!r}: unknown option {key!r}")
+    return words[0], options
+
+
+def shown(value: float, figure: dict) -> str:
+    return format(value / figure.get("scale", 1.0), figure.get("fmt", ".3g"))
+
+
+def cell(spread: dict | None, figure: dict) -> str:
+    """median, then (min–max) when there is more than one round; '-' with none."""
+    if not spread:
+        return "-"
+    middle = shown(spread["median"], figure)
+    if spread["n"] == 1:
+        return middle
+    return f"{middle} ({shown(spread['min'], figure)}–{shown(spread['max'], figure)})"
+
+
+def figure_of(data: dict, key: str) -> dict:
+    return data["figures"].get(key, {"label": key.replace("_", " ")})
+
+
+def configs_of(data: dict, options: dict) -> list[str]:
+    names = list(data["summary"])
+    if "configs" in options:
+        wanted = [c.strip() for c in options["configs"].split(",")]
+        missing = [c for c in wanted if c not in names]
+        if missing:
+            raise ValueError(f"{data['benchmark']}: no configuration {', '.join(missing)} in the results file")
+        return wanted
+    if "match" in options:
+        return [c for c in names if re.search(options["match"], c)]
+    return names
+
+
+def figures_of(data: dict, options: dict, configs: list[str]) -> list[str]:
+    if "figures" in options:
+        return [f.strip() for f in options["figures"].split(",")]
+    present = {k for c in configs for k in data["summary"].get(c, {})}
+    return [k for k in data["figures"] if k in present]
+
+
+def table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---" if i < numeric_from else "---:" for i in range(len(header))) + "|"]
+    return lines + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+
+
+def summary_table(data: dict, options: dict) -> list[str]:
+    configs = configs_of(data, options)
+    figures = figures_of(data, options, configs)
+    rows = []
+    for c in configs:
+        spreads = data["summary"].get(c, {})
+        n = max((s["n"] for k, s in spreads.items() if k in figures), default=0)
+        rows.append([c, *[cell(spreads.get(k), figure_of(data, k)) for k in figures], str(n)])
+    lines = table(["configuration", *[figure_of(data, k)["label"] for k in figures], "rounds"], rows)
+    failed = [r for r in data["rounds"] if not r["ok"] and r["config"] in configs]
+    if failed:
+        lines += ["", "Failed rounds (left out of the medians):", ""]
+        lines += [f"- {r['config']}, round {r['round']}: {r['reason']}" for r in failed]
+    return lines
+
+
+def rounds_table(data: dict, options: dict) -> list[str]:
+    configs = configs_of(data, options)
+    figures = figures_of(data, options, configs)
+    rows = [[str(r["round"]), r["config"],
+             *[shown(r["figures"][k], figure_of(data, k)) if k in r["figures"] else "-" for k in figures],
+             "" if r["ok"] else r["reason"]] for r in data["rounds"] if r["config"] in configs]
+    return table(["round", "configuration", *[figure_of(data, k)["label"] for k in figures], "failed"], rows,
+                 numeric_from=2)
+
+
+def checks_table(data: dict, options: dict) -> list[str]:
+    rows = []
+    for check in options["check"]:
+        m = CHECK.match(check)
+        if not m:
+            raise ValueError(f"check {check!r} is not CONFIG:FIGURE>=TARGET or <=TARGET")
+        config, key, op, target = m["config"], m["figure"], m["op"], float(m["target"])
+        spread = data["summary"].get(config, {}).get(key)
+        figure = figure_of(data, key)
+        rows.append([f"{config}: {figure['label']}", f"{SYMBOL[op]} {target:g}", cell(spread, figure),
+                     str(spread["n"] if spread else 0), f"**{verdict(spread or {}, op, target)}**"])
+    return table(["figure", "target", "median (min–max)", "rounds", "verdict"], rows, numeric_from=2)
+
+
+def provenance(data: dict, name: str) -> str:
+    m = data["machine"]
+    before, after = m["load_average_before"][0], (m["load_average_after"] or [float("nan")])[0]
+    dirty = ", with uncommitted changes" if data.get("dirty") else ""
+    return (f"From `benchmarks/results/{name}`: `{shlex.join(data['command'])}`, commit {data['commit']}{dirty}, "
+            f"{data['started_utc']} to {data['finished_utc'][11:]}; {m['cpu_model']}, {m['cores']} cores, "
+            f"load average {before:.2f} before and {after:.2f} after. Cells: median (min–max) over the rounds.")
+
+
+def render_block(spec: str, results_dir: str) -> str:
+    name, options = parse_spec(spec)
+    path = os.path.join(results_dir, name)
+    if not os.path.exists(path):
+        return (f"_Not measured on the current code yet: `make bench` (or the command above) writes "
+                f"`benchmarks/results/{name}`._\n")
+    with open(path) as f:
+        data = json.load(f)
+    show = options.get("show", "table")
+    makers = {"table": summary_table, "rounds": rounds_table, "checks": checks_table}
+    if show not in makers:
+        raise ValueError(f"results marker {spec!r}: show={show} (table, rounds or checks)")
+    return "\n".join([*makers[show](data, options), "", provenance(data, name)]) + "\n"
+
+
+def render(text: str, results_dir: str = RESULTS_DIR) -> str:
+    """``text`` with every generated block made again."""
+    return BLOCK.sub(lambda m: m["open"] + render_block(m["spec"], results_dir) + m["close"], text)
+
+
+def stale_blocks(text: str, results_dir: str = RESULTS_DIR) -> list[str]:
+    """The markers whose block differs from what ``render`` makes."""
+    return [m["spec"] for m in BLOCK.finditer(text) if m["body"] != render_block(m["spec"], results_dir)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="*", help="Markdown files (default: README.md and docs/*.md)")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 naming each stale block")
+    p.add_argument("--results", default=RESULTS_DIR, help="folder of the results files")
+    args = p.parse_args(argv)
+    stale = []
+    for path in args.files or doc_files():
+        with open(path) as f:
+            text = f.read()
+        if args.check:
+            stale += [f"{os.path.relpath(path, ROOT)}: {spec}" for spec in stale_blocks(text, args.results)]
+        else:
+            new = render(text, args.results)
+            if new != text:
+                with open(path, "w") as f:
+                    f.write(new)
+                print(f"render_docs: rewrote {os.path.relpath(path, ROOT)}")
+    for line in stale:
+        print(f"render_docs: stale: {line}", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""One results file per benchmark invocation: benchmarks/results/NAME.json (NAME-TAG.json with
+--tag), the data every table in docs/ is rendered from (``python -m testbed.render_docs``).
+
+    results = Results("sync_methods", args, FIGURES)        # command line, commit, date, machine, load
+    results.add(1, "horovod np=2", {"images_per_s": 155.0, "cpu_s_per_image": 0.0128})
+    results.fail(2, "horovod np=2", "exit status 1; see OUT/horovod-np2-r2.log")
+    results.derive("horovod / best other np=2", "ratio", lambda r: r["horovod np=2"]["images_per_s"] / ...)
+    path = results.write()                                  # load after, summary, the file
+
+A file holds: ``benchmark``, ``tag``, ``command`` (the argv that made it), ``commit`` (and
+``dirty``: tracked files differed from it), ``started_utc`` / ``finished_utc``, ``machine``
+(host, CPU model, cores, Python, platform, load average before and after), ``settings`` (the
+parsed options), ``figures`` (each figure's label, format, unit scale), ``rounds`` (every job:
+round number, configuration, its raw figures; a failed one with ``ok: false`` and its reason),
+and ``summary``: per configuration and figure the median, min, max and n over its rounds that
+did not fail. A derived figure (a ratio of two configurations' figures) is computed per round,
+so it too has a spread. No torch here.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from hvd_cifar.core.files import write_json
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")
+
+
+@dataclass
+class Figure:
+    """How a figure is shown: its header (with units), format spec and the unit it is divided by."""
+    label: str
+    fmt: str = ".3g"
+    scale: float = 1.0
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """--tag and --results, which every benchmark that writes a results file takes."""
+    p.add_argument("--tag", default="", help="results file NAME-TAG.json instead of NAME.json")
+    p.add_argument("--results", default=RESULTS_DIR, help=f"folder of the results file (default {RESULTS_DIR})")
+
+
+def file_name(benchmark: str, tag: str = "") -> str:
+    return f"{benchmark}-{tag}.json" if tag else f"{benchmark}.json"
+
+
+def stats(values: list[float]) -> dict:
+    """median, min, max and n of a figure's rounds."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def verdict(spread: dict, op: str, target: float) -> str:
+    """A target against every round of a figure: ``met`` when all rounds meet it, ``not met``
+    when none does, ``within noise`` when the target lies between the rounds' min and max.
+    ``op``: ">=" (higher is better) or "<="."""
+    if not spread or not spread.get("n"):
+        return "no rounds"
+    low, high = spread["min"], spread["max"]
+    if op == ">=":
+        return "met" if low >= target else "not met" if high < target else "within noise"
+    if op == "<=":
+        return "met" if high <= target else "not met" if low > target else "within noise"
+    raise ValueError(f"verdict: unknown comparison {op!r} (>= or <=)")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def commit() -> tuple[str, bool]:
+    """HEAD's short hash, and whether tracked files differ from it (uncommitted changes)."""
+    def git(*argv):
+        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+    try:
+        return git("rev-parse", "--short", "HEAD") or "unknown", bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+
+
+def plain(value: Any) -> Any:
+    """A JSON-able copy of an option's value."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return str(value)
+
+
+class Results:
+    """The results file of one benchmark invocation, filled round by round."""
+
+    def __init__(self, benchmark: str, args: argparse.Namespace, figures: dict[str, Figure],
+                 argv: list[str] | None = None):
+        sha, dirty = commit()
+        skip = {"tag", "results"}
+        self.path = os.path.join(getattr(args, "results", RESULTS_DIR), file_name(benchmark, getattr(args, "tag", "")))
+        self.data = {
+            "benchmark": benchmark, "tag": getattr(args, "tag", ""),
+            "command": [os.path.relpath(sys.argv[0], ROOT) if sys.argv[0] else benchmark,
+                        *(sys.argv[1:] if argv is None else argv)],
+            "commit": sha, "dirty": dirty, "started_utc": utc_now(), "finished_utc": "",
+            "machine": {"host": platform.node(), "cpu_model": cpu_model(), "cores": os.cpu_count(),
+                        "python": platform.python_version(), "platform": platform.platform(),
+                        "load_average_before": list(os.getloadavg()), "load_average_after": None},
+            "settings": {k: plain(v) for k, v in vars(args).items() if k not in skip},
+            "figures": {key: asdict(f) for key, f in figures.items()},
+            "rounds": [], "summary": {}}
+
+    def add(self, round_no: int, config: str, figures: dict[str, float], **info: Any) -> None:
+        """One job's raw figures (``info``: anything else worth keeping, not summarised)."""
+        unknown = set(figures) - set(self.data["figures"])
+        if unknown:
+            raise ValueError(f"results: figures {sorted(unknown)} are not declared")
+        self.data["rounds"].append({"round": round_no, "config": config, "ok": True,
+                                    "figures": {k: float(v) for k, v in figures.items() if v is not None}, **info})
+
+    def fail(self, round_no: int, config: str, reason: str, **info: Any) -> None:
+        """A job that failed: kept, with why, and left out of the summary."""
+        self.data["rounds"].append({"round": round_no, "config": config, "ok": False, "reason": reason,
+                                    "figures": {}, **info})
+
+    def derive(self, config: str, figure: str, compute: Callable[[dict[str, dict]], float]) -> None:
+        """A figure computed in every round from that round's figures (``compute`` gets config ->
+        figures of the round's jobs that did not fail); a round where it cannot be computed (a job
+        it needs failed) is a failed round of ``config``."""
+        if figure not in self.data["figures"]:
+            raise ValueError(f"results: figure {figure!r} is not declared")
+        rounds = sorted({r["round"] for r in self.data["rounds"] if not r.get("derived")})
+        for k in rounds:
+            mine = [r for r in self.data["rounds"] if r["round"] == k and not r.get("derived")]
+            ok = {r["config"]: r["figures"] for r in mine if r["ok"]}
+            try:
+                value = compute(ok)
+            except (KeyError, ValueError, ZeroDivisionError) as exc:
+                failed = ", ".join(r["config"] for r in mine if not r["ok"]) or "none"
+                self.fail(k, config, f"cannot be computed ({type(exc).__name__}: {exc}); failed jobs: {failed}",
+                          derived=True)
+                continue
+            self.data["rounds"].append({"round": k, "config": config, "ok": True, "derived": True,
+                                        "figures": {figure: float(value)}})
+
+    def summarize(self) -> dict:
+        summary: dict[str, dict] = {}
+        for r in self.data["rounds"]:
+            summary.setdefault(r["config"], {})
+        for config, figures in summary.items():
+            good = [r["figures"] for r in self.data["rounds"] if r["config"] == config and r["ok"]]
+            for key in dict.fromkeys(k for f in good for k in f):
+                figures[key] = stats([f[key] for f in good if key in f])
+        return summary
+
+    def write(self) -> str:
+        """Finish (load average after, end date, summary) and write the file; its path."""
+        self.data["finished_utc"] = utc_now()
+        self.data["machine"]["load_average_after"] = list(os.getloadavg())
+        self.data["summary"] = self.summarize()
+        write_json(self.path, self.data)
+        print(f"results: {self.path}", file=sys.stderr, flush=True)
+        return self.path

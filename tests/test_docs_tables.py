@@ -1,0 +1,112 @@
+"""The tables in README.md and docs/ are what testbed.render_docs makes from the committed
+results files (benchmarks/results/*.json): a hand edit or a table left stale after a new results
+file fails here. Also the results file's summary and the verdict rule, on constructed results.
+All in-process, no training."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+
+from testbed import render_docs, results
+from testbed.results import Figure, Results, verdict
+
+
+@pytest.mark.parametrize("path", render_docs.doc_files(), ids=os.path.basename)
+def test_generated_tables_match_the_results_files(path):
+    with open(path) as f:
+        text = f.read()
+    stale = render_docs.stale_blocks(text)
+    assert not stale, (f"{path}: generated blocks differ from the results files (a hand edit, or not "
+                       f"rendered since the results changed): {stale}; run .venv/bin/python -m testbed.render_docs")
+
+
+def test_every_marker_names_a_results_file_that_parses():
+    for path in render_docs.doc_files():
+        with open(path) as f:
+            for m in render_docs.BLOCK.finditer(f.read()):
+                name, _ = render_docs.parse_spec(m["spec"])
+                assert name.endswith(".json") and "/" not in name, f"{path}: {m['spec']}"
+
+
+@pytest.mark.parametrize("low, high, op, target, expected", [
+    (0.98, 1.02, ">=", 0.97, "met"),
+    (0.90, 0.96, ">=", 0.97, "not met"),
+    (0.95, 0.99, ">=", 0.97, "within noise"),
+    (0.97, 0.99, ">=", 0.97, "met"),          # on the target counts as meeting it
+    (0.80, 1.05, "<=", 1.10, "met"),
+    (1.12, 1.30, "<=", 1.10, "not met"),
+    (1.05, 1.15, "<=", 1.10, "within noise"),
+])
+def test_verdict_over_every_round(low, high, op, target, expected):
+    assert verdict({"median": (low + high) / 2, "min": low, "max": high, "n": 3}, op, target) == expected
+
+
+def test_verdict_of_no_rounds_and_of_a_bad_comparison():
+    assert verdict({}, ">=", 1.0) == "no rounds"
+    with pytest.raises(ValueError):
+        verdict({"median": 1, "min": 1, "max": 1, "n": 1}, ">", 1.0)
+
+
+def made(tmp_path, rounds: list[tuple]) -> dict:
+    """A results file written by Results from (round, config, img/s or a failure reason) tuples,
+    with the ratio of a to b derived per round; read back."""
+    args = argparse.Namespace(tag="t", results=str(tmp_path), np=[2])
+    r = Results("demo", args, {"images_per_s": Figure("img/s", ".1f"), "ratio": Figure("a / b", ".3f")}, argv=["--np", "2"])
+    for k, config, value in rounds:
+        if isinstance(value, str):
+            r.fail(k, config, value)
+        else:
+            r.add(k, config, {"images_per_s": value})
+    r.derive("a / b", "ratio", lambda by: by["a"]["images_per_s"] / by["b"]["images_per_s"])
+    path = r.write()
+    assert os.path.basename(path) == "demo-t.json"
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_summary_is_median_min_max_n_of_the_rounds_that_did_not_fail(tmp_path):
+    data = made(tmp_path, [(1, "a", 100.0), (1, "b", 50.0), (2, "a", 90.0), (2, "b", "exit status 1"),
+                           (3, "a", 120.0), (3, "b", 60.0)])
+    assert data["summary"]["a"]["images_per_s"] == {"median": 100.0, "min": 90.0, "max": 120.0, "n": 3}
+    assert data["summary"]["b"]["images_per_s"] == {"median": 55.0, "min": 50.0, "max": 60.0, "n": 2}
+    assert data["summary"]["a / b"]["ratio"] == {"median": 2.0, "min": 2.0, "max": 2.0, "n": 2}
+    failed = [r for r in data["rounds"] if not r["ok"]]
+    assert [(r["config"], r["round"]) for r in failed] == [("b", 2), ("a / b", 2)]
+    assert "exit status 1" == failed[0]["reason"] and "failed jobs: b" in failed[1]["reason"]
+    assert data["command"][1:] == ["--np", "2"] and data["machine"]["cores"] == os.cpu_count()
+    assert len(data["machine"]["load_average_before"]) == 3 and data["machine"]["load_average_after"]
+
+
+def test_undeclared_figure_is_an_error(tmp_path):
+    r = Results("demo", argparse.Namespace(results=str(tmp_path)), {"x": Figure("x")})
+    with pytest.raises(ValueError, match="not declared"):
+        r.add(1, "a", {"y": 1.0})
+
+
+def test_a_block_renders_medians_spreads_failures_and_verdicts(tmp_path):
+    made(tmp_path, [(1, "a", 100.0), (1, "b", 50.0), (2, "a", 90.0), (2, "b", 100.0)])
+    doc = ("Text.\n<!-- results: demo-t.json figures=images_per_s configs=a,b -->\nold\n<!-- /results -->\n"
+           "<!-- results: demo-t.json show=checks check=\"a / b:ratio>=0.95\" check=\"a / b:ratio<=3\" -->\n"
+           "<!-- /results -->\n")
+    new = render_docs.render(doc, str(tmp_path))
+    assert "| a | 95.0 (90.0–100.0) | 2 |" in new and "| b | 75.0 (50.0–100.0) | 2 |" in new
+    assert "| a / b: a / b | ≥ 0.95 | 1.450 (0.900–2.000) | 2 | **within noise** |" in new
+    assert "| a / b: a / b | ≤ 3 | 1.450 (0.900–2.000) | 2 | **met** |" in new
+    assert " --np 2`, commit " in new and "Failed rounds" not in new
+    assert render_docs.stale_blocks(doc, str(tmp_path)) and not render_docs.stale_blocks(new, str(tmp_path))
+    edited = new.replace("95.0 (90.0–100.0)", "99.0 (90.0–100.0)")  # a hand edit goes red
+    assert render_docs.stale_blocks(edited, str(tmp_path)) == [m["spec"] for m in render_docs.BLOCK.finditer(doc)][:1]
+
+
+def test_a_missing_results_file_renders_as_a_command_not_a_number(tmp_path):
+    new = render_docs.render("<!-- results: nothing.json -->\n<!-- /results -->", str(tmp_path))
+    assert "Not measured on the current code yet: `make bench`" in new and "benchmarks/results/nothing.json" in new
+
+
+def test_a_bad_marker_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="unknown option 'colour'"):
+        render_docs.parse_spec("x.json colour=red")
+    assert results.file_name("sync_methods") == "sync_methods.json"
