@@ -8,7 +8,8 @@
 #   bash scripts/install.sh            # set up (a second run takes seconds)
 #   VENV=/opt/venv bash scripts/install.sh
 #   PYTHON=python3.12 bash scripts/install.sh   # 3.11 (default), 3.12 or 3.13: venv .venv-3.12
-#   HOROVOD_GPU_OPERATIONS=NCCL bash scripts/install.sh   # GPU build (needs CUDA + NCCL)
+#   HOROVOD_GPU_OPERATIONS=NCCL bash scripts/install.sh   # GPU build (scripts/build-horovod-gpu.sh)
+#   bash scripts/install.sh --horovod-wheel PYTHON [SUFFIX]  # only build the Horovod wheel; prints its path
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,10 +29,124 @@ PY_PACKAGES=(
 )
 APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client openssh-server iproute2 procps
               slurm-wlm munge)  # Slurm 22.05 and its authentication: hvd_cifar.slurmcluster, docs/SLURM.md
-# A GPU build of horovod also needs NCCL (from the CUDA apt repository of the CUDA base image).
-[ -z "${HOROVOD_GPU_OPERATIONS:-}" ] || APT_PACKAGES+=(libnccl2 libnccl-dev)
 
 log() { printf '[install] %s\n' "$*"; }
+
+# --- horovod: the wheel, built from source with seven fixes ----------------------------------
+# horovod_wheel PYTHON SUFFIX builds Horovod from its source distribution, with the fixes below,
+# against the torch installed in PYTHON's environment, unless the wheel cache already holds that
+# build; it prints the wheel's path. The build's options come from the caller's environment as
+# Horovod's setup.py reads them (HOROVOD_WITH_MPI or HOROVOD_WITHOUT_MPI, HOROVOD_GPU_OPERATIONS
+# with HOROVOD_CUDA_HOME and HOROVOD_NCCL_HOME, MAKEFLAGS); SUFFIX names them in the cache (the
+# CPU build's is empty). scripts/build-horovod-gpu.sh runs this through --horovod-wheel, so a
+# GPU build carries the same fixes. HOROVOD_SDIST names a horovod-0.28.1.tar.gz already on disk,
+# for a machine that cannot reach PyPI. HOROVOD_FIXES names the set of fixes below: a new fix
+# bumps it, which rebuilds the cached wheel and reinstalls horovod in a venv that has an older
+# build (stamp file).
+HOROVOD_FIXES=7
+horovod_wheel() {
+  local py="$1" suffix="$2" torch_version py_tag wheel_dir build src
+  read -r torch_version py_tag < <("$py" -c 'import sys, torch; print(torch.__version__.split("+")[0], "%d%d" % sys.version_info[:2])')
+  wheel_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-fixes$HOROVOD_FIXES-torch$torch_version-py$py_tag$suffix"
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    build="$(mktemp -d)"
+    trap 'rm -rf "$build"' EXIT
+    log "building horovod $HOROVOD_VERSION from source${suffix:+ ($suffix)} (about 8 minutes on 2 cores)" >&2
+    if [ -n "${HOROVOD_SDIST:-}" ]; then
+      cp "$HOROVOD_SDIST" "$build/"
+    else
+      "$py" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build" >&2
+    fi
+    tar -xzf "$build/horovod-$HOROVOD_VERSION.tar.gz" -C "$build"
+    src="$build/horovod-$HOROVOD_VERSION"
+    "$py" - "$src" <<'PYEOF'
+import pathlib, sys
+src = pathlib.Path(sys.argv[1])
+
+def patch(rel, old, new):
+    path = src / rel
+    text = path.read_text()
+    if old not in text:
+        sys.exit(f"horovod patch anchor not found in {rel}: {old!r}")
+    path.write_text(text.replace(old, new, 1))
+
+# Fix 1: torch >= 2.1 headers use C++17 features. Both the top-level build and the
+# torch extension must agree on the standard: with 17 in only one of them the link
+# fails on gloo::rendezvous::Store::kDefaultTimeout (an inline static in C++17).
+patch("CMakeLists.txt", "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
+patch("horovod/torch/CMakeLists.txt", "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
+
+# Fix 2: PyPI's torch is a CUDA build, and with nvcc on PATH FindPytorch decides this is
+# a CUDA build of horovod, which then fails to find cudart on a machine without the CUDA
+# runtime. Only treat torch as CUDA when a GPU build was asked for explicitly.
+patch("cmake/Modules/FindPytorch.cmake",
+      'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)',
+      'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\n'
+      'if(NOT DEFINED ENV{HOROVOD_GPU_OPERATIONS})\n'
+      '    set(Pytorch_CUDA FALSE)\n'
+      'endif()')
+
+# Fix 4: Python 3.12 removed distutils, which horovod 0.28.1 uses twice: the torch extension's
+# CMake asks it for Python's include folder, and horovodrun imports find_executable from it
+# (through js_run, at every launch). The standard library has both; the result is the same on 3.11.
+patch("horovod/torch/CMakeLists.txt",
+      "from distutils.sysconfig import get_python_inc; print(get_python_inc())",
+      "import sysconfig; print(sysconfig.get_paths()['include'])")
+patch("horovod/runner/js_run.py",
+      "from distutils.spawn import find_executable",
+      "from shutil import which as find_executable")
+
+# Fix 5: horovodrun's MPI mode ends in execve('/bin/sh', ['/bin/sh', '-c', 'mpirun ...']), and
+# dash (Debian's sh) does not exec the last command of -c itself: it waits for mpirun as its
+# child. A SIGTERM or SIGINT to horovodrun's pid (a person, timeout, a batch system) then ends
+# only the shell, and mpirun with every rank runs on. 'exec mpirun' gives mpirun that pid.
+patch("horovod/runner/mpi_run.py",
+      "os.execve('/bin/sh', ['/bin/sh', '-c', mpirun_command], env)",
+      "os.execve('/bin/sh', ['/bin/sh', '-c', 'exec ' + mpirun_command], env)")
+
+# Fix 6: to stop a worker (Gloo mode, and every job after a signal) horovodrun's middleman
+# terminates the worker's children, freezes the worker's shell with SIGSTOP, then sends it
+# SIGTERM and waits 5 s. A stopped process does not act on SIGTERM until continued, so every
+# such stop took those 5 s and ended in SIGKILL. SIGCONT after the SIGTERM lets it end.
+patch("horovod/runner/common/util/safe_shell_exec.py",
+      "    try:\n        p.terminate()\n    except psutil.NoSuchProcess:",
+      "    try:\n        p.terminate()\n        p.send_signal(signal.SIGCONT)\n    except psutil.NoSuchProcess:")
+
+# Fix 7: each rank's background thread sleeps until one cycle after the moment its own last
+# cycle began, then negotiates with every other rank, a collective that ends for all of them at
+# once. So the ranks' cycles keep whatever phase they started with, and at every cycle the
+# rank that starts first waits out the difference in Open MPI's polling: up to a whole core
+# while idle, and at 4 ranks on 2 cores 2.6 ms of CPU per trained image (docs/BENCHMARKS.md,
+# "Where the CPU goes, by code"). Counting the next cycle from the end of the negotiation
+# instead starts every rank's next cycle at the same moment.
+patch("horovod/common/operations.cc",
+      "    if (process_set_id == 0) {\n"
+      "      state.mark_cycles_in_timeline =\n",
+      "    if (process_set_id == 0) {\n"
+      "      state.last_cycle_start = std::chrono::steady_clock::now();\n"
+      "      state.mark_cycles_in_timeline =\n")
+PYEOF
+    # Fix 3: use the system cmake (3.25; pip's cmake 4 rejects gloo's cmake_minimum_required)
+    # and build without isolation so the extension compiles against the torch installed above
+    # rather than a different torch pulled into a throwaway build environment. Where the only
+    # cmake is pip's 4.x (the GPU machine's image), CMAKE_POLICY_VERSION_MINIMUM makes it accept
+    # those old minimums (cmake 3.x does not read it).
+    PATH="/usr/bin:$PATH" CMAKE_POLICY_VERSION_MINIMUM=3.5 \
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+    MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}" \
+      "$py" -m pip wheel -q --no-build-isolation --no-deps -w "$build/dist" "$src" >&2
+    mkdir -p "$wheel_dir"
+    cp "$build"/dist/horovod-*.whl "$wheel_dir/"
+    rm -rf "$build"
+  fi
+  ls "$wheel_dir"/horovod-*.whl | head -n 1
+}
+if [ "${1:-}" = --horovod-wheel ]; then
+  [ $# -ge 2 ] || { echo "usage: scripts/install.sh --horovod-wheel PYTHON [SUFFIX]" >&2; exit 2; }
+  export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
+  horovod_wheel "$(command -v "$2")" "${3:-}"
+  exit 0
+fi
 
 # --- the interpreter and its venv -------------------------------------------------------
 # PYTHON is a name on PATH or a path. A pyenv shim for a version that is not pyenv's global one
@@ -105,101 +220,21 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PACKAGES[*]}" ]; then
   echo "${PY_PACKAGES[*]}" > "$stamp"
 fi
 
-# --- horovod, built from source with seven fixes, wheel cached --------------------------
-# HOROVOD_FIXES names the set of fixes below: a new fix bumps it, which rebuilds the cached
-# wheel and reinstalls horovod in a venv that has an older build (stamp file).
-HOROVOD_FIXES=7
-gpu_ops="${HOROVOD_GPU_OPERATIONS:-}"
-wheel_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-fixes$HOROVOD_FIXES-torch$TORCH_VERSION-py$("$PY" -c 'import sys;print("%d%d"%sys.version_info[:2])')${gpu_ops:+-$gpu_ops}"
+# --- horovod, installed from its cached wheel -------------------------------------------------
+# A GPU build (HOROVOD_GPU_OPERATIONS=NCCL) is scripts/build-horovod-gpu.sh's: horovod_wheel
+# above with the CUDA toolkit (CUDA_HOME, else PyPI's wheels) and the NCCL that torch came with.
 horovod_stamp="$VENV/.hvd_cifar_horovod_build"
+if [ -n "${HOROVOD_GPU_OPERATIONS:-}" ]; then
+  [ "$HOROVOD_GPU_OPERATIONS" = NCCL ] ||
+    { echo "install.sh: HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS; hvd_cifar builds NCCL only" >&2; exit 2; }
+  wheel="$(HOROVOD_WITH_MPI=1 bash "$ROOT/scripts/build-horovod-gpu.sh" --python "$PY")"  # Open MPI is installed above
+else
+  wheel="$(HOROVOD_WITH_MPI=1 horovod_wheel "$PY" "")"
+fi
+wheel_dir="$(dirname "$wheel")"
 if ! have "horovod==$HOROVOD_VERSION" || [ "$(cat "$horovod_stamp" 2>/dev/null)" != "$(basename "$wheel_dir")" ]; then
-  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    build="$(mktemp -d)"
-    trap 'rm -rf "$build"' EXIT
-    log "building horovod $HOROVOD_VERSION from source (about 8 minutes on 2 cores)"
-    "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build"
-    tar -xzf "$build/horovod-$HOROVOD_VERSION.tar.gz" -C "$build"
-    src="$build/horovod-$HOROVOD_VERSION"
-    "$PY" - "$src" <<'PYEOF'
-import pathlib, sys
-src = pathlib.Path(sys.argv[1])
-
-def patch(rel, old, new):
-    path = src / rel
-    text = path.read_text()
-    if old not in text:
-        sys.exit(f"horovod patch anchor not found in {rel}: {old!r}")
-    path.write_text(text.replace(old, new, 1))
-
-# Fix 1: torch >= 2.1 headers use C++17 features. Both the top-level build and the
-# torch extension must agree on the standard: with 17 in only one of them the link
-# fails on gloo::rendezvous::Store::kDefaultTimeout (an inline static in C++17).
-patch("CMakeLists.txt", "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
-patch("horovod/torch/CMakeLists.txt", "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
-
-# Fix 2: PyPI's torch is a CUDA build, and with nvcc on PATH FindPytorch decides this is
-# a CUDA build of horovod, which then fails to find cudart on a machine without the CUDA
-# runtime. Only treat torch as CUDA when a GPU build was asked for explicitly.
-patch("cmake/Modules/FindPytorch.cmake",
-      'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)',
-      'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\n'
-      'if(NOT DEFINED ENV{HOROVOD_GPU_OPERATIONS})\n'
-      '    set(Pytorch_CUDA FALSE)\n'
-      'endif()')
-
-# Fix 4: Python 3.12 removed distutils, which horovod 0.28.1 uses twice: the torch extension's
-# CMake asks it for Python's include folder, and horovodrun imports find_executable from it
-# (through js_run, at every launch). The standard library has both; the result is the same on 3.11.
-patch("horovod/torch/CMakeLists.txt",
-      "from distutils.sysconfig import get_python_inc; print(get_python_inc())",
-      "import sysconfig; print(sysconfig.get_paths()['include'])")
-patch("horovod/runner/js_run.py",
-      "from distutils.spawn import find_executable",
-      "from shutil import which as find_executable")
-
-# Fix 5: horovodrun's MPI mode ends in execve('/bin/sh', ['/bin/sh', '-c', 'mpirun ...']), and
-# dash (Debian's sh) does not exec the last command of -c itself: it waits for mpirun as its
-# child. A SIGTERM or SIGINT to horovodrun's pid (a person, timeout, a batch system) then ends
-# only the shell, and mpirun with every rank runs on. 'exec mpirun' gives mpirun that pid.
-patch("horovod/runner/mpi_run.py",
-      "os.execve('/bin/sh', ['/bin/sh', '-c', mpirun_command], env)",
-      "os.execve('/bin/sh', ['/bin/sh', '-c', 'exec ' + mpirun_command], env)")
-
-# Fix 6: to stop a worker (Gloo mode, and every job after a signal) horovodrun's middleman
-# terminates the worker's children, freezes the worker's shell with SIGSTOP, then sends it
-# SIGTERM and waits 5 s. A stopped process does not act on SIGTERM until continued, so every
-# such stop took those 5 s and ended in SIGKILL. SIGCONT after the SIGTERM lets it end.
-patch("horovod/runner/common/util/safe_shell_exec.py",
-      "    try:\n        p.terminate()\n    except psutil.NoSuchProcess:",
-      "    try:\n        p.terminate()\n        p.send_signal(signal.SIGCONT)\n    except psutil.NoSuchProcess:")
-
-# Fix 7: each rank's background thread sleeps until one cycle after the moment its own last
-# cycle began, then negotiates with every other rank, a collective that ends for all of them at
-# once. So the ranks' cycles keep whatever phase they started with, and at every cycle the
-# rank that starts first waits out the difference in Open MPI's polling: up to a whole core
-# while idle, and at 4 ranks on 2 cores 2.6 ms of CPU per trained image (docs/BENCHMARKS.md,
-# "Where the CPU goes, by code"). Counting the next cycle from the end of the negotiation
-# instead starts every rank's next cycle at the same moment.
-patch("horovod/common/operations.cc",
-      "    if (process_set_id == 0) {\n"
-      "      state.mark_cycles_in_timeline =\n",
-      "    if (process_set_id == 0) {\n"
-      "      state.last_cycle_start = std::chrono::steady_clock::now();\n"
-      "      state.mark_cycles_in_timeline =\n")
-PYEOF
-    # Fix 3: use the system cmake (3.25; pip's cmake 4 rejects gloo's cmake_minimum_required)
-    # and build without isolation so the extension compiles against the torch installed above
-    # rather than a different torch pulled into a throwaway build environment.
-    export PATH="/usr/bin:$PATH"
-    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-    MAKEFLAGS="-j$(nproc)" \
-      "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$build/dist" "$src"
-    mkdir -p "$wheel_dir"
-    cp "$build"/dist/horovod-*.whl "$wheel_dir/"
-  fi
   log "installing cached horovod wheel from $wheel_dir"
-  pip_install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+  pip_install --no-deps --force-reinstall "$wheel"
   "$VENV/bin/horovodrun" --check-build
   basename "$wheel_dir" > "$horovod_stamp"
 fi
