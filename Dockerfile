@@ -1,9 +1,11 @@
 # hvd_cifar: a reproducible image for single- and multi-node runs.
 #
 # CPU (default):  docker build -t hvd_cifar .
-# GPU (NCCL):     docker build -t hvd_cifar:gpu \
-#                   --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04 \
-#                   --build-arg HOROVOD_GPU_OPERATIONS=NCCL .
+# GPU (NCCL):     docker build -t hvd_cifar:gpu --build-arg HOROVOD_GPU_OPERATIONS=NCCL .
+#                 docker run --gpus all hvd_cifar:gpu ...   (the host's driver, NVIDIA Container Toolkit)
+# The GPU image needs no nvidia/cuda: base image: torch's wheels bring CUDA's libraries, and
+# scripts/build-horovod-gpu.sh takes nvcc and CUDA's headers from PyPI's wheels in torch's CUDA
+# version and NCCL from the wheel torch came with (docs/INSTALL.md, "The GPU build").
 # The image runs scripts/install.sh, the same script a developer and CI run, so the recipe
 # is exercised on every CI run even where no Docker engine exists.
 ARG BASE_IMAGE=python:3.11.7-slim-bookworm
@@ -39,8 +41,9 @@ COPY launch/ launch/
 COPY docker/ docker/
 
 # Everything (Open MPI, ssh, torch, horovod built with its fixes, the package) in one script;
-# it ends with `horovodrun --check-build`, so a broken build fails the image build.
-RUN bash scripts/install.sh && rm -rf /var/lib/apt/lists/* /root/.cache/pip && \
+# it ends with `horovodrun --check-build`, so a broken build fails the image build. /root/.cache
+# holds pip's downloads and, for the GPU image, the CUDA toolkit the build used.
+RUN bash scripts/install.sh && rm -rf /var/lib/apt/lists/* /root/.cache && \
     horovodrun --check-build
 
 # Run as an unprivileged user; logs/ and data/ are the only places it writes.

@@ -21,12 +21,15 @@
 #   scripts/check-image.sh --fresh        # new debootstrap root, podman build --no-cache
 #   scripts/check-image.sh --mirror URL   # debootstrap from URL instead of the apt sources' mirror
 #   scripts/check-image.sh --print-mirror # print the mirror it would use and exit (no root needed)
+#   scripts/check-image.sh --gpu          # the GPU image (HOROVOD_GPU_OPERATIONS=NCCL): Horovod built
+#                                         # with NCCL, then steps 4 and 5 on this machine's CPUs
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK="${HVD_CIFAR_IMAGE_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_cifar/image}"
 SUITE=bookworm
 BASE=localhost/hvd_cifar-base:$SUITE
 IMAGE=localhost/hvd_cifar:check
+GPU_ARGS=()
 PORT=2222
 APT_DIR="${HVD_CIFAR_APT_DIR:-/etc/apt}"   # another folder only to test the parsing below
 
@@ -97,9 +100,10 @@ while (($#)); do
   case "$1" in
     --fresh) fresh=1 ;;
     --print-mirror) print_mirror=1 ;;
+    --gpu) IMAGE=localhost/hvd_cifar:check-gpu; GPU_ARGS=(--build-arg HOROVOD_GPU_OPERATIONS=NCCL) ;;
     --mirror) [ $# -ge 2 ] || { echo "check-image.sh: --mirror needs a URL" >&2; exit 2; }; MIRROR="$2"; shift ;;
     --mirror=*) MIRROR="${1#--mirror=}" ;;
-    *) echo "check-image.sh: unknown argument $1 (takes --fresh, --mirror URL, --print-mirror)" >&2; exit 2 ;;
+    *) echo "check-image.sh: unknown argument $1 (takes --fresh, --gpu, --mirror URL, --print-mirror)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -174,7 +178,8 @@ no_cache=(); ((fresh)) && no_cache=(--no-cache)
 log "podman build of the Dockerfile at $commit (log: $WORK/build.log)"
 start=$SECONDS
 if ! nice -n 10 "${PODMAN[@]}" build "${no_cache[@]}" "${LIMITS[@]}" ${CA_MOUNT[@]+"${CA_MOUNT[@]}"} \
-     --format docker --build-arg "BASE_IMAGE=$BASE" -t "$IMAGE" "$context" > "$WORK/build.log" 2>&1; then
+     ${GPU_ARGS[@]+"${GPU_ARGS[@]}"} --format docker --build-arg "BASE_IMAGE=$BASE" -t "$IMAGE" "$context" \
+     > "$WORK/build.log" 2>&1; then
   tail -n 30 "$WORK/build.log" >&2
   echo "check-image.sh: podman build failed (log: $WORK/build.log)" >&2
   exit 1
@@ -186,6 +191,7 @@ result "image $IMAGE (commit $commit): built in $build_s s ($((build_s / 60)) mi
 run() { nice -n 10 "${PODMAN[@]}" run "${LIMITS[@]}" "$@"; }
 user="$(run --rm "$IMAGE" id -un)"
 result "the image runs as: $user"
+result "its Horovod: $(run --rm "$IMAGE" horovodrun --check-build | sed -n 's/^ *\[X\] *//p' | paste -sd, | sed 's/,/, /g')"
 
 # --- 4. the demo ------------------------------------------------------------------------------
 demo_logs="$WORK/demo-logs"
