@@ -58,3 +58,9 @@ def test_gpu_build_refuses_a_cuda_home_without_nvcc(tmp_path):
                           capture_output=True, text=True, timeout=60, env=dict(os.environ, CUDA_HOME=str(tmp_path)))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"build-horovod-gpu.sh: CUDA_HOME={tmp_path} has no bin/nvcc"
+
+
+def test_a_run_past_its_time_is_a_figure_not_a_crash():
+    result, stdout = check_gpu.run(["bash", "-c", "echo started; sleep 5"], timeout=0.5)
+    assert result["returncode"] is None and result["timed_out_after_s"] == 0.5
+    assert result["error"] == "started" and stdout == "started\n"
