@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine (each sets up first; a second set-up takes seconds):
 #   make demo   - 2-rank horovodrun training on the offline digits data set
 #   make test   - the test suite
+#   make bench  - the headline benchmarks into benchmarks/results/, then the docs' tables from them
 .PHONY: setup demo test bench lint-docker clean
 PY := .venv/bin/python
 
@@ -13,9 +14,19 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
+# make bench - the headline benchmarks, about 45 minutes on 2 cores (as root: the bytes and
+# compression benchmarks start a cluster of network namespaces). Each writes its results file to
+# benchmarks/results/ (every round, medians, spreads, failed rounds with their reason); a failed
+# round does not stop the rest. Then the tables in README.md and docs/ are made again from them.
+BENCH_OUT := logs/bench
 bench: setup
-	$(PY) benchmarks/data_pipeline.py
-	$(PY) benchmarks/step_overhead.py
+	rm -rf $(BENCH_OUT)
+	-$(PY) benchmarks/sync_methods.py --np 1 2 4 --dataset synthetic --steps 8 --repeats 3 --out $(BENCH_OUT)/sync_methods
+	-$(PY) benchmarks/comm_options.py --np 4 --acc-epochs 0 --out $(BENCH_OUT)/comm_options
+	-$(PY) benchmarks/compression.py --acc-epochs 0 --rates 1gbit 100mbit --repeats 2 --out $(BENCH_OUT)/compression
+	-$(PY) benchmarks/convergence.py --models vgg11 --epochs 6 --out $(BENCH_OUT)/convergence
+	-$(PY) benchmarks/reliability.py --out $(BENCH_OUT)/reliability
+	$(PY) -m testbed.render_docs
 
 clean:
 	rm -rf .venv build *.egg-info

@@ -19,7 +19,7 @@ quoting):
   show=checks    one row per ``check="CONFIG:FIGURE>=TARGET"`` (or <=), repeatable: the
                  figure's median, spread and n, and the verdict of testbed.results.verdict over
                  all of its rounds: met, not met, or within noise.
-  figures=a,b    the figures shown (default: every declared figure the rows have).
+  figures=a,b    the figures shown, of those the rows have (default: every declared one they have).
   configs=a,b    the configurations shown, in this order; match=REGEX: those it finds (re.search).
 
 A results file that does not exist renders as a line saying which command writes it, never as
@@ -37,7 +37,9 @@ import sys
 
 from testbed.results import RESULTS_DIR, ROOT, verdict
 
-BLOCK = re.compile(r"(?P<open><!-- results: (?P<spec>.*?) -->\n)(?P<body>.*?)(?P<close><!-- /results -->)", re.S)
+# A marker is a line of its own; the text may quote the syntax inline without starting a block.
+BLOCK = re.compile(r"(?P<open>^<!-- results: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(?P<close>^<!-- /results -->)",
+                   re.S | re.M)
 CHECK = re.compile(r"^(?P<config>.+):(?P<figure>\w+)\s*(?P<op>>=|<=)\s*(?P<target>[-+0-9.eE]+)$")
 SYMBOL = {">=": "≥", "<=": "≤"}
 
@@ -69,14 +71,16 @@ def shown(value: float, figure: dict) -> str:
     return format(value / figure.get("scale", 1.0), figure.get("fmt", ".3g"))
 
 
-def cell(spread: dict | None, figure: dict) -> str:
-    """median, then (min–max) when there is more than one round; '-' with none."""
+def cell(spread: dict | None, figure: dict, rounds: int = 0) -> str:
+    """median, then (min–max) when there is more than one round; '-' with none; [n of N] when
+    the figure has fewer rounds than its row (``rounds``), e.g. a target some rounds never reached."""
     if not spread:
         return "-"
     middle = shown(spread["median"], figure)
+    fewer = f" [{spread['n']} of {rounds}]" if spread["n"] < rounds else ""
     if spread["n"] == 1:
-        return middle
-    return f"{middle} ({shown(spread['min'], figure)}–{shown(spread['max'], figure)})"
+        return middle + fewer
+    return f"{middle} ({shown(spread['min'], figure)}–{shown(spread['max'], figure)}){fewer}"
 
 
 def figure_of(data: dict, key: str) -> dict:
@@ -97,9 +101,9 @@ def configs_of(data: dict, options: dict) -> list[str]:
 
 
 def figures_of(data: dict, options: dict, configs: list[str]) -> list[str]:
-    if "figures" in options:
-        return [f.strip() for f in options["figures"].split(",")]
     present = {k for c in configs for k in data["summary"].get(c, {})}
+    if "figures" in options:  # in the marker's order, those the rows have
+        return [f for f in (f.strip() for f in options["figures"].split(",")) if f in present]
     return [k for k in data["figures"] if k in present]
 
 
@@ -116,7 +120,7 @@ def summary_table(data: dict, options: dict) -> list[str]:
     for c in configs:
         spreads = data["summary"].get(c, {})
         n = max((s["n"] for k, s in spreads.items() if k in figures), default=0)
-        rows.append([c, *[cell(spreads.get(k), figure_of(data, k)) for k in figures], str(n)])
+        rows.append([c, *[cell(spreads.get(k), figure_of(data, k), n) for k in figures], str(n)])
     lines = table(["configuration", *[figure_of(data, k)["label"] for k in figures], "rounds"], rows)
     failed = [r for r in data["rounds"] if not r["ok"] and r["config"] in configs]
     if failed:

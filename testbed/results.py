@@ -175,6 +175,7 @@ class Results:
         self.data["finished_utc"] = utc_now()
         self.data["machine"]["load_average_after"] = list(os.getloadavg())
         self.data["summary"] = self.summarize()
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         write_json(self.path, self.data)
         print(f"results: {self.path}", file=sys.stderr, flush=True)
         return self.path
