@@ -5,7 +5,7 @@ everything a training step adds (backward, overlap, skew between ranks, negotiat
     .venv/bin/python benchmarks/allreduce_transports.py [--hosts 4] [--rate 1gbit]
         [--elements 9231114] [--iters 8] [--rounds 2] [--out logs/bench-allreduce-YYYYmmdd-HHMMSS]
 
-As root (network namespaces). One ``hvd_cifar.netcluster`` cluster of --hosts hosts, links shaped
+As root (network namespaces). One ``testbed.netcluster`` cluster of --hosts hosts, links shaped
 to --rate both ways, one rank per host, one torch thread per rank. Each transport is one job
 whose ranks each allreduce (sum, in place) a float32 tensor of --elements elements --iters
 times, a barrier before each, set up by the sync method's own code (``hvd_cifar.sync.make``),
@@ -31,9 +31,9 @@ import statistics
 import sys
 import time
 
-from hvd_cifar import jobs
-from hvd_cifar.launchers import ROOT
-from hvd_cifar.tables import Column, markdown_table, num
+from testbed import jobs
+from hvd_cifar.launch.commands import ROOT
+from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 
 TRANSPORTS = ("mpi-allreduce", "horovod", "horovod-gloo", "ddp")
 VGG11_PARAMETERS = 9_231_114  # what one training step allreduces for vgg11 (36.9 MB of fp32)
@@ -63,7 +63,7 @@ def worker(method: str, elements: int, iters: int) -> None:
     import torch
 
     import hvd_cifar.sync as sync
-    from hvd_cifar import lifecycle
+    from hvd_cifar.core import lifecycle
 
     torch.set_num_threads(1)
     impl = sync.make("horovod" if method.startswith("horovod") else method)
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(argv[1], int(argv[2]), int(argv[3]))
         return 0
     args = parse_args(argv)
-    from hvd_cifar.netcluster import NetCluster, parse_rate
+    from testbed.netcluster import NetCluster, parse_rate
 
     os.makedirs(args.out, exist_ok=True)
     span = jobs.Span()

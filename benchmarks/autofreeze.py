@@ -7,7 +7,7 @@ at each host's NIC.
         [--out logs/bench-autofreeze-YYYYmmdd-HHMMSS]
 
 Two jobs, ``freeze: 0`` and ``freeze: auto`` (``--freeze-auto-threshold``), on one cluster of
---np hosts (``hvd_cifar.netcluster``: one rank per host, links shaped to --rate), each
+--np hosts (``testbed.netcluster``: one rank per host, links shaped to --rate), each
 ``horovodrun --gloo`` on digits with every other key at its default (batch 32 per rank, the
 model's lr, one epoch of warm-up, onecycle). Bytes over the run are sums over all epochs, the
 first included: what a run costs, not a steady state. Each job's run folder lands in
@@ -23,12 +23,12 @@ import os
 import sys
 import time
 
-from hvd_cifar import jobs
-from hvd_cifar.launchers import ROOT
-from hvd_cifar.netcluster import NetCluster
-from hvd_cifar.runs import load_run
-from hvd_cifar.summary import run_bytes
-from hvd_cifar.tables import Column, markdown_table, num, spaced
+from testbed import jobs
+from hvd_cifar.launch.commands import ROOT
+from testbed.netcluster import NetCluster
+from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.analysis.summary import run_bytes
+from hvd_cifar.analysis.tabulate import Column, markdown_table, num, spaced
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -17,8 +17,8 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-from hvd_cifar import jobs
-from hvd_cifar.models import build_model
+from testbed import jobs
+from hvd_cifar.workload.models import build_model
 
 
 def main() -> None:

@@ -37,18 +37,22 @@ import subprocess
 import sys
 import time
 
-from hvd_cifar import jobs, launchers, tables
-from hvd_cifar.runs import read_metrics
+from hvd_cifar.analysis import tabulate
+
+from hvd_cifar.launch import commands
+
+from testbed import jobs
+from hvd_cifar.runfolder.reader import read_metrics
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
 CATEGORIES = ("compute", "MPI / Gloo", "Horovod", "libc copies", "kernel copies", "kernel sched", "Python", "other")
 KERNEL_COPIES = ("copy", "page", "pte", "get_user", "clear_")
-COLUMNS = [tables.Column("method", "method"), tables.num("img/s", "images_per_s", ".1f"),
-           tables.num("x best", "of_best", ".3f"), tables.num("total", "total", ".2f"),
-           tables.num("main: compute", "main compute", ".2f"),
-           tables.num("main: rest", "main rest", ".2f"),
-           tables.num("other threads", "other total", ".2f"),
-           *[tables.num(f"{c} (all threads)", c, ".2f") for c in CATEGORIES]]
+COLUMNS = [tabulate.Column("method", "method"), tabulate.num("img/s", "images_per_s", ".1f"),
+           tabulate.num("x best", "of_best", ".3f"), tabulate.num("total", "total", ".2f"),
+           tabulate.num("main: compute", "main compute", ".2f"),
+           tabulate.num("main: rest", "main rest", ".2f"),
+           tabulate.num("other threads", "other total", ".2f"),
+           *[tabulate.num(f"{c} (all threads)", c, ".2f") for c in CATEGORIES]]
 SAMPLE = re.compile(r"\s*(\d+)/(\d+)\s+\S+\s+(.*?)\s+\(([^()]*)\)\s*$")  # pid/tid ip symbol (dso)
 
 
@@ -98,11 +102,11 @@ def one_job(args, method: str, round_: int) -> dict:
              "--synthetic-size", str(args.batch_size * args.np * args.steps), "--epochs", "2",
              "--max-steps-per-epoch", str(args.steps), "--threads-per-rank", "1", "--progress", "false",
              "--warmup-epochs", "0", "--checkpoint-every", "0", "--seed", "0", "--log-dir", runs, "--run-name", name]
-    argv = launchers.argv("mpirun", args.np, program=[sys.executable, "-m", "hvd_cifar.train", *flags])
+    argv = commands.argv("mpirun", args.np, program=[sys.executable, "-m", "hvd_cifar.train", *flags])
     data = os.path.join(args.out, f"{name}.perf.data")
     with open(log, "w") as out:
-        job = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=jobs.job_env(OMP_NUM_THREADS="1"),
-                               cwd=launchers.ROOT, start_new_session=True)
+        job = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=commands.job_env(OMP_NUM_THREADS="1"),
+                               cwd=commands.ROOT, start_new_session=True)
         perf = None
         try:
             wait_for_lines(job, run, 1, name, log)
@@ -120,7 +124,7 @@ def one_job(args, method: str, round_: int) -> dict:
             if perf is not None and perf.poll() is None:
                 perf.kill()
             if job.poll() is None:
-                jobs.stop(job)
+                commands.stop(job)
     epoch2 = read_metrics(run).records[1]
     images = args.batch_size * epoch2["steps"]  # per rank
     counts = profile(data, ranks)
@@ -165,7 +169,7 @@ def main() -> int:
     text = (f"CPU milliseconds per trained image and rank, by the code that spent them (perf, {args.freq} Hz, "
             f"whole machine, epoch 2 of each job); {args.model}, batch {args.batch_size}, np {args.np} (mpirun, "
             f"this machine), 1 thread per rank, {args.steps} steps an epoch, medians of {args.repeats} round(s); "
-            f"{span.line()}\n\n" + tables.markdown_table(COLUMNS, rows))
+            f"{span.line()}\n\n" + tabulate.markdown_table(COLUMNS, rows))
     jobs.write_results(args.out, "cpu_profile", {"meta": meta, "machine": jobs.machine(), "runs": runs, "rows": rows},
                        text)
     return 0

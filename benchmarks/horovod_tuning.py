@@ -1,5 +1,5 @@
 """Horovod's own tuning keys measured where they matter: several ranks per host, hosts joined by
-shaped links. One namespace cluster (``hvd_cifar.netcluster``), --per-host ranks on each of
+shaped links. One namespace cluster (``testbed.netcluster``), --per-host ranks on each of
 --hosts hosts, links at --rate; one job per setting under horovodrun (MPI), interleaved.
 
     .venv/bin/python benchmarks/horovod_tuning.py [--hosts 2] [--per-host 2] [--rate 1gbit]
@@ -12,7 +12,7 @@ Horovod's autotuner. ``horovod_hierarchical`` is tried too: a CPU build of Horov
 (one line, exit 2), which the table records instead of a time.
 
 Each round runs every setting once, in an order that rotates from round to round; synthetic
-data, the same seed. A run's step time and img/s are hvd_cifar.summary's steady-state figures
+data, the same seed. A run's step time and img/s are hvd_cifar.analysis.summary's steady-state figures
 (the epochs after the first), CPU s/image the ranks' mean; each setting's row is the median over
 the rounds, with its img/s over the defaults'. Written to OUT/horovod_tuning.json (every run)
 and OUT/horovod_tuning.md, then printed.
@@ -24,10 +24,12 @@ import os
 import statistics
 import time
 
-from hvd_cifar import jobs, tables
-from hvd_cifar.netcluster import NetCluster
-from hvd_cifar.runs import load_run
-from hvd_cifar.summary import summarize
+from hvd_cifar.analysis import tabulate
+
+from testbed import jobs
+from testbed.netcluster import NetCluster
+from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.analysis.summary import summarize
 
 # name -> the trainer flags that make it (every other key at its default).
 SETTINGS = {
@@ -39,10 +41,10 @@ SETTINGS = {
     "autotune": ["--horovod-autotune", "true"],
     "hierarchical": ["--horovod-hierarchical", "true"],
 }
-COLUMNS = [tables.Column("setting", "setting"), tables.num("step s (median)", "step_time_s", ".3f"),
-           tables.num("img/s (median)", "images_per_s", ".1f"), tables.num("x defaults", "vs_defaults", ".3f"),
-           tables.num("CPU s/image/rank", "cpu_s_per_image", ".4f"), tables.Column("runs", "runs"),
-           tables.Column("note", "note")]
+COLUMNS = [tabulate.Column("setting", "setting"), tabulate.num("step s (median)", "step_time_s", ".3f"),
+           tabulate.num("img/s (median)", "images_per_s", ".1f"), tabulate.num("x defaults", "vs_defaults", ".3f"),
+           tabulate.num("CPU s/image/rank", "cpu_s_per_image", ".4f"), tabulate.Column("runs", "runs"),
+           tabulate.Column("note", "note")]
 
 
 def flags(args, out: str, name: str, setting: str) -> list[str]:
@@ -104,7 +106,7 @@ def main() -> int:
     rows, meta = table(runs), span.end(**vars(args))
     text = (f"Horovod's tuning keys, {args.model}, batch {args.batch_size}/rank, {args.hosts * args.per_host} ranks "
             f"= {args.hosts} hosts x {args.per_host}, links {args.rate}, {args.steps} steps x {args.epochs} epochs, "
-            f"medians of {args.repeats} rounds; {span.line()}\n\n" + tables.markdown_table(COLUMNS, rows))
+            f"medians of {args.repeats} rounds; {span.line()}\n\n" + tabulate.markdown_table(COLUMNS, rows))
     jobs.write_results(args.out, "horovod_tuning", {"meta": meta, "machine": jobs.machine(), "runs": runs,
                                                     "rows": rows}, text)
     return 0

@@ -5,9 +5,9 @@ at np=3 and 4 (one rank per host, links shaped), per transport and message size.
     .venv/bin/python benchmarks/network_validation.py [--rates 1gbit 100mbit none] [--iters 4]
         [--min-bytes 1000000] [--max-bytes 0] [--out logs/bench-netval-YYYYmmdd-HHMMSS]
 
-As root (network namespaces). Per rate: one hvd_cifar.netcluster cluster of 4 hosts, and
+As root (network namespaces). Per rate: one testbed.netcluster cluster of 4 hosts, and
 ``python -m hvd_cifar.probe`` under mpirun at np 2, 3 and 4 (mpi-allreduce, mpi-p2p,
-mpi-gather-scatter, torch-gloo, horovod-mpi). Predicted: hvd_cifar.scaling's equation of each
+mpi-gather-scatter, torch-gloo, horovod-mpi). Predicted: hvd_cifar.analysis.scaling's equation of each
 transport with the np=2 probe's fit (gather/scatter: the mpi-p2p link and the root's measured
 sum cost, as predict uses them); measured: the np=3/4 probe's median. Only the network: the
 training step's compute is not in it (4 ranks on this machine's 2 cores would not have the
@@ -21,9 +21,11 @@ import os
 import sys
 import time
 
-from hvd_cifar import jobs, scaling
-from hvd_cifar.launchers import ROOT
-from hvd_cifar.tables import Column, markdown_table, num
+from hvd_cifar.analysis import scaling
+
+from testbed import jobs
+from hvd_cifar.launch.commands import ROOT
+from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 
 # transport whose time is predicted -> (the np=2 transport whose fit predicts it, equation)
 CHECKS = {"mpi-allreduce": ("mpi-allreduce", "ring"), "horovod-mpi": ("horovod-mpi", "ring"),
@@ -74,7 +76,7 @@ def compare(rate: str, probes: dict[int, dict], args) -> list[dict]:
 @jobs.one_line_errors("hvd_cifar")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from hvd_cifar.netcluster import NetCluster
+    from testbed.netcluster import NetCluster
     os.makedirs(args.out, exist_ok=True)
     span, rows = jobs.Span(), []
     for rate in args.rates:

@@ -5,7 +5,7 @@ with a blocking vote, and with none, side by side, for each sync method.
                                                    [--steps 40] [--epochs 3] [--repeats 3]
 
 After each optimizer update with more steps to come, the ranks agree whether to stop
-(engine.TrainingState.after_update -> hvd_cifar.preempt.StopVote.ranks_asked). Variants, put in
+(loop.TrainingState.after_update -> hvd_cifar.trainer.preemption.StopVote.ranks_asked). Variants, put in
 place by a sitecustomize hook that also times every call on each rank:
 
 * ``lagged`` (shipped): read the 1-element sum started after the update before, start the next
@@ -15,7 +15,7 @@ place by a sitecustomize hook that also times every call on each rank:
 
 Each repeat runs the same training once per variant under ``mpirun -np 2``, in an order that
 rotates between repeats. Reported per method: the median over repeats of the steady-state step
-time (hvd_cifar.summary.steady_mean of ``step_time_s``: the epochs after the first) per variant,
+time (hvd_cifar.analysis.summary.steady_mean of ``step_time_s``: the epochs after the first) per variant,
 the difference of each vote from none (its cost per step), and the mean wall time of one call as
 the ranks saw it (for the blocking vote this includes waiting for the slower rank, time the next
 gradient allreduce would otherwise have waited).
@@ -31,9 +31,11 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from hvd_cifar import jobs, launchers
-from hvd_cifar.summary import steady_mean
-from hvd_cifar.tables import Column, markdown_table
+from hvd_cifar.launch import commands
+
+from testbed import jobs
+from hvd_cifar.analysis.summary import steady_mean
+from hvd_cifar.analysis.tabulate import Column, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("none", "blocking", "lagged")
@@ -43,13 +45,14 @@ VARIANTS = ("none", "blocking", "lagged")
 HOOK = """
 import json, os, time
 import torch
-from hvd_cifar import engine, lifecycle, preempt
+from hvd_cifar.core import lifecycle, stops
+from hvd_cifar.trainer import loop, preemption
 
 def blocking(vote):
-    flag = torch.tensor([1.0 if preempt.asked() else 0.0], dtype=torch.float64)
+    flag = torch.tensor([1.0 if stops.asked() else 0.0], dtype=torch.float64)
     return int(vote.sync.allreduce_sum(flag).item())
 
-_variant = {"lagged": preempt.StopVote.ranks_asked, "blocking": blocking,
+_variant = {"lagged": preemption.StopVote.ranks_asked, "blocking": blocking,
             "none": lambda vote: 0}[os.environ["HOOK_VARIANT"]]
 _calls = [0, 0.0]
 def ranks_asked(vote):
@@ -58,14 +61,14 @@ def ranks_asked(vote):
     _calls[0] += 1
     _calls[1] += time.perf_counter() - start
     return asked
-preempt.StopVote.ranks_asked = ranks_asked
+preemption.StopVote.ranks_asked = ranks_asked
 
-_evaluate = engine.evaluate
+_evaluate = loop.evaluate
 def evaluate(run):
     with open(f"{os.environ['HOOK_OUT']}.rank{lifecycle.launch_rank()}", "w") as f:
         json.dump({"calls": _calls[0], "seconds": _calls[1]}, f)
     return _evaluate(run)
-engine.evaluate = evaluate
+loop.evaluate = evaluate
 """
 
 
@@ -74,9 +77,9 @@ def one_run(work: Path, name: str, sync: str, variant: str, args) -> dict:
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(HOOK)
     out = work / f"{name}.calls"
-    env = jobs.job_env(PYTHONPATH=f"{hook}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
+    env = commands.job_env(PYTHONPATH=f"{hook}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
                        HOOK_VARIANT=variant, HOOK_OUT=str(out))
-    cmd = [*launchers.argv("mpirun", 2), "--config", "configs/tiny.yaml", "--model", args.model, "--sync", sync,
+    cmd = [*commands.argv("mpirun", 2), "--config", "configs/tiny.yaml", "--model", args.model, "--sync", sync,
            "--epochs", str(args.epochs), "--max-steps-per-epoch", str(args.steps), "--threads-per-rank", "1",
            "--log-dir", str(work), "--run-name", name]
     jobs.run(name, cmd, env=env, cwd=str(ROOT), timeout=1800)

@@ -1,17 +1,17 @@
 """Slurm against mpirun on the same hosts (issue 22, point 2): one training config, launched
 once as ``sbatch launch/slurm.sbatch`` (srun --mpi=pmix, one task per node) and once as
 ``launch/mpirun.sh`` (one rank per host, over ssh), on the same 2 hosts of a namespace cluster
-whose links run at --rate: a Slurm cluster with ``netcluster=True`` (hvd_cifar.slurmcluster),
+whose links run at --rate: a Slurm cluster with ``netcluster=True`` (testbed.slurmcluster),
 whose hosts mpirun.sh reaches too. The two alternate, the first launcher changing each round.
 Printed and written to OUT/slurm_vs_mpirun.{json,md}: each job's final test accuracy and
-steady-state img/s (hvd_cifar.summary: the epochs after the first), then the medians over the
+steady-state img/s (hvd_cifar.analysis.summary: the epochs after the first), then the medians over the
 rounds side by side with their ratio (Slurm / mpirun).
 
     .venv/bin/python benchmarks/slurm_vs_mpirun.py [--config configs/demo.yaml] [--rate 1gbit]
         [--repeats 3] [--epochs N] [--steps N] [--out logs/slurm-vs-mpirun-YYYYmmdd-HHMMSS]
 
 As root, with Slurm installed (scripts/install.sh). Every job gets the namespace cluster's
-trainer flags (hvd_cifar.jobs.CLUSTER_TRAIN_FLAGS: seed 0, one thread per rank, no checkpoints,
+trainer flags (testbed.jobs.CLUSTER_TRAIN_FLAGS: seed 0, one thread per rank, no checkpoints,
 bytes counted on eth0); the Slurm jobs ask for --cpus-per-task=1 to match.
 """
 from __future__ import annotations
@@ -22,11 +22,11 @@ import statistics
 import sys
 import time
 
-from hvd_cifar import jobs
-from hvd_cifar.runs import load_run
-from hvd_cifar.slurmcluster import SlurmCluster
-from hvd_cifar.summary import summarize
-from hvd_cifar.tables import Column, markdown_table, num
+from testbed import jobs
+from hvd_cifar.runfolder.reader import load_run
+from testbed.slurmcluster import SlurmCluster
+from hvd_cifar.analysis.summary import summarize
+from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 
 LAUNCHERS = ("slurm", "mpirun")
 NODES = 2

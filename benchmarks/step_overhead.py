@@ -22,10 +22,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hvd_cifar import jobs, launchers
-from hvd_cifar.runs import load_run
-from hvd_cifar.summary import summarize
-from hvd_cifar.tables import Column, markdown_table, num
+from hvd_cifar.launch import commands
+
+from testbed import jobs
+from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.analysis.summary import summarize
+from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -33,10 +35,10 @@ PY = sys.executable
 
 def horovodrun(np: int, argv: list[str], plain: bool = False) -> str:
     """``argv`` under horovodrun -np ``np``, or (``plain``) as one process with no launcher."""
-    cmd = [PY, *argv] if plain else launchers.argv("horovodrun", np, program=[PY, *argv])
+    cmd = [PY, *argv] if plain else commands.argv("horovodrun", np, program=[PY, *argv])
     # Both loops get the MPI setting hvd_cifar.sync applies to itself (ranks yield instead of
     # busy-polling while they wait), so that the comparison is of the loops alone.
-    env = jobs.job_env(OMPI_MCA_mpi_yield_when_idle="1")
+    env = commands.job_env(OMPI_MCA_mpi_yield_when_idle="1")
     return jobs.run(" ".join(argv[:2]), cmd, env=env, cwd=str(ROOT), timeout=1200).stdout
 
 

@@ -5,7 +5,7 @@ and option (issue 15, point 4).
     .venv/bin/python benchmarks/step_validation.py [--rates 100mbit 1gbit none] [--nps 3 4]
         [--syncs horovod mpi-gather-scatter] [--model vgg11] [--steps 4] [--out logs/bench-stepval-...]
 
-As root (network namespaces). Per rate, on one hvd_cifar.netcluster cluster of max(--nps) hosts
+As root (network namespaces). Per rate, on one testbed.netcluster cluster of max(--nps) hosts
 (one rank per host, one thread per rank, mpirun): the probe at np = 2 (α, β per transport); an
 np = 1 training run (the compute); an np = 2 Horovod run with comm_timeline (the hidden
 fraction); then ``hvd_cifar.predict`` with ``--shared-cores`` set to this machine's cores (the
@@ -22,9 +22,11 @@ import os
 import sys
 import time
 
-from hvd_cifar import jobs, predict
-from hvd_cifar.launchers import ROOT
-from hvd_cifar.tables import Column, markdown_table, num
+from hvd_cifar import predict
+
+from testbed import jobs
+from hvd_cifar.launch.commands import ROOT
+from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 
 # option label -> (train flags, predict's scenario keys: fp16, accumulation steps)
 OPTIONS = {"plain": ([], (False, 1)),
@@ -64,7 +66,7 @@ def train(cluster, np: int, name: str, sync: str, extra: list[str], args, runs: 
 
 def validate_rate(rate: str, args) -> list[dict]:
     """Probe, measure np=1 and 2, predict, train np=3/4; the predicted rows that were trained."""
-    from hvd_cifar.netcluster import NetCluster
+    from testbed.netcluster import NetCluster
     runs, measured = os.path.join(args.out, rate), []
     os.makedirs(runs, exist_ok=True)
     probe_path = os.path.join(args.out, f"probe-{rate}-np2.json")

@@ -23,15 +23,19 @@ import subprocess
 import sys
 import time
 
-from hvd_cifar import jobs, launchers, tables
-from hvd_cifar.runs import read_metrics
+from hvd_cifar.analysis import tabulate
+
+from hvd_cifar.launch import commands
+
+from testbed import jobs
+from hvd_cifar.runfolder.reader import read_metrics
 
 METHODS = ("horovod", "ddp", "mpi-allreduce", "mpi-gather-scatter")
 TICK = os.sysconf("SC_CLK_TCK")
-COLUMNS = [tables.Column("method", "method"), tables.num("main thread", "main", ".4f"),
-           tables.num("busiest other thread", "busiest_other", ".4f"), tables.Column("its name", "busiest_name"),
-           tables.num("all other threads", "others", ".4f"), tables.num("total", "total", ".4f"),
-           tables.num("x ddp total", "vs_ddp", ".3f"), tables.num("img/s", "images_per_s", ".1f")]
+COLUMNS = [tabulate.Column("method", "method"), tabulate.num("main thread", "main", ".4f"),
+           tabulate.num("busiest other thread", "busiest_other", ".4f"), tabulate.Column("its name", "busiest_name"),
+           tabulate.num("all other threads", "others", ".4f"), tabulate.num("total", "total", ".4f"),
+           tabulate.num("x ddp total", "vs_ddp", ".3f"), tabulate.num("img/s", "images_per_s", ".1f")]
 
 
 def threads(pid: int) -> dict[int, tuple[str, float]]:
@@ -60,12 +64,12 @@ def one_job(args, out: str, method: str, round_: int) -> dict:
              "--synthetic-size", str(args.batch_size * args.np * args.steps), "--epochs", str(args.epochs),
              "--max-steps-per-epoch", str(args.steps), "--threads-per-rank", "1", "--progress", "false",
              "--checkpoint-every", "0", "--seed", "0", "--log-dir", os.path.join(out, "runs"), "--run-name", name]
-    argv = launchers.argv("mpirun", args.np, program=[sys.executable, "-m", "hvd_cifar.train", *flags])
+    argv = commands.argv("mpirun", args.np, program=[sys.executable, "-m", "hvd_cifar.train", *flags])
     first: dict[int, dict] = {}  # rank pid -> threads at the window's start
     last: dict[int, dict] = {}   # rank pid -> every thread's latest figure since (threads come and go)
     with open(os.path.join(out, f"{name}.log"), "w") as log:
-        job = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=jobs.job_env(OMP_NUM_THREADS="1"),
-                               cwd=launchers.ROOT, start_new_session=True)
+        job = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=commands.job_env(OMP_NUM_THREADS="1"),
+                               cwd=commands.ROOT, start_new_session=True)
         try:
             pids = []
             while job.poll() is None:
@@ -80,7 +84,7 @@ def one_job(args, out: str, method: str, round_: int) -> dict:
                 time.sleep(0.2)
         finally:
             if job.poll() is None:
-                jobs.stop(job)
+                commands.stop(job)
     if job.returncode != 0 or not first or not last:
         raise jobs.JobError(name, job.returncode, log.name, "no window sampled")
     records = read_metrics(run).records[1:]
@@ -128,7 +132,7 @@ def main() -> int:
     meta = span.end(**vars(args))
     text = (f"CPU seconds per trained image and rank, by thread; {args.model}, batch {args.batch_size}, np {args.np} "
             f"(mpirun, this machine), 1 thread per rank, epochs 2..{args.epochs} of {args.steps} steps, medians of "
-            f"{args.repeats} round(s); {span.line()}\n\n" + tables.markdown_table(COLUMNS, rows))
+            f"{args.repeats} round(s); {span.line()}\n\n" + tabulate.markdown_table(COLUMNS, rows))
     jobs.write_results(args.out, "thread_cpu", {"meta": meta, "machine": jobs.machine(), "runs": runs, "rows": rows},
                        text)
     return 0

@@ -4,7 +4,7 @@ horovodrun with it off and on, same model, batch, steps and np, interleaved.
     .venv/bin/python benchmarks/timeline_cost.py [--model vgg11] [--batch-size 8] [--np 2] [--steps 12] [--repeats 3]
 
 Each repeat runs off then on (the order alternates between repeats), synthetic data, 3 epochs;
-the step time of each run is hvd_cifar.summary's steady-state figure (epochs after the first).
+the step time of each run is hvd_cifar.analysis.summary's steady-state figure (epochs after the first).
 Prints every pair, the medians, their difference per step and the spread of the off runs (a
 difference inside that spread is not resolved).
 """
@@ -17,9 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hvd_cifar import jobs, launchers
-from hvd_cifar.runs import load_run
-from hvd_cifar.summary import summarize
+from hvd_cifar.launch import commands
+
+from testbed import jobs
+from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.analysis.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +32,7 @@ def train(args, logs: str, name: str, timeline: bool) -> float:
              "--synthetic-size", str(args.batch_size * args.np * args.steps), "--epochs", "3",
              "--max-steps-per-epoch", str(args.steps), "--threads-per-rank", str(threads),
              "--progress", "false", "--log-dir", logs, "--run-name", name, "--comm-timeline", str(timeline).lower()]
-    cmd = launchers.argv("horovodrun", args.np, program=[sys.executable, "-m", "hvd_cifar.train", *flags])
+    cmd = commands.argv("horovodrun", args.np, program=[sys.executable, "-m", "hvd_cifar.train", *flags])
     jobs.run(name, cmd, env=dict(os.environ), cwd=str(ROOT), timeout=1800)
     return summarize(load_run(os.path.join(logs, name)))["step_time_s"]
 

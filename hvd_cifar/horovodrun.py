@@ -6,7 +6,7 @@
   already said what went wrong, once, so this entry point turns that ending into one line
   (``horovodrun: job stopped: ...``) naming the first failed process and exits with its status.
   Anything else horovodrun raises (a launcher fault, not a rank's) goes through untouched.
-* The launcher gets SIGTERM when its parent dies (``launchers.die_with_parent``), in both modes.
+* The launcher gets SIGTERM when its parent dies (``commands.die_with_parent``), in both modes.
 * A host that ssh cannot reach ends the launch with one line naming it and ssh's last word
   (``horovodrun: cannot reach host HOST by ssh: ...``, status 2) instead of horovodrun's
   per-host dump and 20-line ``RuntimeError: could not connect to some hosts via ssh`` traceback.
@@ -24,7 +24,7 @@ import re
 import signal
 import sys
 
-from hvd_cifar import launchers
+from hvd_cifar.launch import commands
 
 # The messages horovodrun's drivers raise after a worker failed (gloo_run.launch_gloo and
 # gloo_run's elastic path; mpi_run when mpirun itself exits non-zero).
@@ -68,7 +68,7 @@ def status_text(code: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    launchers.die_with_parent(launchers.parent_from_env())
+    commands.die_with_parent(commands.parent_from_env())
     from horovod.runner.launch import run_commandline
 
     record_unreachable_hosts()

@@ -1,5 +1,5 @@
 """Predict step time, img/s, scaling efficiency and bytes per rank at worker counts you do not
-have, from one run's measured phases and a network probe. The model is hvd_cifar.scaling's
+have, from one run's measured phases and a network probe. The model is hvd_cifar.analysis.scaling's
 (docs/SCALING.md); here: reading the probe and the run folders into it, its table and figure.
 
     python -m hvd_cifar.predict logs/RUN --probe probe.json --np 1 2 4 8 16 32 64 128 256 512 1024
@@ -25,14 +25,15 @@ from dataclasses import replace
 
 from hvd_cifar import compress
 from hvd_cifar.compress import cost
-from hvd_cifar.errors import PredictError, ReportError
-from hvd_cifar.files import RunError
-from hvd_cifar.plots import plot_prediction
-from hvd_cifar.runs import load_run
-from hvd_cifar.scaling import (SCENARIO_KEYS, TRANSPORTS, Compute, Link, Network, Scenario, measure, predict,
+from hvd_cifar.core import units
+from hvd_cifar.core.errors import PredictError, ReportError
+from hvd_cifar.core.files import RunError
+from hvd_cifar.analysis.plots import plot_prediction
+from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.analysis.scaling import (SCENARIO_KEYS, TRANSPORTS, Compute, Link, Network, Scenario, measure, predict,
                                profile, scheme_of, time_schemes)
-from hvd_cifar.summary import MB, summarize
-from hvd_cifar.tables import Column, OneLineParser, markdown_table, num, write_csv
+from hvd_cifar.analysis.summary import MB, summarize
+from hvd_cifar.analysis.tabulate import Column, OneLineParser, markdown_table, num, write_csv
 
 DEFAULT_NP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -60,10 +61,9 @@ def network(methods: list[str], args: argparse.Namespace) -> Network:
     """Links per method: --bandwidth/--latency-us for all, else the probe's fit of each
     method's transport (TRANSPORTS)."""
     if args.bandwidth:
-        from hvd_cifar.netcluster import ClusterError, parse_rate
         try:
-            beta = parse_rate(args.bandwidth) / 8
-        except ClusterError as exc:
+            beta = units.parse_rate(args.bandwidth) / 8
+        except ValueError as exc:
             raise PredictError(f"--bandwidth: {exc}") from None
         link = Link(args.latency_us * 1e-6, beta, 0.0, f"--bandwidth {args.bandwidth} --latency-us {args.latency_us:g}")
         return Network({m: link for m in methods}, None, args.ranks_per_host, shared_cores=args.shared_cores)
@@ -83,7 +83,7 @@ def network(methods: list[str], args: argparse.Namespace) -> Network:
 
 # ----------------------------------------------------------------------------- measured points
 def measured_rows(paths: list[str]) -> list[dict]:
-    """Steady-state step time and img/s of other runs (hvd_cifar.summary's)."""
+    """Steady-state step time and img/s of other runs (hvd_cifar.analysis.summary's)."""
     rows = []
     for path in paths:
         run = load_run(path)

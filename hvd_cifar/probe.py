@@ -19,7 +19,7 @@ the probe once with each launcher and pass either file to predict.
 Each message size (geometric, --min-bytes to --max-bytes, default the model's fp32 gradient) is
 timed --iters times after one warm-up, each time after a 1-element allreduce that starts the
 ranks together; rank 0's times are recorded. The fit is least squares on the medians
-(hvd_cifar.scaling.fit_transport). Also timed on rank 0: summing two buffers
+(hvd_cifar.analysis.scaling.fit_transport). Also timed on rank 0: summing two buffers
 (``reduce_s_per_byte``) and fp32 -> fp16 -> fp32 (``cast_s_per_byte``, printed as this host's
 figure: the prediction times fp16's casts in its own process, as a scheme's compute).
 """
@@ -34,8 +34,12 @@ import time
 
 import torch
 
-from hvd_cifar import lifecycle, runlog, scaling
-from hvd_cifar.tables import OneLineParser
+from hvd_cifar.analysis import scaling
+
+from hvd_cifar.core import lifecycle
+
+from hvd_cifar.runfolder import writer
+from hvd_cifar.analysis.tabulate import OneLineParser
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -206,7 +210,7 @@ def run_probe(args: argparse.Namespace) -> tuple[dict, object]:
     hostnames = started[-1].allgather_object(socket.gethostname())
     probe = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "world_size": started[-1].size,
              "hosts": sorted(set(hostnames)), "ranks_per_host": started[-1].local_size,
-             "launcher": runlog.launcher_name(), "comm_settings": runlog.comm_settings(),
+             "launcher": writer.launcher_name(), "comm_settings": writer.comm_settings(),
              "sizes_bytes": sizes, "iters": args.iters, "transports": transports,
              **costs}
     for sync in reversed(started):
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hvd_cifar: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     if rank == 0:
-        runlog.write_json(args.out, probe)  # data first, print second
+        writer.write_json(args.out, probe)  # data first, print second
         print(summary(probe) + f"\nwritten to {args.out}", flush=True)
     # DDP's Gloo threads outlive its process group: end without the interpreter's shutdown.
     lifecycle.exit_process(0, any(s.leaves_threads_running for s in started))

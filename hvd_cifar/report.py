@@ -13,8 +13,8 @@ here (there is no obvious folder to put a comparison in)::
     python -m hvd_cifar.report logs/np1 logs/np2 logs/np2-fp16 --out logs/compare-np
 
 How every number is made (steady-state epochs, img/s, speedup, bytes, time to target):
-``hvd_cifar.summary``. The figures are drawn by ``hvd_cifar.plots``, the tables' columns are
-``hvd_cifar.run_tables``', "where the time went" is ``hvd_cifar.explain``'s.
+``hvd_cifar.analysis.summary``. The figures are drawn by ``hvd_cifar.analysis.plots``, the tables' columns are
+``hvd_cifar.analysis.run_tables``', "where the time went" is ``hvd_cifar.analysis.explain``'s.
 
 A run killed while writing its last metrics.jsonl line is reported from its whole epochs, with a
 note saying one line was torn. Bad input (no metrics.jsonl, an empty or corrupt one), and an
@@ -30,16 +30,16 @@ import os
 import sys
 from typing import Any
 
-from hvd_cifar.errors import PredictError, ReportError
-from hvd_cifar.explain import explain
-from hvd_cifar.files import RunError, write_text
-from hvd_cifar.plots import plot_compare, plot_run, plot_scaling
-from hvd_cifar.run_tables import (ASYNC_PS_COLUMNS, COMPARE_COLUMNS, EPOCH_COLUMNS, TARGET_CSV_COLUMNS, TARGET_NOTE,
+from hvd_cifar.core.errors import PredictError, ReportError
+from hvd_cifar.analysis.explain import explain
+from hvd_cifar.core.files import RunError, write_text
+from hvd_cifar.analysis.plots import plot_compare, plot_run, plot_scaling
+from hvd_cifar.analysis.run_tables import (ASYNC_PS_COLUMNS, COMPARE_COLUMNS, EPOCH_COLUMNS, TARGET_CSV_COLUMNS, TARGET_NOTE,
                                   classification_table, confusion_table, epoch_rows, with_target_columns)
-from hvd_cifar.runs import METRICS, Run, load_run
-from hvd_cifar.summary import (MB, compare_rows, config_key, present_mean, rank_max, run_bytes, scaling_groups,
+from hvd_cifar.runfolder.reader import METRICS, Run, load_run
+from hvd_cifar.analysis.summary import (MB, compare_rows, config_key, present_mean, rank_max, run_bytes, scaling_groups,
                                summarize)
-from hvd_cifar.tables import Column, OneLineParser, fmt_number, markdown_table, num, text, write_csv
+from hvd_cifar.analysis.tabulate import Column, OneLineParser, fmt_number, markdown_table, num, text, write_csv
 
 
 # ----------------------------------------------------------------------------- one run
@@ -139,7 +139,7 @@ def run_report(run: Run, out: str) -> str:
 
 
 def torn_note(run: Run) -> str:
-    """What a run whose metrics.jsonl ends in a torn line (hvd_cifar.runs) is reported from."""
+    """What a run whose metrics.jsonl ends in a torn line (hvd_cifar.runfolder.reader) is reported from."""
     n = len(run.metrics)
     return (f"its last line is torn (the run was killed while writing it); "
             f"the {n} whole epoch{'s are' if n != 1 else ' is'} reported")
@@ -163,7 +163,7 @@ def bandwidth_text(option: str, bytes_per_s: float | None) -> str:
 
 def time_went_section(runs: list[Run], rows: list[dict]) -> list[str]:
     """"Where the time went" for each multi-rank run with an np=1 run of its configuration among
-    ``runs`` (hvd_cifar.explain: the split, and the model's answers for fp16, the schemes and
+    ``runs`` (hvd_cifar.analysis.explain: the split, and the model's answers for fp16, the schemes and
     gather/scatter)."""
     singles = {config_key(r): run for run, r in zip(runs, rows) if r.get("world_size") == 1}
     lines = []

@@ -13,7 +13,7 @@ module=hvd_cifar.train                # --probe: hvd_cifar.probe
 # line naming it), and np, when it was 0, the sum of the slots. No temp file that would outlive
 # an exec'd launcher.
 resolve_hosts() {
-  hosts="$("$PY" -m hvd_cifar.hostfile "$hostfile" --np "$np" --format horovod)"
+  hosts="$("$PY" -m hvd_cifar.launch.hostfile "$hostfile" --np "$np" --format horovod)"
   if [ "$np" -eq 0 ]; then
     IFS=',' read -ra entries <<< "$hosts"
     for entry in "${entries[@]}"; do np=$((np + ${entry##*:})); done

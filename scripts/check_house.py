@@ -1,6 +1,6 @@
 """Check the house rules of a package: rooms small enough to read, imports one way.
 
-    python scripts/check_house.py hvd_cifar              # exit 1 if any rule is broken
+    python scripts/check_house.py hvd_cifar --never testbed   # exit 1 if any rule is broken
     python scripts/check_house.py --max-lines 40 hvd_cifar/report.py
 
 Each problem is one line. The rules, with their limits (flags change them):
@@ -9,7 +9,13 @@ Each problem is one line. The rules, with their limits (flags change them):
     also checked on its own);
   * a class is at most 150 lines, a file at most 450;
   * the package's modules import each other without circles. Every import counts, an import
-    inside a function too: one placed there to dodge a circle is still a circle.
+    inside a function too: one placed there to dodge a circle is still a circle;
+  * layers: a sub-package whose docstring has a line ``May import: A, B`` imports, from the rest
+    of the package, only A and B (``May import: nothing ...``: none); a module at the package's
+    top (a command) may import any of it;
+  * the ground floor, a sub-package whose docstring says it ``imports no torch``, imports none of
+    NO_TORCH_IMPORTS, and no module of the package imports another top-level package named in
+    ``--never`` (the test bench: it imports the product, never the other way round).
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from pathlib import Path
 MAX_LINES = 60          # per function
 MAX_CLASS_LINES = 150
 MAX_FILE_LINES = 450
+NO_TORCH_IMPORTS = ("torch", "torchvision", "horovod")
 
 
 def long_functions(path: Path, max_lines: int = MAX_LINES,
@@ -115,7 +122,54 @@ def import_circles(package_root: Path) -> list[list[str]]:
     return circles
 
 
-def problems(paths: list[str], max_lines: int, max_class_lines: int, max_file_lines: int) -> list[str]:
+def all_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in ``path``, inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+    return found
+
+
+def allowed_imports(init: Path) -> list[str] | None:
+    """The sub-packages a package's ``May import:`` line names ([] for "nothing"), or None when
+    its docstring has no such line."""
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    for line in doc.splitlines():
+        if line.startswith("May import:"):
+            rest = line.removeprefix("May import:").strip().rstrip(".")
+            return [] if rest.startswith("nothing") else [name.strip() for name in rest.split(",")]
+    return None
+
+
+def layer_problems(package_root: Path, never: list[str]) -> list[str]:
+    """Imports that break a sub-package's ``May import:`` line, the ground floor's No torch, or
+    reach into a package named in ``never``."""
+    found, top = [], package_root.name
+    for path in sorted(package_root.rglob("*.py")):
+        parts = path.relative_to(package_root).parts
+        own = f"{top}.{parts[0]}" if len(parts) > 1 else None
+        init = package_root / parts[0] / "__init__.py" if own else None
+        allowed = allowed_imports(init) if init and init.is_file() else None
+        doc = ast.get_docstring(ast.parse(init.read_text())) or "" if init and init.is_file() else ""
+        for line, name in all_imports(path):
+            root = name.split(".")[0]
+            if root in never:
+                found.append(f"{path}:{line}: imports {name.rsplit('.', 1)[0]} ({root} is never imported by {top})")
+            elif "imports no torch" in doc and root in NO_TORCH_IMPORTS:
+                found.append(f"{path}:{line}: imports {root} ({own} loads no torch)")
+            elif allowed is not None and root == top and name.count(".") >= 2:
+                target = ".".join(name.split(".")[:2])
+                if target != own and (package_root / target.split(".")[1]).is_dir() and target not in allowed:
+                    found.append(f"{path}:{line}: imports {target} ({own} may import: "
+                                 f"{', '.join(allowed) or 'nothing of ' + top})")
+    return found
+
+
+def problems(paths: list[str], max_lines: int, max_class_lines: int, max_file_lines: int,
+             never: list[str] = ()) -> list[str]:
     lines = []
     for path in python_files(paths):
         for file, line, name, length, limit in long_functions(path, max_lines, max_class_lines):
@@ -128,6 +182,7 @@ def problems(paths: list[str], max_lines: int, max_class_lines: int, max_file_li
         if (path / "__init__.py").is_file():
             for circle in import_circles(path):
                 lines.append(f"{path}: import circle: {' -> '.join(circle + circle[:1])}")
+            lines.extend(layer_problems(path, list(never)))
     return lines
 
 
@@ -137,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-lines", type=int, default=MAX_LINES, help="per function")
     parser.add_argument("--max-class-lines", type=int, default=MAX_CLASS_LINES)
     parser.add_argument("--max-file-lines", type=int, default=MAX_FILE_LINES)
+    parser.add_argument("--never", nargs="*", default=[], metavar="PACKAGE",
+                        help="top-level packages the checked package must never import (the test bench)")
     args = parser.parse_args(argv)
-    found = problems(args.paths, args.max_lines, args.max_class_lines, args.max_file_lines)
+    found = problems(args.paths, args.max_lines, args.max_class_lines, args.max_file_lines, args.never)
     for line in found:
         print(line)
     return 1 if found else 0

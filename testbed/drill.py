@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hvd_cifar import jobs, launchers
+from hvd_cifar.launch import commands
 
-ROOT = Path(launchers.ROOT)
+from testbed import jobs
+
+ROOT = Path(commands.ROOT)
 TINY = str(ROOT / "configs" / "tiny.yaml")
 BAD_INPUT_BOUND_S = 30.0   # "within seconds": the slowest case pays for mpirun, torch and MPI start-up
 KILL_BOUND_S = 60.0
@@ -50,12 +52,12 @@ RANK_TAG = re.compile(r"^\[[\d,]+\]<stderr>:")
 
 def launcher_argv(launcher: str, np: int) -> list[str]:
     """The command prefix that starts ``np`` ranks of ``python -m hvd_cifar.train`` here."""
-    return launchers.argv(launcher, np)
+    return commands.argv(launcher, np)
 
 
 def job_env() -> dict:
     """Every drill job's environment: one OpenMP thread per rank (2 ranks share the cores)."""
-    return jobs.job_env(OMP_NUM_THREADS="1")
+    return commands.job_env(OMP_NUM_THREADS="1")
 
 
 def our_lines(stderr: str) -> list[str]:

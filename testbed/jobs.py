@@ -2,7 +2,7 @@
 cluster's run of one) to its end or its timeout, its output in a log, and one error that names
 the job when it fails. Every script under benchmarks/ runs its jobs through ``run``.
 
-    done = jobs.run("np2 horovod", [*launchers.argv("mpirun", 2), *flags], log="OUT/np2.log", timeout=900)
+    done = jobs.run("np2 horovod", [*commands.argv("mpirun", 2), *flags], log="OUT/np2.log", timeout=900)
     done = jobs.run("bytes fp16 np=4", lambda: cluster.run_horovodrun(4, flags, gloo=True, timeout=900),
                     log="OUT/logs/bytes-fp16-np4.log")
     done.stdout, done.stderr, done.seconds        # (a cluster's output is all in stdout)
@@ -18,12 +18,10 @@ torch here.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -32,11 +30,10 @@ from typing import Any, Callable, Sequence, TypeVar, Union
 
 import psutil
 
-from hvd_cifar.files import write_json, write_text
-from hvd_cifar.launchers import ROOT
+from hvd_cifar.core.files import write_json, write_text
+from hvd_cifar.launch.commands import ROOT, job_env, stop
 
 TAIL_CHARS = 3000  # of a failed job's output, in its error when it has no log
-STOP_GRACE_S = 10.0  # from SIGTERM to SIGKILL when a job outlives its timeout
 
 # Trainer flags of every training job a benchmark runs on the namespace cluster: reproducible,
 # no checkpoints or progress bar, one thread per rank (the "hosts" share this machine's cores),
@@ -67,22 +64,6 @@ class Finished:
     stdout: str
     stderr: str
     seconds: float     # wall clock, start to end
-
-
-def job_env(**extra: str) -> dict:
-    """This process's environment for a job, with unbuffered Python output and ``extra``."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", **extra)
-
-
-def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM to the job's process group (its launcher and every rank it started), SIGKILL to
-    what is left after ``grace_s``."""
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signum)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace_s)
-            return
 
 
 def _run_here(argv: Sequence[str], timeout: float | None, env: dict | None, cwd: str) -> tuple:
@@ -192,7 +173,7 @@ def write_results(out: str, stem: str, results: Any, text: str) -> None:
 def add_options(p: argparse.ArgumentParser, **defaults: Any) -> None:
     """The options several benchmarks share, with one help text each; only those given a default
     here are added (``batch_size=32`` adds --batch-size)."""
-    helps = {"model": ("--model", str, "the model (hvd_cifar.models)"),
+    helps = {"model": ("--model", str, "the model (hvd_cifar.workload.models)"),
              "batch_size": ("--batch-size", int, "images per rank per step"),
              "np": ("--np", int, "ranks per job"),
              "steps": ("--steps", int, "training steps per epoch per rank"),

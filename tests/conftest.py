@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hvd_cifar import launchers, resources
+from hvd_cifar.launch import commands
+
+from hvd_cifar.core.names import RESOURCE_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -44,8 +46,8 @@ def no_mpi_in_the_test_process():
 
 def launch_argv(launcher: str, np: int) -> list[str]:
     """The command prefix that starts ``np`` ranks of ``python -m hvd_cifar.train``
-    (single, horovodrun, horovodrun-gloo or mpirun: hvd_cifar.launchers)."""
-    return launchers.argv(launcher, np)
+    (single, horovodrun, horovodrun-gloo or mpirun: hvd_cifar.launch.commands)."""
+    return commands.argv(launcher, np)
 
 
 def run_train(args: list[str], launcher: str = "single", np: int = 1, timeout: int = 300,
@@ -68,7 +70,7 @@ def measured(key: str) -> bool:
     """Fields of a metrics line that differ between two runs of the same training: times, rates,
     interface counters, resource use, and where a resumed epoch's pass began (its times cover only
     that pass)."""
-    return (key.endswith("_time_s") or key in ("images_per_s", "elapsed_s", "resumed_at_step", *resources.FIELDS)
+    return (key.endswith("_time_s") or key in ("images_per_s", "elapsed_s", "resumed_at_step", *RESOURCE_FIELDS)
             or key.startswith(("nic_", "comm_hidden", "comm_exposed")))
 
 
@@ -148,7 +150,7 @@ def _netns_works() -> bool:
     return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
 
 
-# Marks for tests that build a cluster of network namespaces (hvd_cifar.netcluster).
+# Marks for tests that build a cluster of network namespaces (testbed.netcluster).
 NEEDS_NETNS = [
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
     pytest.mark.skipif(os.geteuid() == 0 and not _netns_works(), reason="`ip netns` is unavailable here"),

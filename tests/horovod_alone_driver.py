@@ -14,7 +14,9 @@ import sys
 
 import horovod.torch as hvd
 
-from hvd_cifar import train, training
+from hvd_cifar import train
+
+from hvd_cifar.trainer import context
 from hvd_cifar.sync import horovod as horovod_sync
 
 COUNTED = ("init", "allreduce", "allreduce_async", "allreduce_async_", "grouped_allreduce_async",
@@ -35,13 +37,13 @@ def main() -> None:
         setattr(hvd, name, counted(name, getattr(hvd, name)))
     if mode == "communicate":  # configure() then finds no other class to become
         horovod_sync.HorovodAlone = horovod_sync.HorovodSync
-    optimizers, set_trainable = [], training.Training.set_trainable
+    optimizers, set_trainable = [], context.Training.set_trainable
 
     def recorded(self, *args, **kwargs):
         set_trainable(self, *args, **kwargs)
         optimizers.append(f"{type(self.optimizer).__module__}.{type(self.optimizer).__name__}")
 
-    training.Training.set_trainable = recorded
+    context.Training.set_trainable = recorded
     status, _ = train.main(argv)
     print(json.dumps({"status": status, "calls": calls, "optimizers": optimizers}), flush=True)
     train.lifecycle.exit_process(status, True)  # Horovod's threads: no interpreter shutdown

@@ -45,7 +45,7 @@ def epoch_record(epoch: int, world_size: int = 1, steps: int = 3, batch_size: in
 def evaluation(last: dict, target: dict | None = None) -> dict:
     """eval.json for a run whose last epoch record is ``last``: a confusion matrix that gives its
     test accuracy, scikit-learn's report of it, and the time-to-target keys (``target``, as
-    hvd_cifar.runs.time_to_target gives them; no target by default)."""
+    hvd_cifar.runfolder.reader.time_to_target gives them; no target by default)."""
     right, support = round(last["test_acc"] * 40), 40
     matrix = [[right if i == j else (support - right if j == (i + 1) % CLASSES else 0) for j in range(CLASSES)]
               for i in range(CLASSES)]

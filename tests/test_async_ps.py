@@ -27,10 +27,12 @@ import pytest
 import torch
 
 from conftest import NEEDS_NETNS, TINY, SharedRun, md_table, read_metrics, run_train
-from hvd_cifar import data, drill, engine, report
-from hvd_cifar.config import Config, ConfigError
-from hvd_cifar.models import build_model
-from hvd_cifar.netcluster import NetCluster
+from hvd_cifar import report
+from hvd_cifar.workload import data, optim
+from testbed import drill
+from hvd_cifar.core.config import Config, ConfigError
+from hvd_cifar.workload.models import build_model
+from testbed.netcluster import NetCluster
 
 PS = ["--sync", "mpi-async-ps"]
 DIGITS_TRAIN = 1437  # digits' training images
@@ -95,7 +97,7 @@ def test_the_server_update_is_torch_sgd():
         grads = [torch.randn_like(p) for p in reference.parameters()]
         for p, g in zip(reference.parameters(), grads):
             p.grad = g.clone()
-        engine.set_lr(ref_optimizer, lr)
+        optim.set_lr(ref_optimizer, lr)
         ref_optimizer.step()
         server.pushed[0].copy_(torch.cat([g.reshape(-1) for g in grads]))
         server.apply(server.pushed[0], lr)
@@ -194,7 +196,7 @@ def test_server_checkpoint_is_the_evaluated_model_and_resume_continues(tmp_path,
     cfg = Config(model="smallcnn", lr=0.05, epochs=3, warmup_epochs=0)
     total = 2 * 10  # 2 workers x 10 updates an epoch, on a one-rank schedule
     for r in records:  # the rate of each epoch's last update, the resumed ones included
-        assert r["lr"] == pytest.approx(engine.LrSchedule(cfg, 1, total)((r["epoch"] + 1) * total - 1))
+        assert r["lr"] == pytest.approx(optim.LrSchedule(cfg, 1, total)((r["epoch"] + 1) * total - 1))
     final = torch.load(run / "checkpoint_last.pt", weights_only=True)
     assert final["epoch"] == 3
     assert _accuracy_of(final, "smallcnn") == pytest.approx(records[-1]["test_acc"], abs=1.5 / 360)

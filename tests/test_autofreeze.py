@@ -1,4 +1,4 @@
-"""freeze: auto (hvd_cifar/autofreeze.py): the decision rule and its measure on their own, then a
+"""freeze: auto (hvd_cifar/trainer/freezing.py): the decision rule and its measure on their own, then a
 real 2-rank horovodrun run on digits: a freeze event, frozen_blocks growing, fewer gradient bytes
 per step after the freeze, and a resume that keeps the decision state."""
 from __future__ import annotations
@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from conftest import md_table, read_metrics, run_train
-from hvd_cifar import config, report
-from hvd_cifar.autofreeze import AutoFreeze, decide
-from hvd_cifar.config import ConfigError
-from hvd_cifar.models import build_model, set_frozen_blocks
+from hvd_cifar import report
+from hvd_cifar.core import config
+from hvd_cifar.trainer.freezing import AutoFreeze, decide
+from hvd_cifar.core.config import ConfigError
+from hvd_cifar.workload.models import build_model, set_frozen_blocks
 
 
 # ----------------------------------------------------------------------------- the decision rule

@@ -1,4 +1,4 @@
-"""Every bad input of the fault drill (hvd_cifar.drill; benchmarks/reliability.py runs them all
+"""Every bad input of the fault drill (testbed.drill; benchmarks/reliability.py runs them all
 for real and prints the table in docs/RELIABILITY.md): one line from hvd_cifar, and no traceback.
 
 Mistakes in the config alone are checked in-process, in milliseconds: the trainer's own
@@ -9,7 +9,9 @@ line from one rank, under a real launcher. Every other case (hostfiles, data set
 run folders, launchers, the host's CPUs and interfaces, divergence) is launched for real."""
 import pytest
 
-from hvd_cifar import drill, train
+from hvd_cifar import train
+
+from testbed import drill
 
 CONFIG_ERRORS = [case for case in drill.BAD_INPUTS if case.config_error]
 # Config errors that still run as real jobs: one line from one rank under mpirun -np 2 and horovodrun.

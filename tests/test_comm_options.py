@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import read_metrics, run_train
-from hvd_cifar.models import build_model
+from hvd_cifar.workload.models import build_model
 
 
 def final_weights(run):

@@ -4,8 +4,8 @@ import pytest
 import yaml
 
 from conftest import PYTHON, ROOT
-from hvd_cifar import config
-from hvd_cifar.config import Config, ConfigError
+from hvd_cifar.core import config
+from hvd_cifar.core.config import Config, ConfigError
 
 
 def test_precedence_defaults_yaml_flags(tmp_path):
@@ -159,7 +159,7 @@ def test_threads_per_rank_may_use_the_usable_cpus_and_no_more(monkeypatch):
 
 
 def test_a_nic_the_host_lacks_is_refused_with_the_hosts_interfaces(monkeypatch):
-    from hvd_cifar import netstats
+    from hvd_cifar.core import netstats
 
     monkeypatch.setattr(netstats, "read_counters", lambda: {"lo": (0, 0), "ens3": (5, 7)})
     assert config.from_args(["--nic", "ens3"]).nic == "ens3"

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conftest import TINY, SharedRun, read_metrics, run_train
-from hvd_cifar.config import Config
-from hvd_cifar.engine import LrSchedule, guard_gradients
+from hvd_cifar.core.config import Config
+from hvd_cifar.trainer.loop import guard_gradients
+from hvd_cifar.workload.optim import LrSchedule
 
 
 def schedule(np_: int, k: int = 1, scaling: str = "linear", updates_per_epoch: int = 0, **cfg) -> LrSchedule:
@@ -58,7 +59,7 @@ def test_grad_clip_bounds_the_global_norm_and_a_nan_is_divergence():
     guard_gradients(opt, 0.0, None, epoch=0, step=0)  # 0 = off: untouched
     assert p.grad[0].item() == 3.0
     q.grad[1] = float("nan")
-    from hvd_cifar.engine import Diverged
+    from hvd_cifar.trainer.loop import Diverged
     with pytest.raises(Diverged, match="non-finite gradients at epoch 3, step 8"):
         guard_gradients(opt, 0.0, None, epoch=2, step=7)
 
@@ -104,7 +105,7 @@ def test_time_to_target_matches_the_metrics_lines(tmp_path, tiny_args):
     never = json.loads((run / "eval.json").read_text())
     assert never["target_acc"] == 1.0
     assert never["epochs_to_target"] is None and never["time_to_target_s"] is None  # not a made-up number
-    from hvd_cifar.runs import time_to_target
+    from hvd_cifar.runfolder.reader import time_to_target
     best = max(r["test_acc"] for r in records)
     first = next(r for r in records if r["test_acc"] >= best)
     assert time_to_target(records, best) == {"target_acc": best, "epochs_to_target": first["epoch"] + 1,
@@ -115,15 +116,18 @@ def test_time_to_target_matches_the_metrics_lines(tmp_path, tiny_args):
 
 
 @pytest.mark.slow
-def test_small_cnn_at_defaults_reaches_95_percent_at_four_ranks(tmp_path):
-    """The case the first warm-up rule lost (93.9 %: half the run's 66 updates in warm-up, at
-    VGG-11's rate), and the thinnest margin of the defaults' grid (docs/BENCHMARKS.md): 4 ranks
-    on the 2 cores, every key at its default, 6 whole epochs. The rest of the grid (VGG-11 and
-    ResNet-18 at np = 1, 2, 4, accumulation, fp16) is benchmarks/convergence.py: minutes per case."""
+@pytest.mark.parametrize("np_", [1, 2, 4])
+def test_small_cnn_at_defaults_reaches_95_percent(tmp_path, np_):
+    """The defaults train: every key at its default, the small CNN on digits, 6 whole epochs, at
+    1, 2 and 4 ranks (4 ranks on the 2 cores: the case the first warm-up rule lost, 93.9 % with
+    half the run's 66 updates in warm-up, and the thinnest margin of the defaults' grid). The
+    rest of the grid (VGG-11 and ResNet-18, accumulation, fp16) is benchmarks/convergence.py:
+    minutes per case."""
     run_train(["--dataset", "digits", "--model", "smallcnn", "--epochs", "6", "--progress", "false",
-               "--log-dir", str(tmp_path), "--run-name", "run"], launcher="mpirun", np=4, timeout=600)
+               "--log-dir", str(tmp_path), "--run-name", "run"], launcher="mpirun", np=np_, timeout=600)
     records = read_metrics(tmp_path / "run")
-    assert records[0]["lr"] < records[1]["lr"]  # still warming up at the end of the first epoch
+    if np_ == 4:  # the warm-up grows with the ranks: still rising at the end of the first epoch
+        assert records[0]["lr"] < records[1]["lr"]
     assert records[-1]["test_acc"] >= 0.95, [r["test_acc"] for r in records]
 
 
@@ -131,7 +135,7 @@ def test_cifar10_recipe_states_the_rates_the_rule_gives():
     """The CIFAR-10 recipe's comment table (ranks, images per update, peak lr, warm-up epochs)
     is what LrSchedule computes for that config, so the two cannot drift apart."""
     import re
-    from hvd_cifar import config
+    from hvd_cifar.core import config
     from conftest import ROOT
     path = f"{ROOT}/configs/cifar10_vgg11.yaml"
     rows = re.findall(r"^#\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)", open(path).read(), re.M)

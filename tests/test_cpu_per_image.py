@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from conftest import md_table, read_metrics, shown
-from hvd_cifar import metrics, report, resources
-from hvd_cifar.engine import EpochResult
-from hvd_cifar.runs import PHASES, load_run
-from hvd_cifar.summary import summarize
+from hvd_cifar import report
+from hvd_cifar.trainer import metrics, resources
+from hvd_cifar.workload.epoch import EpochResult
+from hvd_cifar.core.names import PHASES
+from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.analysis.summary import summarize
 from runfolders import epoch_record, write_run
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torchvision.datasets as tvd
 
-from hvd_cifar import data
-from hvd_cifar.data import DataError, ShardedLoader
+from hvd_cifar.workload import data
+from hvd_cifar.workload.data import DataError, ShardedLoader
 
 
 def write_cifar10(root, n_train=50, n_test=20, seed=0):

@@ -3,7 +3,7 @@
     .venv/bin/python -m pytest -q tests/test_elastic.py       # as root; under a minute
 
 One real job under horovodrun's elastic driver (Gloo) on the namespace cluster
-(``hvd_cifar.netcluster``: one slot per host, each host its own address and hostname):
+(``testbed.netcluster``: one slot per host, each host its own address and hostname):
 ``--min-np 2 --max-np 3``, hosts from ``launch/discover-hosts.sh`` reading a hostfile that the
 test edits while the job runs. The job starts on hosts 0, 1, 2; then
 
@@ -34,8 +34,8 @@ from pathlib import Path
 import pytest
 
 from conftest import NEEDS_NETNS, ROOT
-from hvd_cifar import netcluster
-from hvd_cifar.netcluster import NetCluster
+from testbed import netcluster
+from testbed.netcluster import NetCluster
 
 pytestmark = [*NEEDS_NETNS, pytest.mark.slow]
 
@@ -50,7 +50,7 @@ DISCOVER = str(ROOT / "launch" / "discover-hosts.sh")
 PACE = """
 import os, time
 if "HOROVOD_HOSTNAME" in os.environ:  # a worker (not horovodrun's driver)
-    from hvd_cifar import elastic
+    from hvd_cifar.trainer import elastic
     _after_step = elastic.ElasticState.after_step
     def after_step(self, step, images):
         _after_step(self, step, images)

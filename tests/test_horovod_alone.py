@@ -33,7 +33,7 @@ def driven(tmp_path, mode: str, extra: list[str]) -> tuple[dict, dict, list[dict
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_one_rank_trains_without_communication_and_computes_the_same(tmp_path, variant):
     alone, weights, lines = driven(tmp_path, "local", VARIANTS[variant])
-    assert alone["optimizers"] == ["hvd_cifar.optim.SGD"], alone["optimizers"]  # not Horovod's wrapper
+    assert alone["optimizers"] == ["hvd_cifar.workload.optim.SGD"], alone["optimizers"]  # not Horovod's wrapper
     talked = {name: n for name, n in alone["calls"].items() if n and name != "init"}
     assert not talked, f"collectives at one rank: {talked}"
 

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from conftest import PYTHON, run_train
-from hvd_cifar import config
+from hvd_cifar.core import config
 
 
 def test_tuning_keys_default_to_someone_elses_setting_and_parse():

@@ -3,8 +3,8 @@ import subprocess
 import pytest
 
 from conftest import PYTHON, ROOT
-from hvd_cifar import hostfile
-from hvd_cifar.hostfile import HostfileError
+from hvd_cifar.launch import hostfile
+from hvd_cifar.launch.hostfile import HostfileError
 
 
 def write(tmp_path, text):
@@ -43,7 +43,7 @@ def test_empty_and_missing_files(tmp_path):
 
 def test_fewer_slots_than_np_via_cli(tmp_path):
     path = write(tmp_path, "node1 slots=2\nnode2 slots=1\n")
-    proc = subprocess.run([PYTHON, "-m", "hvd_cifar.hostfile", path, "--np", "4"], capture_output=True, text=True)
+    proc = subprocess.run([PYTHON, "-m", "hvd_cifar.launch.hostfile", path, "--np", "4"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"hvd_cifar: error: hostfile {path}: -np 4 needs 4 slots but the file has 3"
 

@@ -18,7 +18,7 @@ def check(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_package_keeps_the_house_rules():
-    proc = check("hvd_cifar")
+    proc = check("hvd_cifar", "--never", "testbed")
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
 
 
@@ -61,8 +61,48 @@ def test_the_checker_finds_an_import_circle_through_a_function_and_a_subpackage(
 
 
 def test_reading_and_tabulating_runs_loads_no_torch_and_no_plotting():
-    code = ("import sys\nimport hvd_cifar.runs, hvd_cifar.tables, hvd_cifar.files, hvd_cifar.errors, hvd_cifar.scaling\n"
+    code = ("import sys\nimport hvd_cifar.runfolder.reader, hvd_cifar.analysis.tabulate, hvd_cifar.core.files, hvd_cifar.core.errors, hvd_cifar.analysis.scaling\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'matplotlib', 'horovod', 'mpi4py'}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_the_checker_holds_each_layer_to_its_may_import_line(tmp_path):
+    """A sub-package imports only what its docstring's ``May import:`` line names; the ground
+    floor that says it imports no torch imports none; nothing imports the package given to
+    --never; a top-level module (a command) may import any layer."""
+    package = tmp_path / "pkg"
+    layers = {"core": '"""Ground floor. It imports no torch.\n\nMay import: nothing of pkg outside core.\n"""\n',
+              "mid": '"""Middle.\n\nMay import: pkg.core.\n"""\n',
+              "top": '"""Top.\n\nMay import: pkg.core, pkg.mid.\n"""\n'}
+    for name, doc in layers.items():
+        (package / name).mkdir(parents=True)
+        (package / name / "__init__.py").write_text(doc)
+    (package / "__init__.py").write_text("")
+    (package / "core" / "names.py").write_text("X = 1\n")
+    (package / "core" / "heavy.py").write_text("def f():\n    import torch\n    return torch\n")
+    (package / "mid" / "a.py").write_text("from pkg.core.names import X\n")
+    (package / "mid" / "up.py").write_text("from pkg.top import b\n")        # upward: not allowed
+    (package / "top" / "b.py").write_text("from pkg.mid import a\nfrom pkg.core import names\n")
+    (package / "top" / "bench.py").write_text("import bench.cluster\n")     # the test bench
+    (package / "cmd.py").write_text("from pkg.top import b\nfrom pkg.core import names\n")
+    proc = subprocess.run([sys.executable, str(CHECKER), "pkg", "--never", "bench"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert sorted(proc.stdout.splitlines()) == [
+        "pkg/core/heavy.py:2: imports torch (pkg.core loads no torch)",
+        "pkg/mid/up.py:1: imports pkg.top (pkg.mid may import: pkg.core)",
+        "pkg/top/bench.py:1: imports bench (bench is never imported by pkg)",
+    ], proc.stdout
+
+
+def test_the_ground_floor_loads_no_torch():
+    """Config, names, byte formulas and units are read by the readers, the predictor and the
+    launch scripts: importing every module of hvd_cifar.core loads no torch, Horovod or MPI."""
+    code = ("import sys, pkgutil, importlib, hvd_cifar.core as core\n"
+            "for m in pkgutil.iter_modules(core.__path__): importlib.import_module('hvd_cifar.core.' + m.name)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'horovod', 'mpi4py'}))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT, read_metrics, run_train
-from hvd_cifar import launchers
+from hvd_cifar.launch import commands
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "horovodrun-gloo", "mpirun"])
@@ -53,7 +53,7 @@ def test_bad_config_under_mpirun_is_one_line_from_one_rank(tmp_path):
 FAIL_MID_EPOCH = """
 import os
 if (os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("HOROVOD_RANK")) == "1":
-    import hvd_cifar.data as d
+    import hvd_cifar.workload.data as d
     original = d.ShardedLoader.epoch
     def epoch(self, *args, **kwargs):
         for i, batch in enumerate(original(self, *args, **kwargs)):
@@ -111,6 +111,6 @@ def test_two_ranks_compute_the_update_one_rank_computes_for_their_images(tmp_pat
 def test_mpirun_flags_export_only_the_variables_mpiruns_environment_sets():
     """mpirun warns of each -x variable its environment lacks (three lines in every job's output
     under Slurm's mpirun style): only those set are exported."""
-    flags = launchers.recommended_mpirun_flags({"PATH": "/bin", "HOROVOD_TIMELINE": "t.json"})
+    flags = commands.recommended_mpirun_flags({"PATH": "/bin", "HOROVOD_TIMELINE": "t.json"})
     assert [flags[i + 1] for i, f in enumerate(flags) if f == "-x"] == ["PATH", "HOROVOD_TIMELINE"]
-    assert flags[:4] == list(launchers.MAP_FLAGS) and flags[-len(launchers.TRANSPORT_FLAGS):] == list(launchers.TRANSPORT_FLAGS)
+    assert flags[:4] == list(commands.MAP_FLAGS) and flags[-len(commands.TRANSPORT_FLAGS):] == list(commands.TRANSPORT_FLAGS)

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from conftest import NEEDS_NETNS
-from hvd_cifar.netcluster import NetCluster, list_namespaces
+from testbed.netcluster import NetCluster, list_namespaces
 
 
 pytestmark = [
@@ -114,9 +114,9 @@ def test_shaped_links_hold_their_rate():
 def test_ranks_fill_hosts_per_host_at_a_time(tmp_path):
     """np ranks, per_host to a host from host 0 on: the hostfile, horovodrun's -H and mpirun's
     command line agree; more ranks than slots is one ClusterError (no cluster needs to be up)."""
-    from hvd_cifar.netcluster import launch
-    from hvd_cifar.netcluster.layout import Layout
-    from hvd_cifar.netcluster.system import ClusterError
+    from testbed.netcluster import launch
+    from testbed.netcluster.layout import Layout
+    from testbed.netcluster.system import ClusterError
 
     layout = Layout(3, "/venv/bin/python", str(tmp_path))
     layout.hosts, layout.tmpdir = ["10.9.0.1", "10.9.0.2", "10.9.0.3"], str(tmp_path)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import NEEDS_NETNS, ROOT
-from hvd_cifar import scaling
+from hvd_cifar.analysis import scaling
 
 SCRIPT = ROOT / "benchmarks" / "network_validation.py"
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from conftest import read_metrics, run_train
-from hvd_cifar import overlap
+from hvd_cifar.sync import overlap
 
 
 def test_time_inside_the_waits_is_exposed_and_the_rest_hidden():

@@ -1,4 +1,4 @@
-"""hvd_cifar.scaling and hvd_cifar.predict: the model's equations on hand-computed cases, the fits
+"""hvd_cifar.analysis.scaling and hvd_cifar.predict: the model's equations on hand-computed cases, the fits
 recovering known α/β, one whole prediction worked by hand, the command on run folders written
 here (tests/runfolders.py) and, once, on a real run folder."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT, md_table, read_csv
 from hvd_cifar import predict
-from hvd_cifar import scaling as p
+from hvd_cifar.analysis import scaling as p
 from runfolders import epoch_record, write_run
 
 LINK = p.Link(alpha_s=1e-3, beta_bytes_per_s=1000.0, reduce_s_per_byte=1e-6)
@@ -186,8 +186,8 @@ def test_fp16_pays_its_casts_on_a_named_link_and_in_the_reports_break_even(tmp_p
     report's "where the time went"), fp16's casts are timed in this process on the model's
     shapes, as a scheme's compute is (compress/compute.py). Red while they were priced from a
     probe alone: 0 s here, and fp16 paid on every link up to 10 Tbit/s."""
-    from hvd_cifar.explain import explain
-    from hvd_cifar.runs import load_run
+    from hvd_cifar.analysis.explain import explain
+    from hvd_cifar.runfolder.reader import load_run
     phases = {"data": 0.0, "forward": 0.1, "backward": 0.2, "sync": 0.0, "optimizer": 0.1}
     two_epochs(tmp_path / "np1", 1, 0.4, phases)
     two_epochs(tmp_path / "np2", 2, 0.6, {**phases, "sync": 0.2})
@@ -221,7 +221,8 @@ def test_the_model_loads_no_plotting_no_report_and_no_torch(tmp_path):
     probe, an MPI program, loads the model without plotting."""
     check = ("import sys, hvd_cifar.{0}; bad = [m for m in ('torch', 'matplotlib', 'hvd_cifar.report', "
              "'hvd_cifar.predict') if m in sys.modules and m not in {1}]; print(bad)")
-    for module, allowed in (("scaling", ()), ("summary", ()), ("run_tables", ()), ("probe", ("torch",))):
+    for module, allowed in (("analysis.scaling", ()), ("analysis.summary", ()), ("analysis.run_tables", ()),
+                            ("probe", ("torch",))):
         done = subprocess.run([sys.executable, "-c", check.format(module, allowed)], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and done.stdout.strip() == "[]", (module, done.stdout, done.stderr)

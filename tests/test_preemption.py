@@ -3,7 +3,7 @@ at an update boundary every rank agrees on, with a checkpoint of the place insid
 events.jsonl line, one line from rank 0 and exit status 4; ``--resume`` then ends on the weights
 and metrics of a run never interrupted. launch/slurm.sbatch, driven here without Slurm (a
 stand-in srun and scontrol on PATH), passes the scheduler's USR1 on, requeues, and resumes the
-same run folder; hvd_cifar.slurm_resume's decision is tested on its own."""
+same run folder; hvd_cifar.launch.slurm_resume's decision is tested on its own."""
 import json
 import os
 import signal
@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY, launch_argv, read_metrics, run_train, unmeasured
-from hvd_cifar import drill, preempt, slurm_resume
+from hvd_cifar.launch import slurm_resume
+from hvd_cifar.trainer import exits
+from testbed import drill
 
 # 3 epochs of 12 steps in updates of 2 micro-batches: a stop asked for mid-update waits for its end.
 FLAGS = ["--config", TINY, "--epochs", "3", "--max-steps-per-epoch", "12", "--accumulation-steps", "2",
@@ -64,11 +66,11 @@ def straight_2(tmp_path_factory):
 # ----------------------------------------------------------------------------- the signal handler
 STOP_FLAG = """
 import os, signal, time
-from hvd_cifar import preempt
-preempt.install()
+from hvd_cifar.core import stops
+stops.install()
 os.kill(os.getpid(), signal.SIGUSR1)
 time.sleep(0.1)
-print(preempt.asked(), flush=True)      # alive: the first signal only set the flag
+print(stops.asked(), flush=True)      # alive: the first signal only set the flag
 os.kill(os.getpid(), signal.SIG{second})
 time.sleep(5)
 print("still here", flush=True)
@@ -88,13 +90,14 @@ def test_a_stop_signal_sets_a_flag_and_a_second_one_ends_the_process(second):
 # signal, delivered at a known step.
 SIGNAL_AT_STEP = """
 import os, signal
-from hvd_cifar import engine, lifecycle
-_after_step = engine.TrainingState.after_step
+from hvd_cifar.core import lifecycle
+from hvd_cifar.trainer import loop
+_after_step = loop.TrainingState.after_step
 def after_step(self, step, images):
     _after_step(self, step, images)
     if lifecycle.launch_rank() == {rank} and (self.epoch, step) == ({epoch}, {step}):
         os.kill(os.getpid(), signal.{signal})
-engine.TrainingState.after_step = after_step
+loop.TrainingState.after_step = after_step
 """
 
 
@@ -114,7 +117,7 @@ def test_one_rank_signalled_mid_update_stops_both_and_resumes_exactly(tmp_path, 
     run = tmp_path / "paused"
     proc = subprocess.run([*launch_argv("mpirun", 2), *FLAGS, "--sync", sync, "--log-dir", str(tmp_path),
                            "--run-name", "paused"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == preempt.EXIT_PREEMPTED, proc.stderr[-3000:]
+    assert proc.returncode == exits.EXIT_PREEMPTED, proc.stderr[-3000:]
     assert hvd_lines(proc.stderr) == [
         f"hvd_cifar: preempted: a stop signal reached 1 of 2 rank(s); stopped in epoch 2 after step 8, "
         f"checkpoint saved; continue with --resume {run}"]
@@ -154,7 +157,7 @@ def test_sigusr1_to_mpirun_pauses_the_job_and_resume_finishes_it_exactly(tmp_pat
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)  # mpirun's session: the launcher and its ranks
             job.wait()
-    assert job.returncode == preempt.EXIT_PREEMPTED, stderr[-3000:]
+    assert job.returncode == exits.EXIT_PREEMPTED, stderr[-3000:]
     [line] = hvd_lines(stderr)
     assert line.startswith("hvd_cifar: preempted: a stop signal reached 2 of 2 rank(s); stopped in epoch ")
     [event] = events(run)
@@ -189,7 +192,7 @@ def real_slurm_here() -> bool:
     """tests/test_slurm.py runs the same script under a real Slurm (root, slurm-wlm and munge
     installed): the USR1 requeue, the SIGTERM that the script leaves to Slurm, and the resume
     into the same run folder, each checked there. The stand-ins below cover machines without it."""
-    from hvd_cifar.slurmcluster.daemons import missing_programs
+    from testbed.slurmcluster.daemons import missing_programs
     return os.geteuid() == 0 and not missing_programs()
 
 
@@ -238,7 +241,7 @@ def test_slurm_script_passes_usr1_on_requeues_and_resumes_the_same_run(tmp_path)
         job.send_signal(signal.SIGUSR1)  # to the batch shell alone
     finally:
         _, stderr = finish(job)
-    assert job.returncode == preempt.EXIT_PREEMPTED, stderr[-3000:]
+    assert job.returncode == exits.EXIT_PREEMPTED, stderr[-3000:]
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
     assert "slurm_resume: job 4242, restart 0: new run" in stderr
     assert events(run)[0]["event"] == "preempted"
@@ -270,7 +273,7 @@ def test_slurm_script_does_not_requeue_a_job_stopped_by_sigterm(tmp_path):
         rank.send_signal(signal.SIGTERM)
     finally:
         _, stderr = finish(job)
-    assert job.returncode == preempt.EXIT_PREEMPTED, stderr[-3000:]
+    assert job.returncode == exits.EXIT_PREEMPTED, stderr[-3000:]
     assert "waiting for the ranks to save" in stderr
     assert not (tmp_path / "scontrol.log").exists()
     assert torch.load(run / "checkpoint_last.pt", weights_only=True)["position"]["step"] > 0
@@ -304,7 +307,7 @@ def test_slurm_resume_decision(tmp_path):
 
 def test_slurm_resume_command_line(tmp_path):
     env = dict(os.environ, SLURM_JOB_ID="9")
-    cmd = [sys.executable, "-m", "hvd_cifar.slurm_resume"]
+    cmd = [sys.executable, "-m", "hvd_cifar.launch.slurm_resume"]
     proc = subprocess.run([*cmd, "--", "--log-dir", str(tmp_path), "--epochs", "2"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.split("\0") == ["--log-dir", str(tmp_path), "--epochs", "2",

@@ -1,6 +1,6 @@
 """hvd_cifar.probe run for real with 2 ranks and tiny messages: through launch/mpirun.sh --probe
 (the MPI transports, torch's Gloo, Horovod over MPI) and horovodrun --gloo (Horovod's Gloo);
-probe.json's raw timings and fits (hvd_cifar.scaling's), and hvd_cifar.predict reading them."""
+probe.json's raw timings and fits (hvd_cifar.analysis.scaling's), and hvd_cifar.predict reading them."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from conftest import BIN, PYTHON, ROOT, read_csv
-from hvd_cifar import launchers, scaling
+from hvd_cifar.analysis import scaling
+from hvd_cifar.launch import commands
 
 SMALL = ["--min-bytes", "4096", "--max-bytes", "200000", "--sizes", "3", "--iters", "2"]
 
@@ -46,7 +47,7 @@ def test_probe_under_mpi_and_under_gloo_times_every_transport_there(tmp_path):
     assert got["reduce_s_per_byte"] > 0 and got["cast_s_per_byte"] > 0
     # Horovod's negotiation cycle is its own term (5 ms, hvd_cifar.sync.horovod's setting), not latency
     assert got["transports"]["horovod-mpi"]["per_op_s"] == 0.005 and got["transports"]["mpi-allreduce"]["per_op_s"] == 0
-    gloo = probe(launchers.argv("horovodrun-gloo", 2, [PYTHON, "-m", "hvd_cifar.probe"]), tmp_path / "gloo.json")
+    gloo = probe(commands.argv("horovodrun-gloo", 2, [PYTHON, "-m", "hvd_cifar.probe"]), tmp_path / "gloo.json")
     assert list(gloo["transports"]) == ["torch-gloo", "horovod-gloo"] and gloo["launcher"] == "horovodrun-gloo"
     for t in gloo["transports"].values():
         check_transport(t, sizes, gloo["reduce_s_per_byte"])

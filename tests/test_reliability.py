@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY, launch_argv, read_metrics, run_train, seconds_until_it_ends, unmeasured
-from hvd_cifar import drill
+from testbed import drill
 
 
 # The drill's kill cases (benchmarks/reliability.py runs all ten) cut to what differs: under MPI
@@ -35,7 +35,7 @@ def test_sigkill_of_one_rank_ends_the_job_quickly(tmp_path, launcher, sync, vict
 # them written to atomic_write's temp file, then SIGKILL to the rank in the middle of the write.
 KILL_MID_WRITE = """
 import io, os, signal, torch
-from hvd_cifar import runlog
+from hvd_cifar.runfolder import writer
 calls = []
 def save_checkpoint(run_dir, state):
     calls.append(run_dir)
@@ -47,8 +47,8 @@ def save_checkpoint(run_dir, state):
         f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
         f.flush()
         os.kill(os.getpid(), signal.SIGKILL)
-    runlog.atomic_write(os.path.join(run_dir, runlog.CHECKPOINT), half_then_die)
-original, runlog.save_checkpoint = runlog.save_checkpoint, save_checkpoint
+    writer.atomic_write(os.path.join(run_dir, writer.CHECKPOINT), half_then_die)
+original, writer.save_checkpoint = writer.save_checkpoint, save_checkpoint
 """
 
 
@@ -82,10 +82,10 @@ def test_a_job_killed_while_writing_a_checkpoint_keeps_the_last_good_one(tmp_pat
 
 
 def test_a_torn_last_metrics_line_is_not_a_record(tmp_path):
-    from hvd_cifar import runlog
+    from hvd_cifar.runfolder import writer
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 0}\n{"epoch": 1}\n{"epo')
-    assert runlog.read_metrics(str(tmp_path)) == [{"epoch": 0}, {"epoch": 1}]
-    runlog.truncate_metrics(str(tmp_path), 5)
+    assert writer.epoch_records(str(tmp_path)) == [{"epoch": 0}, {"epoch": 1}]
+    writer.truncate_metrics(str(tmp_path), 5)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"epoch": 0}\n{"epoch": 1}\n'
 
 
@@ -117,7 +117,7 @@ def test_corrupt_checkpoint_is_one_line(tmp_path, tiny_args):
 
 
 def test_lost_peer_tells_a_dead_peer_from_a_fault_of_this_rank():
-    from hvd_cifar.lifecycle import lost_peer
+    from hvd_cifar.core.lifecycle import lost_peer
 
     class HorovodInternalError(RuntimeError):  # Horovod's name; matched by name, as Horovod may be absent
         pass
@@ -131,7 +131,7 @@ def test_lost_peer_tells_a_dead_peer_from_a_fault_of_this_rank():
 
 EXIT_WITH_A_THREAD_LEFT = """
 import threading, time
-from hvd_cifar import lifecycle
+from hvd_cifar.core import lifecycle
 threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: shutdown would wait
 print("written", flush=False)
 lifecycle.exit_process(3, threads_left_running={left})
@@ -158,7 +158,7 @@ def test_a_silent_rank_waits_for_rank_0_to_speak_before_exiting():
     """On a bad input only rank 0 prints; any other rank stays silent and exits 2 only after
     ranks.SILENT_RANK_EXIT_DELAY_S, so that a launcher which stops the job at the first non-zero
     exit cannot stop rank 0 before its one line is out."""
-    from hvd_cifar.ranks import SILENT_RANK_EXIT_DELAY_S
+    from hvd_cifar.trainer.ranks import SILENT_RANK_EXIT_DELAY_S
     env = dict(os.environ, HOROVOD_RANK="1")  # what horovodrun --gloo sets for rank 1
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "hvd_cifar.train", "--model", "resnet999"], cwd=ROOT,

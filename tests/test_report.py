@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_png, md_table, read_csv, shown
-from hvd_cifar import plots, report
-from hvd_cifar.runs import PHASES, load_run
+from hvd_cifar import report
+from hvd_cifar.analysis import plots
+from hvd_cifar.core.names import PHASES
+from hvd_cifar.runfolder.reader import load_run
 from runfolders import epoch_record, write_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Resource figures (hvd_cifar/resources.py), top-5 accuracy, the checkpoint's copy of its epoch's
+"""Resource figures (hvd_cifar/trainer/resources.py), top-5 accuracy, the checkpoint's copy of its epoch's
 metrics line, and how the run report shows them (also for runs older than these keys)."""
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from conftest import TINY, SharedRun, assert_png, md_table, read_metrics, run_train, shown
-from hvd_cifar import engine, report, resources
-from hvd_cifar.summary import per_name
+from hvd_cifar import report
+from hvd_cifar.core.names import PHASES
+from hvd_cifar.trainer import resources
+from hvd_cifar.workload import epoch
+from hvd_cifar.analysis.summary import per_name
 
 
 def test_each_rank_fills_its_own_slot_and_the_sum_holds_every_rank():
@@ -44,11 +47,11 @@ def test_the_meter_reads_this_process_and_its_host():
 def test_top5_counts_labels_among_the_five_highest_scores():
     scores = torch.tensor([[6.0, 5, 4, 3, 2, 1, 0]] * 4)  # class 0 first, class 6 last
     labels = torch.tensor([0, 4, 5, 6])                     # top-1; 5th; 6th; 7th
-    assert engine.top_k_correct(scores, labels).item() == 2
+    assert epoch.top_k_correct(scores, labels).item() == 2
     loss = torch.tensor(0.5)
-    assert engine.batch_sums(loss, scores, labels).tolist() == [2.0, 1.0, 4.0, 2.0]  # SUMS' order
+    assert epoch.batch_sums(loss, scores, labels).tolist() == [2.0, 1.0, 4.0, 2.0]  # SUMS' order
     # Fewer classes than five: every label is among the top k = classes.
-    assert engine.top_k_correct(torch.randn(8, 3), torch.randint(0, 3, (8,))).item() == 8
+    assert epoch.top_k_correct(torch.randn(8, 3), torch.randint(0, 3, (8,))).item() == 8
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,7 @@ def test_a_line_lost_after_its_checkpoint_comes_back_on_resume(tmp_path, two_of_
 def epoch_record(epoch: int, **extra) -> dict:
     record = {"epoch": epoch, "lr": 0.1, "train_loss": 1.0, "train_acc": 0.5, "test_loss": 1.1, "test_acc": 0.4,
               "epoch_time_s": 2.0, "images_per_s": 100.0, "steps": 4, "step_time_s": 0.5,
-              "comm_bytes_per_rank": 0, "world_size": 2, **{f"{p}_time_s": 0.1 for p in engine.PHASES}}
+              "comm_bytes_per_rank": 0, "world_size": 2, **{f"{p}_time_s": 0.1 for p in PHASES}}
     return {**record, **extra}
 
 

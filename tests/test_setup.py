@@ -93,11 +93,11 @@ hvd.allreduce(torch.zeros(1), name="end")
 @pytest.mark.slow  # a 2-rank mpirun job
 def test_idle_horovod_ranks_do_not_poll_for_each_other(tmp_path):
     """Fix 7: the background threads' cycles start together, so neither waits for the other."""
-    from hvd_cifar import launchers
+    from hvd_cifar.launch import commands
     script = tmp_path / "idle_rank.py"
     script.write_text(IDLE_RANK)
     program = [str(BIN / "python"), str(script), str(IDLE_S), str(tmp_path)]
-    proc = subprocess.run(launchers.argv("mpirun", 2, program=program), cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run(commands.argv("mpirun", 2, program=program), cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     used = sorted(json.loads((tmp_path / f"rank{r}.json").read_text())["ms_per_s"] for r in (0, 1))

@@ -1,5 +1,5 @@
 """launch/slurm.sbatch under a real Slurm (22.05, Debian's packages), on a cluster of 8 slurmd
-nodes on this machine's loopback started by hvd_cifar.slurmcluster: the shipped script trains
+nodes on this machine's loopback started by testbed.slurmcluster: the shipped script trains
 across 2 nodes under both launch styles (mpirun inside the allocation, srun --mpi=pmix), and a
 job stopped mid-epoch by each of `scontrol requeue`, `scancel --signal=USR1 --batch` and a
 preemption by a higher-priority partition saves its place, is requeued, resumes the same run
@@ -30,9 +30,9 @@ from typing import Iterator
 import pytest
 
 from conftest import ROOT, TINY, assert_png, md_table, read_csv
-from hvd_cifar import slurm_output
-from hvd_cifar.slurmcluster import SlurmCluster, jobs
-from hvd_cifar.slurmcluster.daemons import missing_programs
+from hvd_cifar.launch import slurm, slurm_output
+from testbed.slurmcluster import SlurmCluster, jobs
+from testbed.slurmcluster.daemons import missing_programs
 from test_preemption import FLAGS, assert_same_training, events
 
 def needs_slurm(test):
@@ -45,12 +45,12 @@ def needs_slurm(test):
 # ----------------------------------------------------------------------------- without Slurm
 REPEATED_STOP = """
 import os, signal, time
-from hvd_cifar import preempt
-preempt.install()
+from hvd_cifar.core import stops
+stops.install()
 for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGUSR1):
     os.kill(os.getpid(), sig)
     time.sleep(0.1)
-print(signal.Signals(preempt.asked()).name, "still here", flush=True)
+print(signal.Signals(stops.asked()).name, "still here", flush=True)
 """
 
 
@@ -67,13 +67,13 @@ def test_under_slurm_a_repeated_stop_signal_does_not_end_the_rank():
 
 
 def test_a_run_that_loses_ranks_is_requeued_once_and_then_says_how_to_go_on(tmp_path):
-    """hvd_cifar.slurm_resume --lost: each loss is an events.jsonl line; the first requeues the
+    """hvd_cifar.launch.slurm_resume --lost: each loss is an events.jsonl line; the first requeues the
     job (exit 0), the second does not (exit 1: a node that keeps failing would loop)."""
     run = tmp_path / "logs" / "slurm-9"
     run.mkdir(parents=True)
     (tmp_path / "lost.json").write_text(json.dumps({"node": "n2", "tasks": "1", "why": "Killed"}))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "SLURM_JOB_ID": "9"}
-    argv = [sys.executable, "-m", "hvd_cifar.slurm_resume", "--lost", str(tmp_path / "lost.json"), "--",
+    argv = [sys.executable, "-m", "hvd_cifar.launch.slurm_resume", "--lost", str(tmp_path / "lost.json"), "--",
             "--config", TINY, "--log-dir", str(tmp_path / "logs"), "--run-name", "slurm-9"]
     first = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert (first.returncode, first.stderr) == (0, f"slurm.sbatch: job 9: rank 1 on node n2 lost (Killed); requeued "
@@ -98,7 +98,7 @@ def test_a_node_lost_with_only_its_name_known_is_told_by_the_ranks_it_had(tmp_pa
     (run / "meta.json").write_text(json.dumps({"hostnames": ["n1", "n2", "n1", "n2"]}))
     (tmp_path / "lost.json").write_text(json.dumps({"node": "n2", "tasks": "", "why": "connection lost"}))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "SLURM_JOB_ID": "9"}
-    done = subprocess.run([sys.executable, "-m", "hvd_cifar.slurm_resume", "--lost", str(tmp_path / "lost.json"), "--",
+    done = subprocess.run([sys.executable, "-m", "hvd_cifar.launch.slurm_resume", "--lost", str(tmp_path / "lost.json"), "--",
                            "--config", TINY, "--log-dir", str(tmp_path / "logs"), "--run-name", "slurm-9"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.stderr.startswith("slurm.sbatch: job 9: ranks 1,3 on node n2 lost (connection lost); requeued"), done
@@ -106,7 +106,7 @@ def test_a_node_lost_with_only_its_name_known_is_told_by_the_ranks_it_had(tmp_pa
 
 
 # What a 2-rank step printed on stderr when its rank on n2 was killed (launch/slurm.sbatch before
-# hvd_cifar.slurm_output, on the cluster below), between a line of the ranks' and one of the script's.
+# hvd_cifar.launch.slurm_output, on the cluster below), between a line of the ranks' and one of the script's.
 STEP_STDERR = """hvd_cifar: warning: a line of the ranks'
 --------------------------------------------------------------------------
 An MPI communication peer process has unexpectedly disconnected.  This
@@ -219,8 +219,9 @@ def test_under_mpirun_a_lost_rank_or_node_is_named_and_taken_out(text, lost):
 
 HOLD = """
 import os, time
-from hvd_cifar import engine, lifecycle, preempt
-_after_step = engine.TrainingState.after_step
+from hvd_cifar.core import lifecycle, stops
+from hvd_cifar.trainer import loop
+_after_step = loop.TrainingState.after_step
 def after_step(self, step, images):
     _after_step(self, step, images)
     if (os.environ.get("SLURM_RESTART_COUNT", "0") == "0" and lifecycle.launch_rank() == int(os.environ["HOLD_RANK"])
@@ -229,14 +230,14 @@ def after_step(self, step, images):
             f.write(str(os.getpid()))
         os.replace(os.environ["HOLD_FILE"] + ".tmp", os.environ["HOLD_FILE"])  # whole, with the held rank's pid
         deadline = time.monotonic() + 240
-        while not preempt.asked() and time.monotonic() < deadline:
+        while not stops.asked() and time.monotonic() < deadline:
             time.sleep(0.05)
     if (os.environ.get("SLURM_RESTART_COUNT") == "1" and "RELEASE_FILE" in os.environ
             and lifecycle.launch_rank() == int(os.environ["HOLD_RANK"]) and (self.epoch, step) == (2, 1)):
         deadline = time.monotonic() + 240  # the next run, alive until the test lets it go
         while not os.path.exists(os.environ["RELEASE_FILE"]) and time.monotonic() < deadline:
             time.sleep(0.05)
-engine.TrainingState.after_step = after_step
+loop.TrainingState.after_step = after_step
 """
 PAIR_A, PAIR_B, PAIR_C, PAIR_D = "n1,n2", "n3,n4", "n5,n6", "n7,n8"  # straight, requeue, usr1; preempted; lost rank; lost node
 STOPPED = ("requeue", "usr1", "preempted")
@@ -248,7 +249,7 @@ def submit(cluster: SlurmCluster, tmp: Path, nodes: str, extra_env: dict | None 
            options: tuple[str, ...] = ()) -> str:
     """launch/slurm.sbatch as a user submits it, with CPU resources chosen on the command line."""
     env = {**cluster.env(), **(extra_env or {})}
-    return jobs.sbatch(["-N", "2", "--ntasks-per-node=1", "--cpus-per-task=1", "-w", nodes,
+    return slurm.sbatch(["-N", "2", "--ntasks-per-node=1", "--cpus-per-task=1", "-w", nodes,
                         f"--output={tmp}/slurm-%j.out", *options, "launch/slurm.sbatch", *FLAGS,
                         "--log-dir", str(tmp / "logs")], env, cwd=str(ROOT))
 
@@ -268,7 +269,7 @@ def stop(cluster: SlurmCluster, how: str, job: str, env: dict) -> None:
     elif how == "usr1":  # the time limit's warning, by hand: USR1 to the batch script alone
         jobs.command(["scancel", "--signal=USR1", "--batch", job], env)
     else:  # a job in the higher-priority partition wants both nodes of the preempted job
-        jobs.sbatch(["-p", "urgent", "-N", "2", "-w", PAIR_B, "--exclusive", "--output=/dev/null",
+        slurm.sbatch(["-p", "urgent", "-N", "2", "-w", PAIR_B, "--exclusive", "--output=/dev/null",
                      "--wrap", "sleep 1"], env)
 
 
@@ -468,7 +469,7 @@ def alive(pid: int) -> bool:
 def test_the_cli_passes_on_the_exit_status_and_sigterm_leaves_nothing_running(tmp_path):
     """`run -- COMMAND`: COMMAND's exit status is the CLI's; SIGTERM to the CLI while a job runs
     stops the job's processes and every daemon, and removes the temp dir."""
-    cli = [sys.executable, "-m", "hvd_cifar.slurmcluster", "run", "--nodes", "1", "--"]
+    cli = [sys.executable, "-m", "testbed.slurmcluster", "run", "--nodes", "1", "--"]
     proc = subprocess.run([*cli, "sinfo -h -o %D; exit 3"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout) == (3, "1\n"), proc.stderr
     pid_file = tmp_path / "job.pid"

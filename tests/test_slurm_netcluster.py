@@ -1,5 +1,5 @@
 """A Slurm cluster whose nodes are the hosts of a namespace cluster (``SlurmCluster(netcluster=True)``,
-``python -m hvd_cifar.slurmcluster run --netcluster --rate``): one srun --mpi=pmix task per host,
+``python -m testbed.slurmcluster run --netcluster --rate``): one srun --mpi=pmix task per host,
 each on its host's hostname and address, and the bytes of their allreduce on the hosts' NICs, at
 the links' rate; everything gone afterwards, also when the code using it fails with a job running.
 
@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from conftest import NEEDS_NETNS, ROOT
-from hvd_cifar.netcluster import list_namespaces
-from hvd_cifar.slurmcluster import SlurmCluster
+from testbed.netcluster import list_namespaces
+from testbed.slurmcluster import SlurmCluster
 from test_slurm import alive, needs_slurm
 
 pytestmark = NEEDS_NETNS
@@ -61,7 +61,7 @@ def test_nodes_in_the_namespace_hosts_talk_over_the_shaped_links():
 
 @needs_slurm
 def test_the_cli_runs_the_command_on_the_namespace_cluster_and_passes_on_its_status():
-    cli = [sys.executable, "-m", "hvd_cifar.slurmcluster", "run", "--nodes", "2"]
+    cli = [sys.executable, "-m", "testbed.slurmcluster", "run", "--nodes", "2"]
     proc = subprocess.run([*cli, "--netcluster", "--rate", "1gbit", "--", "srun -N 2 hostname; exit 3"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3, proc.stderr

@@ -1,6 +1,6 @@
 """What every rank pays before its first step: no module it does not use. A trainer process
 imports neither scikit-learn (digits and the classification report are read and computed
-without it) nor torch._dynamo (hvd_cifar.optim.SGD steps without torch's compile guards),
+without it) nor torch._dynamo (hvd_cifar.workload.optim.SGD steps without torch's compile guards),
 about 2.5 s of CPU per rank together, and computes what it computed with them."""
 import subprocess
 import sys
@@ -8,16 +8,18 @@ import sys
 import torch
 
 from conftest import ROOT
-from hvd_cifar import optim
-from hvd_cifar.config import Config
-from hvd_cifar.models import build_model
+from hvd_cifar.workload import optim
+from hvd_cifar.core.config import Config
+from hvd_cifar.workload.models import build_model
 
 # A rank's start, in a fresh process: data, model, SGD, updates, checkpoint state, the report.
 A_RANKS_START = """
 import sys, torch
-from hvd_cifar import data, evaluation, optim, train
-from hvd_cifar.config import Config
-from hvd_cifar.models import build_model
+from hvd_cifar import train
+from hvd_cifar.runfolder import evaluation
+from hvd_cifar.workload import data, optim
+from hvd_cifar.core.config import Config
+from hvd_cifar.workload.models import build_model
 ds = data.load("digits", "")
 model = build_model("smallcnn", 10)
 opt = optim.sgd(list(model.named_parameters()), Config(lr=0.05).validate())

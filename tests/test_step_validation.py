@@ -14,9 +14,10 @@ from dataclasses import replace
 import pytest
 
 from conftest import NEEDS_NETNS, ROOT
-from hvd_cifar import predict, scaling
-from hvd_cifar.runs import load_run
-from hvd_cifar.summary import summarize
+from hvd_cifar import predict
+from hvd_cifar.analysis import scaling
+from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.analysis.summary import summarize
 
 SCRIPT = ROOT / "benchmarks" / "step_validation.py"
 

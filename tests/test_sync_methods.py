@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import read_metrics, run_train
-from hvd_cifar.models import build_model, set_frozen_blocks
+from hvd_cifar.workload.models import build_model, set_frozen_blocks
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
 RANKS = 2
@@ -139,7 +139,7 @@ def test_mpi_methods_refuse_horovodrun_gloo(tmp_path):
 def test_gather_scatter_root_traffic_grows_with_ranks():
     """Beyond two ranks the formulas part: the ring stays under 2x the payload per rank while
     gather-scatter's root carries N-1 copies."""
-    from hvd_cifar.sync import SyncMethod
+    from hvd_cifar.sync.base import SyncMethod
     from hvd_cifar.sync.mpi import MpiGatherScatterSync
 
     ring, star = SyncMethod(), object.__new__(MpiGatherScatterSync)  # no MPI needed for arithmetic

@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from conftest import read_metrics, run_train
-from hvd_cifar import tboard
+from hvd_cifar.runfolder import tensorboard
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def expected_scalars(records: list[dict]) -> dict[str, dict[int, float]]:
             items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else [("", v)]
             for sub, x in items:
                 if key != "epoch" and isinstance(x, (int, float)) and not isinstance(x, bool):
-                    name = tboard.tag(key) + (f"/{sub}" if sub != "" else "")
+                    name = tensorboard.tag(key) + (f"/{sub}" if sub != "" else "")
                     out.setdefault(name, {})[r["epoch"]] = float(x)
     return out
 
@@ -112,7 +112,7 @@ def test_scalars_take_every_number_of_a_record():
     record = {"epoch": 4, "lr": 0.1, "test_acc5": 0.9, "sync": "horovod", "fp16_allreduce": False,
               "cpu_percent": {"0": 150.0, "1": 120.5}, "nic_tx_bytes": {"hostA": 10},
               "block_grad_norm": [1.5, None], "staleness": math.nan, "checkpoint_time_s": 0.2}
-    assert tboard.scalars(record) == {
+    assert tensorboard.scalars(record) == {
         "optimizer/lr": 0.1, "accuracy/test_acc5": 0.9, "resources/cpu_percent/0": 150.0,
         "resources/cpu_percent/1": 120.5, "bytes/nic_tx_bytes/hostA": 10.0, "run/block_grad_norm/0": 1.5,
         "time/checkpoint_time_s": 0.2}
@@ -121,7 +121,7 @@ def test_scalars_take_every_number_of_a_record():
 def test_tensorboard_without_its_package_is_one_line(monkeypatch):
     import importlib.util
 
-    from hvd_cifar import config
+    from hvd_cifar.core import config
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
     with pytest.raises(config.ConfigError, match=r"^tensorboard: the tensorboard package is not installed"):

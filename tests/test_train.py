@@ -103,7 +103,7 @@ def test_missing_dataset_is_one_line(tmp_path, tiny_args):
 # of each convolution's output and the dtype of each linear layer's, into $RECORD_FORWARDS.
 RECORD_FORWARDS = """
 import json, os, torch
-from hvd_cifar import models
+from hvd_cifar.workload import models
 
 def described(t):
     return {"dtype": str(t.dtype).replace("torch.", ""), "contiguous": t.is_contiguous(),
@@ -152,7 +152,7 @@ def test_bf16_autocast_and_channels_last_train(tmp_path, tiny_args):
 
 
 def test_state_dict_mismatch_names_what_differs():
-    from hvd_cifar.runlog import state_dict_mismatch
+    from hvd_cifar.runfolder.writer import state_dict_mismatch
     model = {"a": torch.zeros(2), "b": torch.zeros(3)}
     assert state_dict_mismatch(model, {"a": torch.ones(2), "b": torch.ones(3)}) == ""
     assert state_dict_mismatch(model, {"a": torch.ones(2), "c": torch.ones(1), "b": torch.ones(4)}) == (
@@ -167,7 +167,7 @@ def test_classification_report_is_scikit_learns(k):
     is never predicted (precision 0) included."""
     import numpy as np
     from sklearn.metrics import classification_report
-    from hvd_cifar.evaluation import classification_summary
+    from hvd_cifar.runfolder.evaluation import classification_summary
     rng = np.random.default_rng(k)
     for trial in range(10):
         y = rng.integers(0, k, 300)

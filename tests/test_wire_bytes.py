@@ -4,7 +4,7 @@ analytic figure for ring allreduce, and the communication options save what they
     .venv/bin/python -m pytest -q tests/test_wire_bytes.py      # as root; about 3 minutes
 
 Every job is the real trainer under a real launcher on the namespace cluster (one rank per
-host, 1 Gbit/s shaped links, see ``hvd_cifar.netcluster``), with vgg11 (9,231,114 parameters,
+host, 1 Gbit/s shaped links, see ``testbed.netcluster``), with vgg11 (9,231,114 parameters,
 36.9 MB of fp32 gradients per synchronisation) so that the gradients dominate everything else
 on the wire: TCP/IP/Ethernet headers and ACKs, Horovod's per-cycle coordination messages and,
 in the first epoch, the tail of the initial weight broadcast still draining from the socket
@@ -28,8 +28,8 @@ import json
 import pytest
 
 from conftest import NEEDS_NETNS
-from hvd_cifar.models import build_model, set_frozen_blocks
-from hvd_cifar.netcluster import NetCluster
+from hvd_cifar.workload.models import build_model, set_frozen_blocks
+from testbed.netcluster import NetCluster
 
 
 pytestmark = [

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import PYTHON, ROOT
-from hvd_cifar import runlog
+from hvd_cifar.runfolder import writer
 from test_stopping import MPIRUN_SH, HOROVODRUN_SH, alive, job_tree, start, stop_leftovers
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
@@ -69,9 +69,9 @@ def test_a_checkpoint_that_does_not_fit_keeps_the_last_one(tmpfs):
     """torch.save reports a full disk as RuntimeError('[enforce fail at inline_container.cc...');
     the line must still say which file and why, and the previous checkpoint must load."""
     folder = tmpfs(1200)
-    runlog.save_checkpoint(str(folder), {"epoch": 1, "w": torch.zeros(150_000)})
-    with pytest.raises(runlog.RunError) as caught:
-        runlog.save_checkpoint(str(folder), {"epoch": 2, "w": torch.ones(250_000)})
+    writer.save_checkpoint(str(folder), {"epoch": 1, "w": torch.zeros(150_000)})
+    with pytest.raises(writer.RunError) as caught:
+        writer.save_checkpoint(str(folder), {"epoch": 2, "w": torch.ones(250_000)})
     assert str(caught.value) == f"cannot write {folder}/checkpoint_last.pt (No space left on device, ENOSPC)"
     assert temp_files(folder) == []
     assert torch.load(folder / "checkpoint_last.pt", weights_only=True)["epoch"] == 1
@@ -93,21 +93,21 @@ def test_the_os_error_is_found_when_the_writer_reports_another(tmpfs):
         if failed:  # raised outside the handler: no __context__ leads back to the OSError
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
-    with pytest.raises(runlog.RunError, match=re.escape(f"cannot write {folder}/x.pt (No space left on device, "
+    with pytest.raises(writer.RunError, match=re.escape(f"cannot write {folder}/x.pt (No space left on device, "
                                                         f"ENOSPC)")):
-        runlog.atomic_write(str(folder / "x.pt"), torch_like)
+        writer.atomic_write(str(folder / "x.pt"), torch_like)
 
 
 @AS_ROOT
 def test_json_yaml_and_metrics_on_a_full_disk(tmpfs):
     folder = tmpfs(64)
-    runlog.write_json(str(folder / "meta.json"), {"first": True})
-    runlog.append_metrics(str(folder), {"epoch": 0})
+    writer.write_json(str(folder / "meta.json"), {"first": True})
+    writer.append_metrics(str(folder), {"epoch": 0})
     fill(folder, leave=1)  # room for part of each write below: they fail part-way
-    for write, name in ((lambda: runlog.write_json(str(folder / "meta.json"), {"x": "y" * 10_000}), "meta.json"),
-                        (lambda: runlog.write_text(str(folder / "config.yaml"), "a: 1\n" * 2_000), "config.yaml"),
-                        (lambda: runlog.append_metrics(str(folder), {"epoch": 1, "x": "y" * 10_000}), "metrics.jsonl")):
-        with pytest.raises(runlog.RunError, match=re.escape(f"cannot write {folder}/{name} (No space left "
+    for write, name in ((lambda: writer.write_json(str(folder / "meta.json"), {"x": "y" * 10_000}), "meta.json"),
+                        (lambda: writer.write_text(str(folder / "config.yaml"), "a: 1\n" * 2_000), "config.yaml"),
+                        (lambda: writer.append_metrics(str(folder), {"epoch": 1, "x": "y" * 10_000}), "metrics.jsonl")):
+        with pytest.raises(writer.RunError, match=re.escape(f"cannot write {folder}/{name} (No space left "
                                                             f"on device, ENOSPC)")):
             write()
     assert temp_files(folder) == [] and not (folder / "config.yaml").exists()
@@ -118,12 +118,12 @@ def test_json_yaml_and_metrics_on_a_full_disk(tmpfs):
 @AS_ROOT
 def test_a_read_only_file_system(tmpfs):
     folder = tmpfs(2048)
-    runlog.save_checkpoint(str(folder), {"epoch": 1})
+    writer.save_checkpoint(str(folder), {"epoch": 1})
     read_only(folder)
-    for write, name in ((lambda: runlog.save_checkpoint(str(folder), {"epoch": 2}), "checkpoint_last.pt"),
-                        (lambda: runlog.append_metrics(str(folder), {"epoch": 2}), "metrics.jsonl"),
-                        (lambda: runlog.RankLog(str(folder), 0, echo=False), "rank0.log")):
-        with pytest.raises(runlog.RunError, match=re.escape(f"cannot write {folder}/{name} (Read-only file "
+    for write, name in ((lambda: writer.save_checkpoint(str(folder), {"epoch": 2}), "checkpoint_last.pt"),
+                        (lambda: writer.append_metrics(str(folder), {"epoch": 2}), "metrics.jsonl"),
+                        (lambda: writer.RankLog(str(folder), 0, echo=False), "rank0.log")):
+        with pytest.raises(writer.RunError, match=re.escape(f"cannot write {folder}/{name} (Read-only file "
                                                             f"system, EROFS)")):
             write()
     assert torch.load(folder / "checkpoint_last.pt", weights_only=True)["epoch"] == 1
@@ -136,8 +136,8 @@ def test_no_permission():
     folder = tempfile.mkdtemp(prefix="hvd_cifar-readonly-")
     os.chmod(folder, 0o755)
     code = ("import sys; from hvd_cifar import runlog\n"
-            "try: runlog.write_json(sys.argv[1] + '/meta.json', {})\n"
-            "except runlog.RunError as exc: print(exc)\n")
+            "try: writer.write_json(sys.argv[1] + '/meta.json', {})\n"
+            "except writer.RunError as exc: print(exc)\n")
     try:
         proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", PYTHON, "-c", code,
                                folder], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -150,7 +150,7 @@ def test_no_permission():
 @AS_ROOT
 def test_a_rank_log_that_cannot_be_written_is_one_warning_and_the_run_goes_on(tmpfs, capsys):
     folder = tmpfs(64)
-    log = runlog.RankLog(str(folder), 1, echo=True)
+    log = writer.RankLog(str(folder), 1, echo=True)
     log("first")
     fill(folder)
     log("x" * 10_000)
@@ -169,10 +169,10 @@ def test_a_write_error_keeps_the_writers_own_bugs_as_they_are(tmp_path):
         raise RuntimeError("not about files")
 
     with pytest.raises(TypeError):
-        runlog.atomic_write(str(tmp_path / "x"), lambda f: f.write("text, not bytes"))
+        writer.atomic_write(str(tmp_path / "x"), lambda f: f.write("text, not bytes"))
     with pytest.raises(RuntimeError, match="not about files") as caught:
-        runlog.atomic_write(str(tmp_path / "x"), broken_writer)
-    assert not isinstance(caught.value, runlog.RunError)
+        writer.atomic_write(str(tmp_path / "x"), broken_writer)
+    assert not isinstance(caught.value, writer.RunError)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -3,15 +3,15 @@ section of that name, docs/REPORTS.md): the gap to ideal img/s split into comput
 communication, data and idle, and the scaling model's answers on the link the run's own
 communication implies: for fp16 and each scheme of hvd_cifar/compress/, the link bandwidth below
 which it would shorten this run's step, and the worker count at which gather/scatter's step
-takes twice ring allreduce's. The model is hvd_cifar.scaling's; here, only what the report asks of it."""
+takes twice ring allreduce's. The model is hvd_cifar.analysis.scaling's; here, only what the report asks of it."""
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
 from hvd_cifar import compress
-from hvd_cifar.runs import Run
-from hvd_cifar.scaling import (TRANSPORTS, Compute, Link, Network, Scenario, break_even_bandwidth,
+from hvd_cifar.runfolder.reader import Run
+from hvd_cifar.analysis.scaling import (TRANSPORTS, Compute, Link, Network, Scenario, break_even_bandwidth,
                                gather_scatter_falls_behind, measure, predict_step, profile, scheme_of,
                                time_schemes)
 

@@ -1,7 +1,7 @@
 """Every figure hvd_cifar draws, as PNG files written whole (temp + rename): the six of one run,
 the overlaid curves and the scaling plot of a comparison, and a prediction's img/s and
 efficiency. Headless: matplotlib's Agg canvas, never a display. The numbers come from
-hvd_cifar.summary; nothing here computes one of its own."""
+hvd_cifar.analysis.summary; nothing here computes one of its own."""
 from __future__ import annotations
 
 import math
@@ -13,10 +13,11 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from hvd_cifar.files import atomic_write
-from hvd_cifar.runs import PHASES, Run
-from hvd_cifar.scaling import SCENARIO_KEYS
-from hvd_cifar.summary import MB, per_name, scaling_groups, setting, value
+from hvd_cifar.core.files import atomic_write
+from hvd_cifar.core.names import PHASES
+from hvd_cifar.runfolder.reader import Run
+from hvd_cifar.analysis.scaling import SCENARIO_KEYS
+from hvd_cifar.analysis.summary import MB, per_name, scaling_groups, setting, value
 
 TITLE_ROOM = 0.95  # share of a figure's width that its title may take
 

@@ -1,13 +1,14 @@
 """The tables of run reports, comparisons and sweeps: their columns (header with units, format)
-and the rows they are filled from. No torch, no plotting; the writers are hvd_cifar.tables'."""
+and the rows they are filled from. No torch, no plotting; the writers are hvd_cifar.analysis.tabulate'."""
 from __future__ import annotations
 
 import math
 from typing import Callable
 
-from hvd_cifar.runs import PHASES, Run
-from hvd_cifar.summary import MB, value
-from hvd_cifar.tables import Column, fmt_number, markdown_table, num
+from hvd_cifar.core.names import PHASES
+from hvd_cifar.runfolder.reader import Run
+from hvd_cifar.analysis.summary import MB, value
+from hvd_cifar.analysis.tabulate import Column, fmt_number, markdown_table, num
 
 
 def target_cell(key: str, spec: str) -> Callable[[dict], str]:

@@ -9,7 +9,7 @@ run's measured phases, the model's parameters and a network's links.
   ``time_schemes``), and the model's answers: the bandwidth below which an option pays
   (``break_even_bandwidth``), the worker count at which gather/scatter falls behind.
 
-Imported by the probe (an MPI program), ``hvd_cifar.predict`` and ``hvd_cifar.explain``; no
+Imported by the probe (an MPI program), ``hvd_cifar.predict`` and ``hvd_cifar.analysis.explain``; no
 plotting and no command line here. The byte counts are the sync methods' own, ``profile`` counts
 on the real model and ``time_schemes`` times the schemes: they load torch when first called, and
 nothing else here needs it.
@@ -21,10 +21,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hvd_cifar.compress import allgather_bytes, cost
-from hvd_cifar.errors import PredictError
-from hvd_cifar.runs import PHASES, Run
-from hvd_cifar.summary import setting, steady_epochs, value
+from hvd_cifar.compress import cost
+from hvd_cifar.core import wire
+from hvd_cifar.core.errors import PredictError
+from hvd_cifar.core.wire import allgather_bytes
+from hvd_cifar.core.names import PHASES
+from hvd_cifar.runfolder.reader import Run
+from hvd_cifar.analysis.summary import setting, steady_epochs, value
 
 # The collective each sync method's gradients take, and the probe transports that time it (the
 # first the probe holds is used). A Horovod job uses MPI or Gloo as its launcher decided.
@@ -54,31 +57,15 @@ class Link:
     per_op_s: float = 0.0
 
 
-def _byte_counter(gather_scatter: bool = False):
-    """A sync method that only counts bytes (it starts no communication): ring allreduce's count
-    is SyncMethod's, gather/scatter's is mpi-gather-scatter's. The counts are one fact, kept with
-    the methods; their modules load torch, so they are imported when a count is first asked for
-    (the fits and the probe's numbers need none of it). They import nothing of this module."""
-    from hvd_cifar.sync import SyncMethod
-    if not gather_scatter:
-        return SyncMethod()
-    from hvd_cifar.sync.mpi import MpiGatherScatterSync
-    return object.__new__(MpiGatherScatterSync)  # its __init__ would start MPI
-
-
 def ring_wire_bytes(n: int, payload: int) -> float:
-    """Bytes one rank sends per ring allreduce: the sync methods' own count (SyncMethod)."""
-    ring = _byte_counter()
-    ring.size = n
-    return ring.wire_bytes_per_sync(payload)
+    """Bytes one rank sends per ring allreduce: the sync methods' own count (core.wire)."""
+    return wire.ring_allreduce_bytes(n, payload)
 
 
 def star_wire_bytes(n: int, payload: int) -> float:
     """Bytes the root of gather/scatter sends per synchronisation (it receives as many):
     mpi-gather-scatter's own count."""
-    star = _byte_counter(gather_scatter=True)
-    star.size = n
-    return star.wire_bytes_per_sync(payload)
+    return wire.gather_scatter_root_bytes(n, payload)
 
 
 def wire_bytes(method: str, n: int, payload: int, ranks_per_host: int = 1) -> float:
@@ -209,7 +196,7 @@ def _total(records: list[dict], key: str) -> float:
 
 
 def measure(run: Run) -> Compute:
-    """The run's phases over its steady-state epochs (hvd_cifar.summary's rule)."""
+    """The run's phases over its steady-state epochs (hvd_cifar.analysis.summary's rule)."""
     steady = steady_epochs(run.metrics)
     steps, syncs = _total(steady, "steps"), _total(steady, "syncs")
     if not steps > 0 or not syncs > 0 or any(math.isnan(_total(steady, f"{p}_time_s")) for p in PHASES):
@@ -258,26 +245,14 @@ class Profile:
     def payload_bytes(self, frozen: int, fp16: bool) -> int:
         """Gradient bytes per synchronisation: the trainable parameters, by SyncMethod's rule."""
         numel = sum(self.block_params[frozen:]) + self.head_params
-        return _byte_counter().payload_bytes([("trainable", _Numel(numel))], fp16)
-
-
-@dataclass(frozen=True)
-class _Numel:
-    """Stands for a parameter where only its size and fp32 element size matter."""
-    n: int
-
-    def numel(self) -> int:
-        return self.n
-
-    def element_size(self) -> int:
-        return 4
+        return wire.gradient_bytes(numel, fp16)
 
 
 def profile(model_name: str, num_classes: int) -> Profile:
     """Counts parameters and multiply-adds (convolutions, linear layers) per feature block on one
     32x32 image, with forward hooks on the real model."""
     import torch
-    from hvd_cifar.models import build_model
+    from hvd_cifar.workload.models import build_model
     model = build_model(model_name, num_classes)
     macs: dict[int, int] = {}
 

@@ -32,8 +32,8 @@ import math
 import os
 from typing import Any, Iterable
 
-from hvd_cifar import runs
-from hvd_cifar.runs import TARGET_KEYS, Run
+from hvd_cifar.runfolder import reader
+from hvd_cifar.runfolder.reader import TARGET_KEYS, Run
 
 # What makes two runs "the same configuration" for speedup; world size is what differs.
 CONFIG_KEYS = ("model", "dataset", "batch_size", "sync", "fp16_allreduce", "accumulation_steps", "freeze")
@@ -126,7 +126,7 @@ def time_to_target(run: Run) -> dict:
     if run.evaluation and all(k in run.evaluation for k in TARGET_KEYS):
         return {k: run.evaluation[k] for k in TARGET_KEYS}
     target = run.config.get("target_acc") or 0.0
-    return runs.time_to_target([r for r in run.metrics if "test_acc" in r], target)
+    return reader.time_to_target([r for r in run.metrics if "test_acc" in r], target)
 
 
 def summarize(run: Run) -> dict:

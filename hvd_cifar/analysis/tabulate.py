@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hvd_cifar.files import write_text
+from hvd_cifar.core.files import write_text
 
 
 def text(v: Any) -> str:

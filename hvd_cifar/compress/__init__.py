@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 
+from hvd_cifar.core.wire import allgather_bytes, ring_allreduce_bytes  # noqa: F401 (the schemes' byte counts)
+
 # Config value of ``compression`` -> module of its scheme (None: the sync method's own path:
 # nothing, or its fp16 cast). ``local_sgd_steps`` > 1 selects localsgd.py.
 COMPRESSIONS = {"none": None, "fp16": None, "powersgd": "hvd_cifar.compress.powersgd",
@@ -24,19 +26,14 @@ COMPRESSIONS = {"none": None, "fp16": None, "powersgd": "hvd_cifar.compress.powe
 LOCAL_SGD = "hvd_cifar.compress.localsgd"
 SYNC_METHODS = ("horovod", "ddp")  # the sync methods that run the schemes
 FP32_BYTES = 4
+# The schemes' settings by default, which the config, the scaling model and predict share.
+POWERSGD_RANK = 2         # PowerSGD's columns of P and Q
+TOPK_FRACTION = 0.001     # top-k's share sent after its warm-up: Deep Gradient Compression's 99.9 % sparsity
+WARMUP_START_FRACTION = 0.25  # top-k's share in its sparsity warm-up's first epoch (DGC: 75 % sparsity)
+# PowerSGD sends a matrix whole unless r·(rows + cols) times this is below rows·cols (PyTorch's
+# PowerSGDState.min_compression_rate, whose default it is).
+MIN_COMPRESSION_RATE = 2.0
 INDEX_BYTES = 4  # top-k's indices cross the wire as int32
-
-
-def ring_allreduce_bytes(size: int, payload: int) -> int:
-    """Bytes one rank sends in a ring allreduce of ``payload`` bytes (reduce-scatter, then
-    allgather: each moves (N-1)/N of it); SyncMethod.wire_bytes_per_sync counts the same."""
-    return int(round(2 * (size - 1) / size * payload)) if size > 1 else 0
-
-
-def allgather_bytes(size: int, contribution: int) -> int:
-    """Bytes one rank sends in a ring allgather where each rank contributes ``contribution``
-    bytes: it forwards every other rank's part once, and its own."""
-    return (size - 1) * contribution
 
 
 class Collective:
@@ -80,10 +77,12 @@ class Scheme:
         self.collective = collective
         self.warmup_steps = warmup_steps  # updates averaged uncompressed first, as the papers do
         self.updates = 0                  # synchronize() calls so far (this process)
+        self.epoch = 0                    # the epoch being trained (epoch_loop sets it)
         self.params: list = []            # (name, parameter) being trained
 
-    def track(self, named_parameters) -> None:
-        """The trainable parameters, again after every change of the trainable set."""
+    def track(self, named_parameters, optimizer=None) -> None:
+        """The trainable parameters, again after every change of the trainable set, and the
+        optimizer that steps them (a scheme that takes over its momentum reads it there)."""
         self.params = list(named_parameters)
 
     def synchronize(self) -> None:
@@ -103,6 +102,10 @@ class Scheme:
         average_in_place(self.collective, [p.grad for _, p in params], f"{self.name}.warmup")
         return None
 
+    def before_step(self) -> None:
+        """After the loop's checks and clipping of the averaged gradients, before the optimizer
+        step."""
+
     def after_step(self) -> None:
         """After the optimizer step."""
 
@@ -110,10 +113,10 @@ class Scheme:
         """This rank's state, for the checkpoint: the count of updates (the warm-up's place) and
         what the subclass adds (its error feedback). Without it a resumed run would warm up
         again and drop the residuals, and end on other weights than the unbroken run."""
-        return {"updates": self.updates}
+        return {"updates": self.updates, "epoch": self.epoch}
 
     def load_state_dict(self, state: dict) -> None:
-        self.updates = state["updates"]
+        self.updates, self.epoch = state["updates"], state["epoch"]
 
     def end_epoch(self) -> None:
         """After the epoch's last update, before evaluation and the checkpoint."""
@@ -133,7 +136,7 @@ class Scheme:
         collectives counted them (the warm-up's full-size updates and local SGD's averages
         included) as the metrics line's ``comm_bytes_per_rank``."""
         def counted(run, state, epoch):
-            self.collective.sent_bytes = 0
+            self.collective.sent_bytes, self.epoch = 0, epoch
             result = train_one_epoch(run, state, epoch)
             self.end_epoch()
             result.extra.update({"compression": self.name, "comm_bytes_per_rank": self.collective.sent_bytes})

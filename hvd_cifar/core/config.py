@@ -25,10 +25,12 @@ from typing import Any
 
 import yaml
 
-from hvd_cifar import compress, netstats
-from hvd_cifar.errors import ConfigError  # noqa: F401 (config.ConfigError: the name its callers know)
-from hvd_cifar.files import atomic_write
-from hvd_cifar.sync import METHODS
+from hvd_cifar import compress
+
+from hvd_cifar.core import netstats
+from hvd_cifar.core.errors import ConfigError  # noqa: F401 (config.ConfigError: the name its callers know)
+from hvd_cifar.core.files import atomic_write
+from hvd_cifar.core.names import SYNC_METHODS
 
 DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
 # Each model's measured default lr (per rank at the default batch_size 32; `lr: 0` takes it):
@@ -37,7 +39,6 @@ DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
 # CNN learns slowly at VGG-11's 0.02; the deeper VGGs are unmeasured and take VGG-11's.
 MODEL_LR = {"vgg11": 0.02, "vgg13": 0.02, "vgg16": 0.02, "vgg19": 0.02, "resnet18": 0.02, "smallcnn": 0.05}
 MODELS = tuple(MODEL_LR)
-SYNC_METHODS = tuple(METHODS)  # the registry in hvd_cifar/sync/__init__.py
 COMPRESSIONS = tuple(compress.COMPRESSIONS)  # the schemes' registry in hvd_cifar/compress/__init__.py
 SCHEDULES = ("onecycle", "cosine", "step")
 LR_SCALINGS = ("linear", "sqrt", "none")
@@ -77,12 +78,19 @@ class Config:
     fp16_allreduce: bool = False       # gradients cross the wire as fp16: the same as compression: fp16
     # Communication reduction (hvd_cifar/compress/, docs/COMM_OPTIONS.md); powersgd, topk and local SGD: horovod, ddp
     compression: str = "none"          # gradients on the wire: none | fp16 | powersgd | topk (one of COMPRESSIONS)
-    powersgd_rank: int = 2             # powersgd: columns of P and Q per matrix-shaped gradient
-    topk_fraction: float = 0.01        # topk: share of each gradient's entries a rank sends, in (0, 1]
-    compression_warmup_steps: int = 20  # powersgd, topk: first updates averaged uncompressed
+    powersgd_rank: int = compress.POWERSGD_RANK  # powersgd: columns of P and Q per matrix-shaped gradient
+    powersgd_min_compression_rate: float = compress.MIN_COMPRESSION_RATE  # powersgd: a matrix whose rows*cols / (rank*(rows+cols)) is not above this is sent whole
+    powersgd_error_feedback: bool = True  # powersgd: what the approximation left out is added to the next update's gradient
+    powersgd_warm_start: bool = True   # powersgd: each update's power step starts from the last update's Q (false: a new random Q)
+    topk_fraction: float = compress.TOPK_FRACTION  # topk: share of each gradient's entries a rank sends after the warm-up, in (0, 1]
+    topk_warmup_epochs: float = 4.0    # topk: epochs over which the share sent falls from 0.25 to topk_fraction; 0 = none
+    topk_momentum_correction: bool = True  # topk: accumulate the velocity, not the gradient; the optimizer steps without momentum
+    topk_momentum_masking: bool = True  # topk: clear the velocity of the entries sent (needs topk_momentum_correction)
+    topk_local_clip: bool = True       # topk: each rank clips its gradient at grad_clip / sqrt(ranks) before accumulating it
+    compression_warmup_steps: int = 20  # powersgd, topk: first updates averaged uncompressed (PowerSGD's start iteration)
     local_sgd_steps: int = 1           # > 1: no gradient averaging; the models are averaged every this many updates
     accumulation_steps: int = 1        # local forward/backward passes per synchronisation
-    freeze: int | str = 0              # leading feature blocks that do not train, or auto (hvd_cifar/autofreeze.py)
+    freeze: int | str = 0              # leading feature blocks that do not train, or auto (hvd_cifar/trainer/freezing.py)
     freeze_auto_threshold: float = 0.2  # freeze: auto: a block freezes once its mean gradient norm changes by less than this from one epoch to the next (relative)
     freeze_schedule: dict = field(default_factory=dict)  # {epoch: frozen blocks from that epoch on}
     elastic: bool = False              # Horovod elastic training (horovodrun --min-np/--max-np/--host-discovery-script)
@@ -124,7 +132,7 @@ class Config:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
         non_negative = ("warmup_epochs", "momentum", "weight_decay", "grad_clip", "seed",
                         "threads_per_rank", "max_steps_per_epoch", "checkpoint_every", "stop_after",
-                        "compression_warmup_steps")
+                        "compression_warmup_steps", "topk_warmup_epochs")
         for key in non_negative:
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
@@ -225,6 +233,9 @@ def validate_compression(cfg: Config) -> None:
     cfg.fp16_allreduce = cfg.compression == "fp16"
     if not 0 < cfg.topk_fraction <= 1:
         raise ConfigError(f"topk_fraction: must be in (0, 1], got {cfg.topk_fraction}")
+    if cfg.powersgd_min_compression_rate < 1:
+        raise ConfigError(f"powersgd_min_compression_rate: must be >= 1 (below 1 a matrix would be sent as "
+                          f"factors larger than itself), got {cfg.powersgd_min_compression_rate}")
     if cfg.local_sgd_steps > 1 and cfg.compression != "none":
         raise ConfigError(f"local_sgd_steps: averages whole models every {cfg.local_sgd_steps} updates, "
                           f"not with compression: {cfg.compression} (use one or the other)")
@@ -241,9 +252,24 @@ def validate_compression(cfg: Config) -> None:
     if cfg.amp == "fp16" and cfg.local_sgd_steps == 1:
         raise ConfigError(f"{what}: not with amp: fp16 (its error feedback would carry loss-scaled "
                           f"gradients across changes of the scale; amp: bf16 works)")
+    if cfg.compression == "topk":
+        validate_topk(cfg)
     if cfg.freeze == "auto" and cfg.local_sgd_steps > 1:
         raise ConfigError(f"{what}: not with freeze: auto, which measures averaged gradients "
                           f"(local SGD averages none; a constant freeze works)")
+
+
+def validate_topk(cfg: Config) -> None:
+    """Deep Gradient Compression's techniques: the combinations that mean something."""
+    if cfg.topk_momentum_masking and not cfg.topk_momentum_correction:
+        raise ConfigError("topk_momentum_masking: clears the velocity that topk_momentum_correction accumulates, "
+                          "and that is off (give --no-topk-momentum-masking too, or leave the correction on)")
+    if cfg.topk_local_clip and not cfg.grad_clip:
+        raise ConfigError("topk_local_clip: clips each rank's gradient at grad_clip / sqrt(ranks), and grad_clip is 0 "
+                          "(give grad_clip > 0, or --no-topk-local-clip)")
+    if cfg.topk_momentum_correction and cfg.freeze == "auto":
+        raise ConfigError("freeze: auto measures averaged gradients, and with topk_momentum_correction the ranks "
+                          "average velocities (give --no-topk-momentum-correction, or a constant freeze)")
 
 
 def _optional(key: str) -> type | None:

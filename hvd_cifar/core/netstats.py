@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import socket
 
-from hvd_cifar.errors import ConfigError
+from hvd_cifar.core.errors import ConfigError
 
 
 def read_counters() -> dict[str, tuple[int, int]]:

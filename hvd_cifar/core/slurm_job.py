@@ -1,6 +1,6 @@
 """What a Slurm job's environment says about the run that trains in it, recorded in one shape
-wherever a run notes it: meta.json (``runlog.run_metadata``) and each ``preempted`` line of
-events.jsonl (``preempt.Preempted.event``). Outside Slurm (no SLURM_JOB_ID) nothing.
+wherever a run notes it: meta.json (``writer.run_metadata``) and each ``preempted`` line of
+events.jsonl (``preemption.Preempted.event``). Outside Slurm (no SLURM_JOB_ID) nothing.
 
     {"slurm_job_id": "42", "slurm_nodes": "n[1-2]", "slurm_restart_count": 1}
 

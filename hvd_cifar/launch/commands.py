@@ -1,5 +1,5 @@
 """The launcher command lines, in one place: every horovodrun or mpirun argv that the tests, the
-benchmarks, ``hvd_cifar.bench`` and ``hvd_cifar.netcluster`` start is built here.
+benchmarks, ``hvd_cifar.bench`` and ``testbed.netcluster`` start is built here.
 
     argv("mpirun", 2)       # mpirun [--allow-run-as-root] --oversubscribe -np 2 -bind-to none
                             #        -map-by slot PYTHON -m hvd_cifar.train
@@ -7,9 +7,9 @@ benchmarks, ``hvd_cifar.bench`` and ``hvd_cifar.netcluster`` start is built here
     horovodrun(4, program, hosts="10.0.0.1:1,10.0.0.2:1", gloo=False, options=["-p", "22"])
     mpirun(4, program, hostfile="hosts", oversubscribe=False, mca={"btl": "tcp,self"})
 
-    python -m hvd_cifar.launchers mpirun-flags   # Horovod's Open MPI flags, one per line
+    python -m hvd_cifar.launch.commands mpirun-flags   # Horovod's Open MPI flags, one per line
                                                  # (what launch/mpirun.sh hands to mpirun)
-    python -m hvd_cifar.launchers exec mpirun ...  # mpirun ..., stopped when its parent dies
+    python -m hvd_cifar.launch.commands exec mpirun ...  # mpirun ..., stopped when its parent dies
 
 Launchers by name: ``single`` (no launcher, one process), ``horovodrun`` (on this machine,
 ``-H localhost:N``), ``horovodrun-gloo`` (the same with Horovod's Gloo controller) and ``mpirun``
@@ -17,13 +17,15 @@ Launchers by name: ``single`` (no launcher, one process), ``horovodrun`` (on thi
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 from typing import Mapping, Sequence
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
 LAUNCHERS = ("single", "horovodrun", "horovodrun-gloo", "mpirun")
 
 # The flags Horovod's documentation gives for Open MPI (docs/mpi.rst, "Running Horovod with Open MPI"):
@@ -151,7 +153,7 @@ def exec_guarded(command: Sequence[str]) -> None:
     os.execvp(command[0], list(command))
 
 
-USAGE = "usage: python -m hvd_cifar.launchers mpirun-flags | exec PROGRAM [ARGS...]"
+USAGE = "usage: python -m hvd_cifar.launch.commands mpirun-flags | exec PROGRAM [ARGS...]"
 
 
 def main(argv_: list[str] | None = None) -> int:
@@ -167,6 +169,26 @@ def main(argv_: list[str] | None = None) -> int:
         return 2
     sys.stdout.write("".join(flag + "\n" for flag in recommended_mpirun_flags()))
     return 0
+
+
+# ----------------------------------------------------------------------------- a launched job's process
+STOP_GRACE_S = 10.0  # from SIGTERM to SIGKILL when a job outlives its timeout
+
+
+def job_env(**extra: str) -> dict:
+    """This process's environment for a job, with unbuffered Python output and ``extra``."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to the job's process group (its launcher and every rank it started), SIGKILL to
+    what is left after ``grace_s``."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+            return
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Hostfiles: one host per line, ``HOST slots=N`` (Open MPI style) or ``HOST:N`` (horovodrun
 style), ``#`` comments and blank lines allowed. Validated before anything is launched.
 
-    python -m hvd_cifar.hostfile hostfiles/localhost --np 2 --format horovod   # localhost:2
-    python -m hvd_cifar.hostfile hostfiles/localhost --np 2 --format mpi       # a clean copy for mpirun
+    python -m hvd_cifar.launch.hostfile hostfiles/localhost --np 2 --format horovod   # localhost:2
+    python -m hvd_cifar.launch.hostfile hostfiles/localhost --np 2 --format mpi       # a clean copy for mpirun
 """
 from __future__ import annotations
 

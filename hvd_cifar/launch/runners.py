@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from hvd_cifar import launchers
-from hvd_cifar.jobs import job_env, stop
-from hvd_cifar.slurmcluster import jobs as slurm
-from hvd_cifar.slurmcluster.daemons import SlurmError
+from hvd_cifar.launch import commands
+from hvd_cifar.launch import slurm
+from hvd_cifar.launch.commands import job_env, stop
+from hvd_cifar.launch.slurm import SlurmError
 
-ROOT = launchers.ROOT
+ROOT = commands.ROOT
 SBATCH_SCRIPT = "launch/slurm.sbatch"
 # Slurm's job states after which a job runs no more (a requeued job goes back to PENDING).
 ENDED_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -55,13 +55,13 @@ class LocalRunner:
         return f"launcher {self.launcher}{where}"
 
     def command(self, n: int, flags: Sequence[str]) -> list[str]:
-        """The job's argument list (never a shell string), from hvd_cifar.launchers."""
+        """The job's argument list (never a shell string), from hvd_cifar.launch.commands."""
         if self.hostfile:  # the launch script checks the hostfile and adds the launcher's flags
             options = ["--oversubscribe"] if self.launcher == "mpirun" else []
-            return [*launchers.script(self.launcher, n, self.hostfile, options), *flags]
+            return [*commands.script(self.launcher, n, self.hostfile, options), *flags]
         # mpirun oversubscribes (a sweep may ask for more ranks than cores) and binds ranks to no
         # core, so that each uses its threads instead of being pinned to one.
-        return [*launchers.argv(self.launcher, n), *flags]
+        return [*commands.argv(self.launcher, n), *flags]
 
     def run(self, cmd: list[str], stdout_path: str, stderr_path: str, timeout: int) -> Ended:
         """Run one job to its end or its timeout."""

@@ -2,7 +2,7 @@
 loss told to the batch script at once. launch/slurm.sbatch runs the launcher's stderr through
 it (srun's, or mpirun's; with them the ranks' and slurmstepd's lines):
 
-    srun ... 2>FIFO &  python -m hvd_cifar.slurm_output --lost LOST.json --status STATUS --notify PID <FIFO >&2
+    srun ... 2>FIFO &  python -m hvd_cifar.launch.slurm_output --lost LOST.json --status STATUS --notify PID <FIFO >&2
 
 Every line passes through unchanged (the ranks' hvd_cifar lines among them), except these:
 
@@ -177,7 +177,7 @@ class Watch:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hvd_cifar.slurm_output", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m hvd_cifar.launch.slurm_output", description=__doc__.splitlines()[0])
     p.add_argument("--lost", required=True, help="where to write the lost task's facts (JSON), if the first to end was lost")
     p.add_argument("--status", required=True, help="where to write the exit status of the first task to end, if it exited")
     p.add_argument("--notify", type=int, metavar="PID", help="send PID SIGUSR2 as soon as a loss is known")

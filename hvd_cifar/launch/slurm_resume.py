@@ -2,11 +2,11 @@
 each requeue after a preemption or a time limit), in the same run folder, resumed once that
 folder holds a checkpoint. launch/slurm.sbatch asks here before it starts the ranks:
 
-    python -m hvd_cifar.slurm_resume --dry-run -- --config configs/cifar10_vgg11.yaml
+    python -m hvd_cifar.launch.slurm_resume --dry-run -- --config configs/cifar10_vgg11.yaml
     #  -> slurm_resume: job 4242, restart 1: resume logs/slurm-4242 (it holds a checkpoint)
     #     python -m hvd_cifar.train --config configs/cifar10_vgg11.yaml --resume /abs/logs/slurm-4242
-    python -m hvd_cifar.slurm_resume -- FLAGS...     # the trainer's flags, NUL-separated (for the script)
-    python -m hvd_cifar.slurm_resume --lost LOST.json -- FLAGS...   # after a lost rank: requeue?
+    python -m hvd_cifar.launch.slurm_resume -- FLAGS...     # the trainer's flags, NUL-separated (for the script)
+    python -m hvd_cifar.launch.slurm_resume --lost LOST.json -- FLAGS...   # after a lost rank: requeue?
 
 The run folder is ``--run-name`` when given, else ``slurm-$SLURM_JOB_ID`` (a job keeps its id
 when it is requeued), under the config's ``log_dir``. A folder without a checkpoint (a job
@@ -14,7 +14,7 @@ killed before its first one) is left as it is, and the next attempt starts afres
 ``NAME-2`` (``-3``, ...); the newest such folder is the one resumed. Outside Slurm (no
 SLURM_JOB_ID), or when the flags already say ``--resume``, the flags pass through unchanged.
 
-A run that lost a rank (a node gone, a rank killed: hvd_cifar.slurm_output names it in
+A run that lost a rank (a node gone, a rank killed: hvd_cifar.launch.slurm_output names it in
 LOST.json) is requeued once: ``--lost`` appends a ``rank_lost`` line to the run folder's
 events.jsonl, says one line, and exits 0 when the job should requeue itself, that is when the
 folder holds no more than HVD_CIFAR_SLURM_LOST_REQUEUES (default 1) such lines; else 1, and
@@ -31,11 +31,12 @@ import sys
 import time
 from typing import Mapping
 
-from hvd_cifar import config as config_mod
-from hvd_cifar import runs, slurm_job
-from hvd_cifar.errors import ConfigError, ReportError
-from hvd_cifar.files import RunError
-from hvd_cifar.runlog import CHECKPOINT, EVENTS, append_metrics
+from hvd_cifar.core import config as config_mod
+from hvd_cifar.core import slurm_job
+from hvd_cifar.runfolder import reader
+from hvd_cifar.core.errors import ConfigError, ReportError
+from hvd_cifar.core.files import RunError
+from hvd_cifar.runfolder.writer import CHECKPOINT, EVENTS, append_metrics
 
 
 def attempts(log_dir: str, name: str) -> list[str]:
@@ -92,7 +93,7 @@ def after_loss(lost: dict, flags: list[str], env: Mapping[str, str]) -> tuple[bo
     what = f"slurm.sbatch: job {job}: {tasks} lost ({lost['why']})"
     if not os.path.isdir(run_dir):  # lost before the run folder was made: nothing to resume
         return False, f"{what}; no run folder {run_dir} yet; submit the job again"
-    losses = 1 + sum(1 for e in runs.read_events(run_dir) if e["event"] == "rank_lost")  # (read before the append)
+    losses = 1 + sum(1 for e in reader.read_events(run_dir) if e["event"] == "rank_lost")  # (read before the append)
     append_metrics(run_dir, {"event": "rank_lost", "time": time.time(), **lost, **slurm_job.facts(env)}, EVENTS)
     if losses <= limit:
         return True, (f"{what}; requeued to resume {run_dir} from its last checkpoint "
@@ -104,7 +105,7 @@ def after_loss(lost: dict, flags: list[str], env: Mapping[str, str]) -> tuple[bo
 def ranks_on(run_dir: str, node: str) -> str:
     """The ranks the run had on ``node`` (meta.json's hostnames, one per rank), e.g. "1" or "2,3"; "" if unknown."""
     try:
-        meta = runs.read_meta(run_dir)
+        meta = reader.read_meta(run_dir)
     except ReportError:
         return ""
     hostnames = meta.get("hostnames", []) if isinstance(meta, dict) else []
@@ -112,11 +113,11 @@ def ranks_on(run_dir: str, node: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hvd_cifar.slurm_resume", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m hvd_cifar.launch.slurm_resume", description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true",
                    help="say what would run, as one line and a command line, instead of the NUL-separated flags")
     p.add_argument("--lost", metavar="LOST.json",
-                   help="the run lost a rank (hvd_cifar.slurm_output's file): record it, say one line, "
+                   help="the run lost a rank (hvd_cifar.launch.slurm_output's file): record it, say one line, "
                         "exit 0 if the job should requeue itself, 1 if not")
     p.add_argument("flags", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
     args = p.parse_args(argv)

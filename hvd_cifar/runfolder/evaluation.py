@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from hvd_cifar import runs
-from hvd_cifar.files import write_json
+from hvd_cifar.runfolder import reader
+from hvd_cifar.core.files import write_json
 
 EVAL = "eval.json"
 
@@ -31,7 +31,7 @@ def write(run_dir: str, confusion, last: dict, classes: int, records: list[dict]
     write_json(os.path.join(run_dir, EVAL), {
         "test_acc": test_acc, "test_acc5": last["test_acc5"], "test_loss": last["test_loss"],
         "classes": classes,
-        **runs.time_to_target(records, target_acc),
+        **reader.time_to_target(records, target_acc),
         "confusion_matrix": confusion.tolist(), "classification_report": report,
         "parameters_identical_across_ranks": ranks_agree})
     return test_acc, ["classification report (test set):\n" + report_text,

@@ -21,7 +21,7 @@ import os
 import socket
 import time
 
-from hvd_cifar.files import RunError
+from hvd_cifar.core.files import RunError
 
 LOCK_NAME = "run.lock"
 _held: dict[str, int] = {}  # run folder -> open descriptor holding its lock (this process)

@@ -2,7 +2,7 @@
 ``hvd_cifar.train``. No torch and no trainer here, so that reports, predictions and sweeps read
 runs without loading either.
 
-The one rule for metrics.jsonl: every record is one line written whole (``runlog.append_metrics``:
+The one rule for metrics.jsonl: every record is one line written whole (``writer.append_metrics``:
 one write, then fsync). A job killed during that write can leave a last line without its newline
 that is not valid JSON: that line is *torn*. It is left out and said so (``Metrics.torn``): its
 epoch did not finish being recorded and reruns on resume. Any other line that is not an epoch
@@ -17,12 +17,10 @@ from typing import Any, Callable
 
 import yaml
 
-from hvd_cifar.errors import ReportError
+from hvd_cifar.core.errors import ReportError
 
 METRICS = "metrics.jsonl"
 EVENTS = "events.jsonl"  # one line per thing that happened to the run: a stop, a lost rank, a restart
-# The phases of a training step, in order; each epoch record has a <phase>_time_s per phase.
-PHASES = ("data", "forward", "backward", "sync", "optimizer")
 # eval.json's time-to-accuracy keys (time_to_target); None: no target / not reached
 TARGET_KEYS = ("target_acc", "epochs_to_target", "time_to_target_s")
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import math
 
-from hvd_cifar import resources
+from hvd_cifar.core.names import RESOURCE_FIELDS
 
 # (group, does a key belong to it), first match wins; every other number goes under "run".
 GROUPS = (
     ("loss", lambda key: key.endswith("_loss")),
     ("accuracy", lambda key: "_acc" in key),
-    ("resources", lambda key: key in resources.FIELDS),
+    ("resources", lambda key: key in RESOURCE_FIELDS),
     ("throughput", lambda key: key == "images_per_s"),
     ("time", lambda key: key.endswith("_s")),
     ("bytes", lambda key: "bytes" in key),

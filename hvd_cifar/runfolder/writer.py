@@ -1,5 +1,5 @@
 """The run folder: logs/RUN_NAME/ with config.yaml, metrics.jsonl, meta.json, events.jsonl, rank
-logs and checkpoint_last.pt (eval.json: hvd_cifar.evaluation). Files are written whole or not at
+logs and checkpoint_last.pt (eval.json: hvd_cifar.runfolder.evaluation). Files are written whole or not at
 all (temp + rename). The trainer hands this module its objects; what goes into each file, the
 checkpoint's contents included, is composed here."""
 from __future__ import annotations
@@ -14,12 +14,14 @@ import time
 
 import torch
 
-from hvd_cifar import runs, slurm_job
-from hvd_cifar.files import RunError, append_whole, atomic_write, write_error, write_json, write_text  # noqa: F401 (re-exported)
+from hvd_cifar.core import slurm_job
+
+from hvd_cifar.runfolder import reader
+from hvd_cifar.core.files import RunError, append_whole, atomic_write, write_error, write_json, write_text  # noqa: F401 (re-exported)
 
 CHECKPOINT = "checkpoint_last.pt"
-METRICS = runs.METRICS
-EVENTS = runs.EVENTS
+METRICS = reader.METRICS
+EVENTS = reader.EVENTS
 
 
 def default_run_name(cfg, world_size: int) -> str:
@@ -104,10 +106,10 @@ def append_metrics(run_dir: str, record: dict, name: str = METRICS) -> None:
         raise write_error(path, exc) from None
 
 
-def read_metrics(run_dir: str) -> list[dict]:
+def epoch_records(run_dir: str) -> list[dict]:
     """The run's whole epoch records so far (none before the first); the one reader's rule for a
-    torn last line applies (hvd_cifar.runs)."""
-    return runs.read_metrics(run_dir, missing_ok=True).records
+    torn last line applies (hvd_cifar.runfolder.reader)."""
+    return reader.read_metrics(run_dir, missing_ok=True).records
 
 
 def remove_stale_temp_files(run_dir: str) -> None:
@@ -120,7 +122,7 @@ def remove_stale_temp_files(run_dir: str) -> None:
 def truncate_metrics(run_dir: str, epochs_done: int) -> None:
     """On resume, drop lines for epochs the checkpoint does not cover (they will be rerun),
     and any torn last line."""
-    kept = [r for r in read_metrics(run_dir) if r["epoch"] < epochs_done]
+    kept = [r for r in epoch_records(run_dir) if r["epoch"] < epochs_done]
     atomic_write(os.path.join(run_dir, METRICS),
                  lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
 
@@ -140,7 +142,7 @@ def launcher_name() -> str:
     mpirun, and its ranks see the same variables as plain mpirun's."""
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         return "horovodrun-elastic"
-    from hvd_cifar.lifecycle import launched_by_mpi
+    from hvd_cifar.core.lifecycle import launched_by_mpi
     if launched_by_mpi():
         return "mpi (mpirun, or horovodrun over MPI)"
     if "HOROVOD_RANK" in os.environ:
@@ -231,7 +233,7 @@ def save_preempted(run_dir: str, state, world_size: int, buffers: list[dict], el
                    **training) -> None:
     """A preempted run: the checkpoint of where the epoch stands (the training ``state``'s step,
     position and the epoch's sums over all ranks so far, every rank's ``buffers``), then the
-    events.jsonl line of the ``stop`` (a preempt.Preempted). ``training``: as save_training's."""
+    events.jsonl line of the ``stop`` (a preemption.Preempted). ``training``: as save_training's."""
     save_training(run_dir, state.epoch, position={
         "step": state.step, "position": state.position, "totals": state.totals, "world_size": world_size,
         "rank_buffers": buffers, "elapsed_s": elapsed_s}, **training)
@@ -299,7 +301,7 @@ def record_epoch(run_dir: str, record: dict) -> list[dict]:
     """Append an epoch's metrics line; returns the run's epoch records with it, as the file now
     holds them. A line for this epoch or a later one can only be there when an elastic reset
     reran the epoch's end after recording it: it is dropped first."""
-    records = read_metrics(run_dir)
+    records = epoch_records(run_dir)
     if records and records[-1]["epoch"] >= record["epoch"]:
         truncate_metrics(run_dir, record["epoch"])
         records = [r for r in records if r["epoch"] < record["epoch"]]
@@ -321,7 +323,7 @@ def write_start_files(run_dir: str, cfg, start_epoch: int, resume_at: dict | Non
     remove_stale_temp_files(run_dir)
     if resume_at:  # preempted mid-epoch: the time until then
         return resume_at["elapsed_s"]
-    kept = read_metrics(run_dir)
+    kept = epoch_records(run_dir)
     if resume_record and (not kept or kept[-1]["epoch"] < resume_record["epoch"]):
         # Killed after the checkpoint was written and before its metrics line was (record_epoch).
         append_metrics(run_dir, resume_record)

@@ -1,164 +1,31 @@
-"""Gradient synchronisation methods, interchangeable behind one small interface.
+"""Gradient synchronisation methods, interchangeable behind one small interface
+(``SyncMethod``, hvd_cifar/sync/base.py): Horovod, mpi4py allreduce and gather/scatter, torch DDP,
+and an asynchronous parameter server, one module each. The training loop talks only to the
+interface; adding a method means adding one module and one line to ``make``.
 
-The training loop talks only to ``SyncMethod``; each method lives in its own module here and
-registers itself in ``METHODS``. Adding a method means adding one file.
+May import: hvd_cifar.core, hvd_cifar.compress, hvd_cifar.workload.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
-from typing import Any
-
-import torch
-
-# The one list of sync methods: config value -> module implementing it (its ``create(name, cfg)``).
-# The config validates ``sync`` against these keys.
-METHODS = {
-    "horovod": "hvd_cifar.sync.horovod",
-    "mpi-allreduce": "hvd_cifar.sync.mpi",
-    "mpi-gather-scatter": "hvd_cifar.sync.mpi",
-    "ddp": "hvd_cifar.sync.ddp",
-    "mpi-async-ps": "hvd_cifar.sync.async_ps",
-}
-
-class SyncMethod:
-    """What the training loop needs from a gradient synchronisation method.
-
-    Per optimizer update the loop calls, in order:
-      ``accumulate(model, sync_now)`` around each micro-batch's forward and backward,
-      ``synchronize(optimizer)`` once the last micro-batch of the update has run backward,
-      ``step(optimizer, scaler)`` to apply the averaged gradients.
-    """
-
-    name = "base"
-    # Whether close() leaves native communication threads running, so that the process must end
-    # without the interpreter's shutdown (hvd_cifar.lifecycle.exit_process says why).
-    leaves_threads_running = False
-    # Whether every rank sees a divergence at the same update (the averaged gradients are the
-    # same everywhere), so all stop together and rank 0 speaks. False where a rank checks a
-    # gradient no other rank sees (mpi-async-ps's workers): that rank says so and ends the job.
-    diverges_together = True
-    rank = 0
-    size = 1
-    local_rank = 0
-    local_size = 1
-
-    def configure(self, cfg) -> None:
-        """Read the config keys this method has (e.g. ``ps_servers``) once, right after ``make``,
-        on every rank; a setting it cannot honour is a ConfigError."""
-
-    # --- roles: every rank trains, unless a method gives some ranks another part ----------
-    @property
-    def workers(self) -> int:
-        """Ranks that run the step loop: the data is sharded over them, metrics averaged."""
-        return self.size
-
-    @property
-    def worker_rank(self) -> int:
-        """This rank's data shard, in [0, workers)."""
-        return self.rank
-
-    def epoch_loop(self, train_one_epoch):
-        """What this rank runs for one epoch, called as ``(run, state, epoch) -> EpochResult``:
-        the step loop given (engine.train_one_epoch), unless the method gives this rank another
-        part (a parameter server's ranks serve the workers instead)."""
-        return train_one_epoch
-
-    def consolidate(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """After an epoch's training, before evaluation and the checkpoint: make every rank hold
-        the one model the run evaluates and saves. Here the weights agree already and only
-        BatchNorm's running statistics, each rank's own, are averaged."""
-        from hvd_cifar.engine import average_buffers
-        average_buffers(model, self)
-
-    # --- model and optimizer -------------------------------------------------------
-    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             named_parameters: list[tuple[str, torch.nn.Parameter]], accumulation_steps: int,
-             fp16: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        """Return the (model, optimizer) the loop should use; called again when the set of
-        trainable parameters changes, with the *unwrapped* model and a new optimizer."""
-        raise NotImplementedError
-
-    def accumulate(self, model: torch.nn.Module, sync_now: bool):
-        """Context for one micro-batch; ``sync_now`` is False for all but the last of an update."""
-        return contextlib.nullcontext()
-
-    def synchronize(self, optimizer: torch.optim.Optimizer) -> None:
-        """Finish averaging gradients across ranks (the part of sync time not hidden in backward)."""
-        raise NotImplementedError
-
-    def step(self, optimizer: torch.optim.Optimizer, scaler=None) -> None:
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-
-    def broadcast_state(self, model: torch.nn.Module) -> None:
-        """Make every rank's parameters and buffers equal to rank 0's."""
-        raise NotImplementedError
-
-    # --- small collectives for metrics and coordination ------------------------------
-    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def allreduce_sum_async(self, tensor: torch.Tensor, name: str):
-        """Start summing ``tensor`` over the ranks and return at once; the returned function waits
-        for the sum and gives it. Every rank starts the same sums (``name``: what it carries) in
-        the same order. Here the sum is done before returning; methods whose collectives can run
-        in the background override this."""
-        total = self.allreduce_sum(tensor)
-        return lambda: total
-
-    def broadcast_object(self, obj: Any) -> Any:
-        raise NotImplementedError
-
-    def allgather_object(self, obj: Any) -> list:
-        raise NotImplementedError
-
-    # --- training state, and elastic membership ---------------------------------------
-    elastic = False
-
-    def training_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **values):
-        """What the loop keeps and whose hooks it calls (engine.TrainingState): the model, the
-        optimizer and ``values`` as attributes. Without elasticity nothing is ever reset."""
-        from hvd_cifar.engine import TrainingState
-        return TrainingState(self, model=model, optimizer=optimizer, **values)
-
-    def run_elastic(self, train):
-        """``train(state)`` made restartable after workers come or go; here, as it is."""
-        return train
-
-    def rank_state(self) -> dict | None:
-        """What of this rank's own communication state a checkpoint must hold for a resumed run
-        to go on as the unbroken one would (a scheme's error feedback differs per rank), or None
-        when the method keeps none (the default)."""
-        return None
-
-    def load_rank_state(self, state: dict) -> None:
-        """Take back this rank's ``rank_state()`` as a checkpoint saved it."""
-
-    # --- accounting ----------------------------------------------------------------
-    def payload_bytes(self, named_parameters: list[tuple[str, torch.nn.Parameter]], fp16: bool) -> int:
-        """Gradient bytes one synchronisation averages: every trainable parameter's gradient, as
-        it crosses the wire (2 bytes an element with fp16 compression)."""
-        return sum(p.numel() * (2 if fp16 else p.element_size()) for _, p in named_parameters)
-
-    def wire_bytes_per_sync(self, payload_bytes: int) -> int:
-        """Bytes one rank sends per synchronisation of ``payload_bytes`` of gradients (the busiest
-        rank where ranks differ). Ring allreduce: reduce-scatter then allgather, each moving
-        (N-1)/N of the payload."""
-        n = self.size
-        return int(round(2 * (n - 1) / n * payload_bytes)) if n > 1 else 0
-
-    def close(self) -> None:
-        pass
+from hvd_cifar.core.names import SYNC_METHODS
+from hvd_cifar.sync.base import SyncMethod
 
 
 def make(name: str, cfg=None) -> SyncMethod:
     """Start method ``name``'s communication backend. ``cfg``, the run's config, gives the
     settings a method needs before its backend starts (Horovod's tuning, elastic); without it
-    (the probes, the benchmarks) each method starts with the launcher's and its defaults."""
-    if name not in METHODS:
+    (the probes, the benchmarks) each method starts with the launcher's and its defaults.
+
+    Each module is imported only when its method is asked for: importing one starts its
+    library (mpi4py initialises MPI; Horovod loads its native library)."""
+    if name not in SYNC_METHODS:
         raise ValueError(f"unknown sync method {name!r}")
-    return importlib.import_module(METHODS[name]).create(name, cfg)
+    if name == "horovod":
+        from hvd_cifar.sync import horovod as module
+    elif name == "ddp":
+        from hvd_cifar.sync import ddp as module
+    elif name == "mpi-async-ps":
+        from hvd_cifar.sync import async_ps as module
+    else:  # mpi-allreduce, mpi-gather-scatter
+        from hvd_cifar.sync import mpi as module
+    return module.create(name, cfg)

@@ -2,7 +2,7 @@
 
 The first ``ps_servers`` ranks (default 1) are servers, the others workers. The servers hold the
 weights: the flat buffer of every trainable parameter, cut into one contiguous shard per server,
-with SGD's momentum beside it. A worker runs the ordinary step loop (engine.train_one_epoch) on
+with SGD's momentum beside it. A worker runs the ordinary step loop (loop.train_one_epoch) on
 its shard of the data (the data is sharded over the workers only). At each update it pushes its
 gradient, checked and clipped by the loop's guard as under every method, to the servers (to
 each server its shard) and pulls back the weights each holds right after applying it. A server
@@ -17,12 +17,12 @@ Pushes and pulls are buffer-based (uppercase) mpi4py calls on numpy views of the
 on a duplicate of COMM_WORLD of their own, so no small collective can ever match one of them.
 
 Where it meets the loop (docs/ARCHITECTURE.md): a server rank runs ``serve_epoch`` where a worker
-runs engine.train_one_epoch (``epoch_loop``); after the epoch every rank takes the servers'
+runs loop.train_one_epoch (``epoch_loop``); after the epoch every rank takes the servers'
 weights and momentum and the workers' mean BatchNorm statistics (``consolidate``), so evaluation
 and rank 0's checkpoint (rank 0 is a server) see the servers' model, and --resume gives it back.
 
 Learning rate: a push is one update made of one worker's batch (times the accumulation steps),
-so the servers follow a one-rank run's schedule (engine.LrSchedule with world size 1) over
+so the servers follow a one-rank run's schedule (optim.LrSchedule with world size 1) over
 workers x updates-per-worker updates an epoch: as many as a one-rank run makes.
 
 Bytes: per update a worker sends S (its gradient) and receives S (the weights), S being the
@@ -35,15 +35,16 @@ job as a killed rank does; --resume continues from the last epoch's checkpoint.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 
-from hvd_cifar import preempt
-from hvd_cifar.errors import ConfigError
-from hvd_cifar.engine import PHASES, EpochResult, LrSchedule, TrainingState, progress_bar, zero_sums
-from hvd_cifar.sync import SyncMethod
+from hvd_cifar.core import stops
+from hvd_cifar.core.errors import ConfigError
+from hvd_cifar.core.names import PHASES
+from hvd_cifar.workload.epoch import EpochResult, progress_bar, zero_sums
+from hvd_cifar.workload.optim import LrSchedule
+from hvd_cifar.sync.base import SyncMethod
 from hvd_cifar.sync.mpi import MpiSync
 
 _PUSH = 21  # worker -> server: a gradient shard
@@ -55,13 +56,6 @@ def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
     sizes within one element of each other."""
     edges = [numel * i // parts for i in range(parts + 1)]
     return list(zip(edges[:-1], edges[1:]))
-
-
-def stop_if_asked() -> None:
-    """A stop signal (SIGTERM, SIGUSR1) ends this rank now, by the signal's default action, to
-    which preempt's handler has already handed it back (the module docstring says why no pause)."""
-    if preempt.asked():
-        os.kill(os.getpid(), preempt.asked())
 
 
 def copy_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
@@ -131,18 +125,12 @@ def average_worker_buffers(mpi, comm, model, is_server: bool, workers: int) -> N
     copy_into(flat / workers, buffers)
 
 
-class AsyncPsState(TrainingState):
-    """The training state without the stop vote (a collective per update), see stop_if_asked."""
-
-    def after_update(self, sums, updates_done, more_steps):
-        stop_if_asked()
-
-
 class AsyncPsSync(MpiSync):
     """Servers first: rank 0, which speaks and writes the checkpoint under every method, is then
     a rank that holds the weights, so it needs nothing from the workers to save them."""
 
     diverges_together = False  # a worker's guard checks its own gradient, which no other rank sees
+    stops_by_vote = False  # the ranks share no update boundary to vote at; see stops.end_if_asked
 
     def __init__(self, name: str):
         super().__init__(name)
@@ -178,9 +166,6 @@ class AsyncPsSync(MpiSync):
 
     def epoch_loop(self, train_one_epoch):
         return self.serve_epoch if self.is_server else train_one_epoch
-
-    def training_state(self, model, optimizer, **values):
-        return AsyncPsState(self, model=model, optimizer=optimizer, **values)
 
     # --- buffers ------------------------------------------------------------------------
     def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
@@ -241,7 +226,7 @@ class AsyncPsSync(MpiSync):
             replies[k] = self.ps.Isend(self.replies[k].numpy(), dest=self.servers + k, tag=_PULL)
             left[k] -= 1
             receives[k] = self.receive(k) if left[k] else self.MPI.REQUEST_NULL
-            stop_if_asked()
+            stops.end_if_asked()
             bar.update(1)
         self.MPI.Request.Waitall(replies)
         bar.close()

@@ -9,12 +9,14 @@ import time
 from typing import Any
 
 import horovod.torch as hvd
-import torch
 
-from hvd_cifar import compress, overlap
+from hvd_cifar import compress
+
+from hvd_cifar.sync import overlap
 from hvd_cifar.sync.schemes import SchemeHooks
-from hvd_cifar.errors import ConfigError
-from hvd_cifar.sync import SyncMethod, openmpi
+from hvd_cifar.core.errors import ConfigError
+from hvd_cifar.sync import openmpi
+from hvd_cifar.sync.base import SyncMethod
 
 
 def prepare_environment(elastic: bool, timeline: bool = False) -> None:
@@ -111,20 +113,6 @@ class HorovodSync(SyncMethod):
     size = property(lambda self: hvd.size())
     local_rank = property(lambda self: hvd.local_rank())
     local_size = property(lambda self: hvd.local_size())
-
-    def training_state(self, model, optimizer, **values):
-        if not self.elastic:
-            return super().training_state(model, optimizer, **values)
-        # Zero momentum buffers where SGD has none yet: its first step then computes what it
-        # would have without them (buffer = gradient, dampening 0), and Horovod's state sync
-        # finds an optimizer state to broadcast instead of making one by a step of its own.
-        for group in optimizer.param_groups:
-            if group["momentum"] and not group.get("dampening"):
-                for p in group["params"]:
-                    if "momentum_buffer" not in optimizer.state[p]:
-                        optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        from hvd_cifar.elastic import ElasticState
-        return ElasticState(self, model=model, optimizer=optimizer, **values)
 
     def run_elastic(self, train):
         # On a worker's failure (HorovodInternalError) every survivor restores the last commit;

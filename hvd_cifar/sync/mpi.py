@@ -28,9 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from hvd_cifar.errors import ConfigError
-from hvd_cifar.lifecycle import launched_by_mpi
-from hvd_cifar.sync import SyncMethod, openmpi
+from hvd_cifar.core import wire
+from hvd_cifar.core.errors import ConfigError
+from hvd_cifar.core.lifecycle import launched_by_mpi
+from hvd_cifar.sync import openmpi
+from hvd_cifar.sync.base import SyncMethod
 
 _MEAN_TAG = 17  # point-to-point messages carrying the averaged gradients from rank 0
 
@@ -125,7 +127,7 @@ class MpiSync(SyncMethod):
 
     def epoch_loop(self, train_one_epoch):
         """Nothing moves during backward here: the whole wait in synchronize() is exposed
-        communication, none is hidden (hvd_cifar/overlap.py's figures, measured as they are)."""
+        communication, none is hidden (hvd_cifar/sync/overlap.py's figures, measured as they are)."""
         def timed(run, state, epoch):
             result = train_one_epoch(run, state, epoch)
             result.extra.update(comm_hidden_s=0.0, comm_exposed_s=result.phase_times["sync"])
@@ -226,7 +228,7 @@ class MpiGatherScatterSync(MpiSync):
     def wire_bytes_per_sync(self, payload_bytes):
         """Rank 0, the busiest rank, sends the mean to each of the N-1 others (and receives
         as many buffers in the Gather); every other rank sends and receives one buffer."""
-        return (self.size - 1) * payload_bytes
+        return wire.gather_scatter_root_bytes(self.size, payload_bytes)
 
 
 def create(name: str, cfg=None) -> SyncMethod:

@@ -10,7 +10,7 @@ the step was waiting, and report per epoch, in metrics.jsonl:
 
 Reading a timeline by hand (rank 0 writes it, into the run folder)::
 
-    python -m hvd_cifar.overlap logs/RUN/timeline.json
+    python -m hvd_cifar.sync.overlap logs/RUN/timeline.json
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 
 from hvd_cifar.compress import Scheme
-from hvd_cifar.sync import SyncMethod
+from hvd_cifar.sync.base import SyncMethod
 
 
 class SchemeHooks:
@@ -21,7 +21,7 @@ class SchemeHooks:
         self.diverges_together = scheme.averages_gradients
 
     def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
-        self.scheme.track(named_parameters)
+        self.scheme.track(named_parameters, optimizer)
         self.optimizer = optimizer  # this rank's own, where its gradients are (rank_state)
         return model, optimizer
 
@@ -32,6 +32,7 @@ class SchemeHooks:
         self.scheme.synchronize()
 
     def step(self, optimizer, scaler=None):
+        self.scheme.before_step()
         SyncMethod.step(self, optimizer, scaler)
         self.scheme.after_step()
 

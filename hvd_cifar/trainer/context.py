@@ -1,5 +1,5 @@
 """What a run is made of: the ``Training`` that ``hvd_cifar.train`` builds once per process and the
-epoch loop, ``engine.train_one_epoch`` and ``engine.evaluate`` read (the config, the sync method,
+epoch loop, ``loop.train_one_epoch`` and ``loop.evaluate`` read (the config, the sync method,
 data, model, optimizer and the run folder's writers), with the few things done to it: setting
 the trainable parameters (and with them the optimizer), autocast and backward, the run's time.
 """
@@ -10,15 +10,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hvd_cifar import autofreeze, data, engine, optim, runlog, tboard
-from hvd_cifar.config import Config
-from hvd_cifar.models import set_frozen_blocks
-from hvd_cifar.sync import SyncMethod
+from hvd_cifar.runfolder import writer, tensorboard
+
+from hvd_cifar.trainer import loop
+from hvd_cifar.trainer.freezing import AutoFreeze, ConfigFreezing
+
+from hvd_cifar.workload import data, optim
+from hvd_cifar.core.config import Config
+from hvd_cifar.workload.models import set_frozen_blocks
+from hvd_cifar.sync.base import SyncMethod
 
 
 @dataclass
 class Training:
-    """Everything the epoch loop and engine.train_one_epoch use, built once by ``train.build``."""
+    """Everything the epoch loop and loop.train_one_epoch use, built once by ``train.build``."""
     cfg: Config
     sync: SyncMethod
     device: torch.device
@@ -26,7 +31,7 @@ class Training:
     loader: data.ShardedLoader
     model: torch.nn.Module              # the plain model (checkpoints, freezing)
     identity: dict                      # what a checkpoint must match to be resumed here
-    freezing: autofreeze.ConfigFreezing | autofreeze.AutoFreeze  # decides ``frozen`` per epoch
+    freezing: ConfigFreezing | AutoFreeze  # decides ``frozen`` per epoch
     start_epoch: int = 0
     resume_at: dict | None = None       # a preempted run's place inside start_epoch (checkpoint's "position")
     resume_record: dict | None = None   # the metrics line of the checkpoint's epoch, as the checkpoint holds it
@@ -38,10 +43,10 @@ class Training:
     frozen: int = 0
     scaler: torch.amp.GradScaler | None = None
     run_dir: str = ""
-    log: runlog.RankLog | None = None
-    board: tboard.Board | None = None   # rank 0, tensorboard: true: opened at the first epoch recorded
+    log: writer.RankLog | None = None
+    board: tensorboard.Board | None = None   # rank 0, tensorboard: true: opened at the first epoch recorded
     hostnames: tuple = ()
-    schedule: engine.LrSchedule | None = None
+    schedule: optim.LrSchedule | None = None
     updates_per_epoch: int = 1
     started: float = 0.0                # time.perf_counter() when this process began the run
     elapsed_before: float = 0.0         # wall time of the run before a resume
@@ -84,8 +89,18 @@ class Training:
         return None if own is None else self.sync.allgather_object(own)
 
     def checkpointed(self, rank_states: list[dict] | None = None) -> dict:
-        """What a checkpoint holds of the run besides where it stands (runlog.save_training);
+        """What a checkpoint holds of the run besides where it stands (writer.save_training);
         ``rank_states``: what rank_states() gathered."""
         return {"identity": self.identity, "cfg": self.cfg, "model": self.model, "optimizer": self.optimizer,
                 "frozen_blocks": self.frozen, "freezing": self.freezing, "scaler": self.scaler,
                 "rank_states": rank_states}
+
+
+def make_state(sync: SyncMethod, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **values):
+    """The training state the loop keeps and whose hooks it calls: the model, the optimizer and
+    ``values`` as attributes; under elastic Horovod, the state Horovod commits and restores."""
+    if not sync.elastic:
+        return loop.TrainingState(sync, model=model, optimizer=optimizer, **values)
+    # Imported only here: elastic.py loads Horovod, which a run under another method never starts.
+    from hvd_cifar.trainer.elastic import ElasticState
+    return ElasticState(sync, model=model, optimizer=optimizer, **values)

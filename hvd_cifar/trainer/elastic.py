@@ -1,7 +1,7 @@
 """Elastic training's side of the training state: commits, resets and the events file.
 
 Workers may die, join or leave while the run goes on (Horovod's elastic driver, Gloo). The loop
-in hvd_cifar/engine.py calls the same hooks on every training state; here they commit the state
+in hvd_cifar/trainer/loop.py calls the same hooks on every training state; here they commit the state
 every ``commit_every`` updates and at each epoch's end, fold the epoch's running sums into it so
 that a reset keeps them exactly as far as the weights go, and write one line per (re)start to
 ``events.jsonl``. What is committed (broadcast from rank 0 to workers that join): the weights,
@@ -15,13 +15,26 @@ import horovod.torch as hvd
 import torch
 from horovod.common.elastic import ObjectState
 
-from hvd_cifar import engine, runlog
+from hvd_cifar.runfolder import writer
+
+from hvd_cifar.workload.epoch import no_sums
+
+
+def zero_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
+    """Zero momentum buffers where SGD has none yet: its first step then computes what it would
+    have without them (buffer = gradient, dampening 0), and Horovod's state sync finds an
+    optimizer state to broadcast instead of making one by a step of its own."""
+    for group in optimizer.param_groups:
+        if group["momentum"] and not group.get("dampening"):
+            for p in group["params"]:
+                if "momentum_buffer" not in optimizer.state[p]:
+                    optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 class ElasticState(hvd.elastic.TorchState):
     """Horovod's elastic state for a model, an optimizer and plain values (``run_dir``, ``epoch``,
     ``step``, ``position``, ``totals``, ``restarts``: what ``commit()`` saves and a reset
-    restores), with the training state's hooks (see engine.TrainingState).
+    restores), with the training state's hooks (see loop.TrainingState).
 
     One change to Horovod's order: the optimizer is synchronised before the model. Given an
     optimizer without state (SGD without momentum), Horovod makes some by taking one step with
@@ -29,6 +42,7 @@ class ElasticState(hvd.elastic.TorchState):
     broadcast after that step, every rank still ends on rank 0's weights."""
 
     def __init__(self, sync, commit_every: int, **values):
+        zero_momentum_buffers(values["optimizer"])
         super().__init__(restarts=0, **values)
         # Not committed state (set after Horovod recorded what to save): this worker's own.
         self.sync_method, self.commit_every = sync, commit_every
@@ -48,10 +62,10 @@ class ElasticState(hvd.elastic.TorchState):
         epoch, step = self.reached
         lost = max(0, step - self.step) if epoch == self.epoch else 0
         if run.is_main:
-            runlog.append_metrics(self.run_dir, {
+            writer.append_metrics(self.run_dir, {
                 "event": "start" if self.restarts == 0 else "reset", "time": time.time(),
                 "world_size": self.sync_method.size, "hosts": hosts, "epoch": self.epoch,
-                "step": self.step, "position": self.position, "steps_lost": lost}, runlog.EVENTS)
+                "step": self.step, "position": self.position, "steps_lost": lost}, writer.EVENTS)
         if self.restarts:
             run.log(f"workers changed: now {self.sync_method.size} rank(s) on {', '.join(hosts)}; "
                     f"continuing epoch {self.epoch + 1} at step {self.step} ({lost} step(s) redone)")
@@ -75,6 +89,6 @@ class ElasticState(hvd.elastic.TorchState):
         return reduced + torch.tensor(self.totals, dtype=torch.float64)  # and before a reset
 
     def end_epoch(self, last: bool) -> None:
-        self.epoch, self.step, self.position, self.totals = self.epoch + 1, 0, 0, engine.no_sums()
+        self.epoch, self.step, self.position, self.totals = self.epoch + 1, 0, 0, no_sums()
         if not last:
             self.commit()

@@ -14,7 +14,7 @@ by leading blocks: a frozen block needs no backward only if nothing before it tr
 Freezing only grows. The decision is a function of the recorded history, so a resumed run
 that restores the history (``state_dict``) decides as the uninterrupted run would.
 
-Both policies answer the same calls, so the loop (hvd_cifar/engine.py) and the entry point
+Both policies answer the same calls, so the loop (hvd_cifar/trainer/loop.py) and the entry point
 (hvd_cifar/train.py) never ask which one runs.
 """
 from __future__ import annotations
@@ -22,6 +22,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from hvd_cifar.runfolder import writer
 
 
 class ConfigFreezing:
@@ -136,3 +138,19 @@ def event(epoch: int, before: int, after: int, trainable: int, why: dict) -> dic
     """The events.jsonl line of a change of the frozen set."""
     return {"event": "freeze", "time": time.time(), "epoch": epoch, "frozen_blocks": after,
             "frozen_before": before, "trainable_params": trainable, **why}
+
+
+def follow_schedule(run, state, epoch: int) -> None:
+    """The freezing policy's set for ``epoch`` (every rank decides alike); a new trainable set
+    needs a new optimizer and new sync hooks, and is an events.jsonl line."""
+    before = run.frozen
+    frozen = run.freezing.frozen_blocks(epoch, before)
+    if frozen == before:
+        return
+    run.set_trainable(frozen, old_optimizer=run.optimizer)
+    state.optimizer = run.optimizer
+    run.sync.broadcast_state(run.model)
+    run.log(f"epoch {epoch}: {frozen} feature block(s) frozen, {run.trainable:,} trainable parameters")
+    if run.is_main:
+        writer.append_metrics(run.run_dir, event(epoch, before, frozen, run.trainable, run.freezing.why()),
+                              writer.EVENTS)

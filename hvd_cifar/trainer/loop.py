@@ -4,76 +4,23 @@
 backward, synchronise, step. Everything that is not the algorithm sits around it: the phase
 timer, the accumulation arithmetic (``UpdateGroups``), the learning-rate schedule
 (``LrSchedule``), the divergence guard and the training state's hooks (which an elastic run
-uses to commit; see hvd_cifar/elastic.py).
+uses to commit; see hvd_cifar/trainer/elastic.py).
 """
 from __future__ import annotations
 
 import math
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from hvd_cifar import data, preempt, resources
-from hvd_cifar.runs import PHASES
-
-# An epoch's running sums, per rank, summed over the ranks by the epoch-end allreduce: the loss
-# times images, images right at top-1 and at top-5, images. (Top-5 is last so that the others
-# keep the places that checkpoints of preempted epochs from before it hold them in.)
-SUMS = ("loss", "correct", "images", "correct5")
-TOP_K = 5  # top-5 accuracy; with fewer classes than this every prediction is right (1.0)
-
-
-# ----------------------------------------------------------------------------- learning rate
-# A longer warm-up leaves a short run too few updates near its peak: on digits at 4 ranks
-# (66 updates in 6 epochs) half the run in warm-up left the small CNN at 93.9 % where a quarter
-# reaches 95.8 %, and VGG-11 trains with a warm-up as short as one epoch once gradients are
-# clipped (docs/CONVERGENCE.md).
-WARMUP_MAX_FRACTION = 0.25
-
-
-class LrSchedule:
-    """The learning rate of each optimizer update.
-
-    ``lr`` is tuned for one rank at ``batch_size`` images per update. An update of this run
-    averages ``m = world size x accumulation steps`` such batches, and its peak rate is
-    ``lr x m`` (``lr_scaling: linear``, Goyal et al.'s rule), ``lr x sqrt(m)`` (``sqrt``) or
-    ``lr`` (``none``). Warm-up (gradual, as in Goyal et al., counted in updates) rises linearly
-    from 0 by the same amount per image seen as a one-rank run's does: one rank reaches ``lr``
-    after ``warmup_epochs`` epochs, so a peak ``f`` times higher is reached after ``f x
-    warmup_epochs`` epochs: the warm-up grows with the multiplier (2 ranks with a one-epoch
-    warm-up take 2 epochs to reach twice the rate, not one epoch of half as many updates). It is
-    capped at WARMUP_MAX_FRACTION of the run; then ``schedule`` takes the rate down to the end.
-    docs/CONVERGENCE.md has the measurements behind the rule and the defaults.
-    """
-
-    def __init__(self, cfg, world_size: int, updates_per_epoch: int):
-        multiplier = world_size * cfg.accumulation_steps
-        factor = {"linear": multiplier, "sqrt": math.sqrt(multiplier), "none": 1.0}[cfg.lr_scaling]
-        self.peak = cfg.lr * factor
-        self.total = cfg.epochs * updates_per_epoch
-        self.warmup = min(round(cfg.warmup_epochs * factor * updates_per_epoch),
-                          round(self.total * WARMUP_MAX_FRACTION))
-        self.schedule = cfg.schedule
-
-    def __call__(self, update: int) -> float:
-        """The rate for optimizer update ``update`` (0-based, counted from the run's start)."""
-        if update < self.warmup:
-            return self.peak * (update + 1) / self.warmup
-        progress = (update - self.warmup) / max(self.total - self.warmup, 1)
-        if self.schedule == "onecycle":
-            return self.peak * max(1.0 - progress, 0.0)
-        if self.schedule == "cosine":
-            return self.peak * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-        return self.peak * 0.1 ** sum(progress >= m for m in (0.5, 0.75))  # step
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+from hvd_cifar.core import stops
+from hvd_cifar.core.names import PHASES
+from hvd_cifar.trainer import preemption, resources
+from hvd_cifar.workload import data
+from hvd_cifar.workload.epoch import EpochResult, batch_sums, no_sums, progress_bar, top_k_correct, zero_sums
+from hvd_cifar.workload.optim import set_lr
 
 
 # ----------------------------------------------------------------------------- bookkeeping
@@ -171,14 +118,14 @@ class TrainingState:
     ``totals`` (loss/correct/images summed before a reset)), and the hooks the loop calls.
 
     In a plain run the hooks keep count and, after each update, ask whether any rank was told
-    to stop (hvd_cifar/preempt.py). Elastic training (hvd_cifar/elastic.py) overrides them to
+    to stop (hvd_cifar/trainer/preemption.py). Elastic training (hvd_cifar/trainer/elastic.py) overrides them to
     commit the state, fold running sums and write its events; the loop does not know."""
 
     def __init__(self, sync, **values):
         self.__dict__.update(values)
         self.sync_method = sync
         self.restarts = 0
-        self.stop_vote = preempt.StopVote(sync)
+        self.stop_vote = preemption.StopVote(sync) if sync.stops_by_vote else None
 
     def begin(self, run) -> None:
         """Called at the start of training (elastic: and after every reset), on every rank."""
@@ -195,10 +142,13 @@ class TrainingState:
         rank learns it here, after the same update), the epoch's sums so far go into ``totals``
         and Preempted ends the pass. Not after an epoch's last update: its evaluation and
         checkpoint follow, and the next chance to stop is in the next epoch."""
+        if not self.sync_method.stops_by_vote:
+            stops.end_if_asked()
+            return
         if more_steps and (asked := self.stop_vote.ranks_asked()):
             self.totals = (torch.tensor(self.totals, dtype=torch.float64)
                            + self.sync_method.allreduce_sum(sums.cpu())).tolist()
-            raise preempt.Preempted(self.epoch, self.step, self.position, asked, self.sync_method.size)
+            raise preemption.Preempted(self.epoch, self.step, self.position, asked, self.sync_method.size)
 
     def epoch_sums(self, reduced: torch.Tensor) -> torch.Tensor:
         """The epoch's loss/correct/images over all ranks: this pass's reduced sums, and those
@@ -207,83 +157,16 @@ class TrainingState:
 
     def end_epoch(self, last: bool) -> None:
         self.epoch, self.step, self.position, self.totals = self.epoch + 1, 0, 0, no_sums()
-        self.stop_vote.settle()
+        if self.stop_vote:
+            self.stop_vote.settle()
 
     def commit(self) -> None:
         """Nothing to save between updates without elasticity."""
 
 
-def no_sums() -> list[float]:
-    """The SUMS before any step."""
-    return [0.0] * len(SUMS)
-
-
-def zero_sums(device: torch.device | str = "cpu") -> torch.Tensor:
-    return torch.zeros(len(SUMS), dtype=torch.float64, device=device)
-
-
-def batch_sums(loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """One batch's SUMS: its mean loss times its images, the images right at top-1 and top-5."""
-    images = torch.tensor(len(y), dtype=torch.float64, device=y.device)
-    return torch.stack([loss.detach().double() * images, (out.argmax(1) == y).sum().double(), images,
-                        top_k_correct(out, y).double()])
-
-
-def top_k_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Images whose label is among the TOP_K highest scores. With fewer classes than TOP_K
-    every label is among them (top-5 accuracy 1.0)."""
-    top = out.topk(min(TOP_K, out.shape[1]), dim=1).indices
-    return (top == y[:, None]).any(1).sum()
-
-
-@dataclass
-class EpochResult:
-    """One rank's view of one pass over an epoch (elastic: the pass since the last reset)."""
-    sums: torch.Tensor                 # float64 SUMS, this rank, this pass
-    phase_times: dict[str, float]      # seconds per phase, this rank
-    steps: int                         # the epoch's steps in all
-    first_step: int                    # where this pass began (0 unless continued)
-    syncs: int                         # optimizer updates (synchronisations) of the epoch, before the pass included
-    time_s: float                      # wall time of the pass
-    lr: float                          # the rate of the last update
-    extra: dict = field(default_factory=dict)
-    cpu_s: float = 0.0                 # this process's CPU seconds in the pass (resources.process_cpu_s)
-
-
-class PlainProgress:
-    """Progress for a file or a launcher's pipe: one whole line (one write) every
-    ``every_s`` seconds and at the end, instead of tqdm's carriage-return frames."""
-
-    def __init__(self, total: int, initial: int, desc: str, every_s: float = 30.0):
-        self.total, self.n, self.desc, self.every_s = total, initial, desc, every_s
-        self.started = self.last = time.perf_counter()
-        self.first = initial
-
-    def update(self, steps: int) -> None:
-        self.n += steps
-        if time.perf_counter() - self.last >= self.every_s:
-            self._line()
-
-    def close(self) -> None:
-        self._line()
-
-    def _line(self) -> None:
-        self.last = time.perf_counter()
-        rate = (self.n - self.first) / max(self.last - self.started, 1e-9)
-        sys.stderr.write(f"{self.desc}: step {self.n}/{self.total} ({rate:.2f} steps/s)\n")
-        sys.stderr.flush()
-
-
-def progress_bar(total: int, initial: int, desc: str, enabled: bool):
-    """tqdm's bar on a terminal; into a file or a launcher's pipe, plain lines (PlainProgress)."""
-    if enabled and not sys.stderr.isatty():
-        return PlainProgress(total, initial, desc)
-    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
-
-
 # ----------------------------------------------------------------------------- one epoch
 def train_one_epoch(run, state, epoch: int) -> EpochResult:
-    """Train ``run.model`` for (the rest of) ``epoch``; ``run`` is training.Training (what the
+    """Train ``run.model`` for (the rest of) ``epoch``; ``run`` is context.Training (what the
     entry point built), ``state`` the training state whose hooks see each step."""
     net, optimizer, sync, cfg = run.net, run.optimizer, run.sync, run.cfg
     first, start = state.step, state.position     # 0, 0 unless an interrupted epoch continues

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_cifar import resources
-from hvd_cifar.runs import PHASES
+from hvd_cifar.trainer import resources
+from hvd_cifar.core.names import PER_IMAGE_FIELD, PHASES
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Measured:
 def reduce_epoch(sync, state, result, measured: Measured, cuda: bool):
     """The epoch's figures over all ranks, by the epoch end's collectives: one allgather (each
     host's NIC bytes and CPU), the sums' allreduce, and one allreduce of every rank's phase times
-    with its resource figures in its own slot. ``result``: this rank's engine.EpochResult.
+    with its resource figures in its own slot. ``result``: this rank's epoch.EpochResult.
     Returns (the epoch's SUMS, images of this pass, the metrics line's measured figures)."""
     host = (socket.gethostname(), measured.interface, *measured.nic_bytes, measured.host_cpu_percent)
     per_host = [entry for entry in sync.allgather_object(host if measured.host_cpu_percent is not None else None)
@@ -49,16 +49,16 @@ def reduce_epoch(sync, state, result, measured: Measured, cuda: bool):
         "nic_rx_bytes": {h: rx for h, _, rx, _, _ in nic},
         "nic_tx_bytes": {h: tx for h, _, _, tx, _ in nic},
         **resources.record(summed[len(PHASES):-sync.size], sync.size, cuda, {h: cpu for h, *_, cpu in per_host}),
-        resources.PER_IMAGE_FIELD: {str(rank): value for rank, value in enumerate(per_image)},
+        PER_IMAGE_FIELD: {str(rank): value for rank, value in enumerate(per_image)},
     }
 
 
 def epoch_record(run, epoch: int, result, sums: torch.Tensor, pass_images: float, figures: dict, test,
                  eval_time_s: float) -> dict:
-    """The metrics.jsonl line of ``epoch``: ``run`` is what the entry point built (training.Training),
-    ``result`` this rank's engine.EpochResult, ``sums`` the epoch's SUMS over all ranks,
+    """The metrics.jsonl line of ``epoch``: ``run`` is what the entry point built (context.Training),
+    ``result`` this rank's epoch.EpochResult, ``sums`` the epoch's SUMS over all ranks,
     ``pass_images`` the images of this pass, ``figures`` reduce_epoch's, ``test`` the
-    engine.Evaluation."""
+    loop.Evaluation."""
     sync, cfg = run.sync, run.cfg
     loss, correct, images, correct5 = sums.tolist()
     wire = sync.wire_bytes_per_sync(run.payload_bytes)

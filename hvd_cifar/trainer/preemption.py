@@ -8,14 +8,14 @@ Slurm sends such a signal before a job's time limit (``--signal``) and when it p
     python -m hvd_cifar.train --resume logs/RUN_NAME
 
 How: the signal handler only records that a stop was asked for. After each optimizer update
-with more steps to come, the training state's hook (engine.TrainingState.after_update) reads
+with more steps to come, the training state's hook (loop.TrainingState.after_update) reads
 the sum of every rank's flag, a 1-element allreduce started after the update before and left to
 run in the background meanwhile (StopVote); ranks may get the signal at different steps, but
 all read the same sum after the same update, so all stop there together: at the second update
 boundary after the signal (in an epoch's first update, the third). The entry point then
 writes the checkpoint (the epoch, the steps taken in it, the images consumed and the epoch's
 running sums over all ranks), appends a ``preempted`` line to ``events.jsonl`` and exits with
-EXIT_PREEMPTED. A second stop signal takes its default action and ends the process at once;
+EXIT_PREEMPTED (hvd_cifar/trainer/exits.py). A second stop signal takes its default action and ends the process at once;
 SIGINT stays an immediate stop too (train.main aborts the job). Under Slurm (SLURM_JOB_ID set)
 later stop signals are ignored instead: Slurm delivers one preemption or requeue more than once
 (SIGTERM from the step, then again when srun forwards its own), and ends a job that does not
@@ -28,34 +28,10 @@ import time
 
 import torch
 
-from hvd_cifar import slurm_job
-
-EXIT_PREEMPTED = 4                                # beside 2 = bad input, 3 = diverged
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)   # what Slurm's --signal and preemption send
-
-_asked = {"signal": 0}  # set by the handler: the number of the first stop signal, 0 = none
-_after_first = {"action": signal.SIG_DFL}  # what a later stop signal does: end (SIG_IGN under Slurm)
-
-
-def _handler(signum, frame) -> None:
-    """Record the stop and hand the next stop signal back to its default action (the process
-    ends at once); nothing else: no I/O, no collective, no exception in the middle of a step."""
-    _asked["signal"] = signum
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _after_first["action"])
-
-
-def install() -> None:
-    """Catch the stop signals from here on (call from the main thread)."""
-    _asked["signal"] = 0
-    _after_first["action"] = signal.SIG_IGN if slurm_job.facts() else signal.SIG_DFL
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _handler)
-
-
-def asked() -> int:
-    """The stop signal this process got (0: none)."""
-    return _asked["signal"]
+from hvd_cifar.core import slurm_job
+from hvd_cifar.core.stops import asked
+from hvd_cifar.runfolder import writer
+from hvd_cifar.trainer.ranks import on_main, speak
 
 
 class StopVote:
@@ -107,3 +83,26 @@ class Preempted(Exception):
         """What rank 0 says, once."""
         return (f"hvd_cifar: preempted: a stop signal reached {self.ranks_asked} of {self.world_size} "
                 f"rank(s); {self}, checkpoint saved; continue with --resume {self.run_dir}")
+
+
+def save_and_stop(run, state, stopped: Preempted) -> Preempted:
+    """On every rank, after the same update: rank 0 writes the checkpoint of the place in the
+    epoch (with every rank's BatchNorm statistics and communication state) and says so once.
+
+    No rank may exit before rank 0 has saved and said so: the launcher ends the job at the
+    first exit. on_main's hand-off after both is that wait, so no rank lingers at exit for rank
+    0's line (a launcher that waits for its ranks, like horovodrun --gloo's, ends sooner).
+    Returns the stop without its traceback, which holds the loop's frames and in them the
+    wrapped model."""
+    sync = run.sync
+    buffers = sync.allgather_object(writer.rank_buffers(run.model))  # each rank's BatchNorm statistics
+    rank_states = run.rank_states()
+    stopped, stopped.run_dir = stopped.with_traceback(None), run.run_dir
+
+    def save_and_say() -> None:
+        writer.save_preempted(run.run_dir, state, sync.size, buffers, run.elapsed_s(), stopped,
+                              **run.checkpointed(rank_states))
+        speak(stopped.line())
+
+    on_main(sync, save_and_say)
+    return stopped

@@ -17,13 +17,8 @@ import time
 import psutil
 import torch
 
-# The per-rank figures, in the order of their slots; gpu_mem_peak_bytes only on CUDA.
-RANK_FIELDS = ("cpu_percent", "rss_bytes", "rss_peak_bytes", "gpu_mem_peak_bytes")
-HOST_FIELD = "host_cpu_percent"
-# CPU seconds of this rank's process per image it trained in the epoch's pass (all its threads:
-# the training threads, the communication library's, Python's), 0 on a rank that trained none.
-PER_IMAGE_FIELD = "cpu_s_per_image"
-FIELDS = (*RANK_FIELDS, PER_IMAGE_FIELD, HOST_FIELD)  # every key this module puts into a metrics line
+from hvd_cifar.core.names import HOST_FIELD, RANK_FIELDS  # the keys this module fills
+
 # ru_maxrss is in KiB on Linux and in bytes on macOS.
 MAXRSS_BYTES = 1 if sys.platform == "darwin" else 1024
 

@@ -1,6 +1,6 @@
-"""``python -m hvd_cifar.netcluster``: the command line in cli.py."""
+"""``python -m testbed.netcluster``: the command line in cli.py."""
 import sys
 
-from hvd_cifar.netcluster.cli import main
+from testbed.netcluster.cli import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 """Taking a cluster down, and what a harness that died left behind (``python -m
-hvd_cifar.netcluster down``): stopping processes, deleting namespaces, temp dirs and the /run
+testbed.netcluster down``): stopping processes, deleting namespaces, temp dirs and the /run
 folders a harness made, the lock that serialises harnesses, and the signals that must not cut a
 teardown short (SIGTERM and SIGHUP unwind ``with NetCluster(...)``; all three wait for teardown)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Sequence
 
-from hvd_cifar.netcluster.system import PREFIX, list_namespaces, netns_pids, run
+from testbed.netcluster.system import PREFIX, list_namespaces, netns_pids, run
 
 NETNS_DIR = "/run/netns"
 SSHD_DIR = "/run/sshd"           # sshd's privilege-separation chroot; must exist

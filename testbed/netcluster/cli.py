@@ -2,12 +2,12 @@
 host with its own address, hostname and sshd, so that horovodrun and mpirun launch over ssh
 and every byte between ranks crosses a NIC whose counters can be read.
 
-    python -m hvd_cifar.netcluster up --hosts 4 --rate 1gbit      # prints addresses; Ctrl-C tears down
-    python -m hvd_cifar.netcluster run --hosts 2 --launcher horovodrun -- --config configs/tiny.yaml
-    python -m hvd_cifar.netcluster run --hosts 4 --launcher mpirun -- --config configs/tiny.yaml
-    python -m hvd_cifar.netcluster run --hosts 2 --launcher horovodrun --gloo -- --config configs/tiny.yaml
-    python -m hvd_cifar.netcluster throughput --hosts 2 --rate 1gbit   # bulk TCP, host 1 -> host 0
-    python -m hvd_cifar.netcluster down          # remove leftovers of harnesses that died (--all: every one)
+    python -m testbed.netcluster up --hosts 4 --rate 1gbit      # prints addresses; Ctrl-C tears down
+    python -m testbed.netcluster run --hosts 2 --launcher horovodrun -- --config configs/tiny.yaml
+    python -m testbed.netcluster run --hosts 4 --launcher mpirun -- --config configs/tiny.yaml
+    python -m testbed.netcluster run --hosts 2 --launcher horovodrun --gloo -- --config configs/tiny.yaml
+    python -m testbed.netcluster throughput --hosts 2 --rate 1gbit   # bulk TCP, host 1 -> host 0
+    python -m testbed.netcluster down          # remove leftovers of harnesses that died (--all: every one)
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import subprocess
 import sys
 import time
 
-from hvd_cifar.netcluster import throughput
-from hvd_cifar.netcluster.cleanup import cleanup_leftovers
-from hvd_cifar.netcluster.cluster import NetCluster
-from hvd_cifar.netcluster.shaping import DEFAULT_RATE, rate_or_none
-from hvd_cifar.netcluster.system import ClusterError
+from testbed.netcluster import throughput
+from testbed.netcluster.cleanup import cleanup_leftovers
+from testbed.netcluster.cluster import NetCluster
+from testbed.netcluster.shaping import DEFAULT_RATE, rate_or_none
+from testbed.netcluster.system import ClusterError
 
 
 def _print_cluster(cluster: NetCluster) -> None:
@@ -33,7 +33,7 @@ def _print_cluster(cluster: NetCluster) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hvd_cifar.netcluster",
+    parser = argparse.ArgumentParser(prog="python -m testbed.netcluster",
                                      description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -28,11 +28,11 @@ import sys
 import tempfile
 from typing import Sequence
 
-from hvd_cifar.netcluster import cleanup, jobs, launch, ssh
-from hvd_cifar.netcluster.layout import Layout
-from hvd_cifar.netcluster.shaping import DEFAULT_RATE, parse_rate, shape_links
-from hvd_cifar.netcluster.system import NIC, PREFIX, ClusterError, list_namespaces, run
-from hvd_cifar.netcluster.throughput import measure
+from testbed.netcluster import cleanup, jobs, launch, ssh
+from testbed.netcluster.layout import Layout
+from testbed.netcluster.shaping import DEFAULT_RATE, parse_rate, shape_links
+from testbed.netcluster.system import NIC, PREFIX, ClusterError, list_namespaces, run
+from testbed.netcluster.throughput import measure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
 TOOLS = ("ip", "tc", "unshare", "ssh-keygen", ssh.SSHD, ssh.SSH)

@@ -16,9 +16,9 @@ import shlex
 import subprocess
 from typing import Sequence
 
-from hvd_cifar.netcluster.cleanup import kill
-from hvd_cifar.netcluster.layout import Layout
-from hvd_cifar.netcluster.system import NIC, ClusterError, netns_pids, run
+from testbed.netcluster.cleanup import kill
+from testbed.netcluster.layout import Layout
+from testbed.netcluster.system import NIC, ClusterError, netns_pids, run
 
 # Runs as `sh -c ENTER hvdc-enter HOSTNAME HOSTS_FILE ARGV...` inside a fresh UTS and mount
 # namespace: the host's own hostname, resolving via its own /etc/hosts, then the command.

@@ -1,6 +1,6 @@
 """Launcher command lines across the cluster: horovodrun (MPI or Gloo controller, elastic) and
 Open MPI's mpirun, one rank per host (or ``per_host``), to run on host 0, which reaches hosts 1.. over ssh through
-the switch. The command lines themselves come from ``hvd_cifar.launchers``; this module adds the
+the switch. The command lines themselves come from ``hvd_cifar.launch.commands``; this module adds the
 cluster's hosts, key and interface.
 
 Each function takes the cluster first; ``NetCluster`` offers them as its methods of the same names.
@@ -11,12 +11,12 @@ import os
 import subprocess
 from typing import Sequence
 
-from hvd_cifar import hostfile as hostfiles
-from hvd_cifar import launchers
-from hvd_cifar.netcluster import jobs
-from hvd_cifar.netcluster.layout import Layout
-from hvd_cifar.netcluster.ssh import SSH_PORT
-from hvd_cifar.netcluster.system import NIC, ClusterError
+from hvd_cifar.launch import hostfile as hostfiles
+from hvd_cifar.launch import commands
+from testbed.netcluster import jobs
+from testbed.netcluster.layout import Layout
+from testbed.netcluster.ssh import SSH_PORT
+from testbed.netcluster.system import NIC, ClusterError
 
 
 def slots(cluster: Layout, np: int, per_host: int = 1) -> list[tuple[str, int]]:
@@ -38,7 +38,7 @@ def hostfile(cluster: Layout, np: int, per_host: int = 1) -> str:
 
 
 def train_argv(cluster: Layout, train_args: Sequence[str]) -> list[str]:
-    return [*launchers.train_program(cluster.python), *train_args]
+    return [*commands.train_program(cluster.python), *train_args]
 
 
 def _horovodrun_options(cluster: Layout) -> list[str]:
@@ -56,7 +56,7 @@ def horovodrun_argv(cluster: Layout, np: int, train_args: Sequence[str], gloo: b
     options = _horovodrun_options(cluster)
     if not gloo:  # its mpirun already gets btl_tcp_if_include; keep the out-of-band channel on eth0 too
         options.append(f"--mpi-args=-mca oob_tcp_if_include {NIC}")
-    return launchers.horovodrun(np, program or train_argv(cluster, train_args),
+    return commands.horovodrun(np, program or train_argv(cluster, train_args),
                                 hosts=hostfiles.horovod_hosts(hosts),
                                 gloo=gloo, options=options, executable=cluster.tool("horovodrun"))
 
@@ -65,7 +65,7 @@ def elastic_argv(cluster: Layout, np: int, min_np: int, max_np: int, discovery_s
                  train_args: Sequence[str]) -> list[str]:
     """horovodrun's elastic mode (Gloo), to run on host 0: starts ``np`` workers on the hosts
     ``discovery_script`` prints (``ADDR:SLOTS`` lines) and follows its output as it changes."""
-    return launchers.horovodrun(np, train_argv(cluster, train_args), elastic=(min_np, max_np, discovery_script),
+    return commands.horovodrun(np, train_argv(cluster, train_args), elastic=(min_np, max_np, discovery_script),
                                 options=_horovodrun_options(cluster), executable=cluster.tool("horovodrun"))
 
 
@@ -78,7 +78,7 @@ def mpirun_argv(cluster: Layout, np: int, train_args: Sequence[str], export: dic
     mca = {"plm_rsh_args": f"-i {cluster.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
            "btl": "tcp,self",  # rank-to-rank bytes over TCP only, never shared memory
            "btl_tcp_if_include": NIC, "oob_tcp_if_include": NIC}
-    return launchers.mpirun(np, program or train_argv(cluster, train_args), hostfile=hostfile(cluster, np, per_host),
+    return commands.mpirun(np, program or train_argv(cluster, train_args), hostfile=hostfile(cluster, np, per_host),
                             oversubscribe=False, export=[*exported, "PATH"], mca=mca)
 
 

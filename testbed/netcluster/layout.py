@@ -7,7 +7,7 @@ import itertools
 import os
 import subprocess
 
-from hvd_cifar.netcluster.system import PREFIX
+from testbed.netcluster.system import PREFIX
 
 _instances = itertools.count()
 

@@ -3,25 +3,21 @@ egress = what the host sends, the bridge port's egress = what it receives), so e
 full-duplex link of that rate, like a 1 GbE NIC on a switch. tbf counts Ethernet frames."""
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
-from hvd_cifar.netcluster.system import NIC, ClusterError, run
+from hvd_cifar.core import units
+from testbed.netcluster.system import NIC, ClusterError, run
 
 DEFAULT_RATE = "1gbit"            # a 1 GbE NIC on a switch
 TBF_LATENCY = "10ms"              # longest a packet may wait in the shaper's queue
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)bit\s*$", re.IGNORECASE)
 
 
 def parse_rate(rate: str) -> int:
-    """tc-style rate ('1gbit', '100mbit', '2.5gbit') -> bits per second (SI prefixes, as tc)."""
-    match = _RATE.match(rate)
-    if not match:
-        raise ClusterError(f"rate: cannot parse {rate!r} (expected e.g. '1gbit', '100mbit')")
-    bits = float(match[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match[2].lower()]
-    if bits < 1e5:
-        raise ClusterError(f"rate: {rate!r} is below 100kbit")
-    return int(bits)
+    """``hvd_cifar.core.units.parse_rate``, its error a ClusterError (one line from the CLI)."""
+    try:
+        return units.parse_rate(rate)
+    except ValueError as exc:
+        raise ClusterError(str(exc)) from None
 
 
 def rate_or_none(rate: str) -> str | None:

@@ -12,9 +12,9 @@ import shutil
 import subprocess
 import time
 
-from hvd_cifar.netcluster import jobs
-from hvd_cifar.netcluster.layout import Layout
-from hvd_cifar.netcluster.system import ClusterError, run
+from testbed.netcluster import jobs
+from testbed.netcluster.layout import Layout
+from testbed.netcluster.system import ClusterError, run
 
 SSHD = "/usr/sbin/sshd"           # sshd refuses to start unless run by absolute path
 SSH = "/usr/bin/ssh"

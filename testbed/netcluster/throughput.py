@@ -1,5 +1,5 @@
 """Measuring the links: bulk TCP from some hosts into one, timed by the receiver. Both ends run
-inside hosts as ``python -m hvd_cifar.netcluster _recv|_send`` (cli.py dispatches them)."""
+inside hosts as ``python -m testbed.netcluster _recv|_send`` (cli.py dispatches them)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import subprocess
 import time
 from typing import Sequence
 
-from hvd_cifar.netcluster import jobs
-from hvd_cifar.netcluster.layout import Layout
-from hvd_cifar.netcluster.system import ClusterError
+from testbed.netcluster import jobs
+from testbed.netcluster.layout import Layout
+from testbed.netcluster.system import ClusterError
 
 THROUGHPUT_PORT = 5201
 
@@ -20,7 +20,7 @@ def measure(cluster: Layout, senders: Sequence[int], receiver: int, bytes_per_se
             timeout: float = 120) -> float:
     """Bits per second of TCP payload that host ``receiver`` took in while every host in
     ``senders`` sent it ``bytes_per_sender`` at once (first byte to last EOF)."""
-    me = [cluster.python, "-m", "hvd_cifar.netcluster"]
+    me = [cluster.python, "-m", "testbed.netcluster"]
     addr = cluster.hosts[receiver]
     recv = jobs.popen(cluster, receiver, [*me, "_recv", addr, str(len(senders))], stdout=subprocess.PIPE)
     try:

@@ -1,5 +1,5 @@
 import sys
 
-from hvd_cifar.slurmcluster.cli import main
+from testbed.slurmcluster.cli import main
 
 sys.exit(main())

@@ -2,7 +2,7 @@
 found by its temp dir ``/tmp/hvds-PID-*`` whose harness PID is gone: the daemons it recorded
 (``pids.json``: checked to still be the same programs, by their command line naming the temp
 dir) and every process in its nodes' UTS namespaces, stopped; the temp dir removed; then the
-namespace clusters of harnesses that died (``hvd_cifar.netcluster``'s own ``down``), where a
+namespace clusters of harnesses that died (``testbed.netcluster``'s own ``down``), where a
 cluster started with ``netcluster=True`` had its nodes."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import os
 import re
 import shutil
 
-from hvd_cifar.netcluster.cleanup import cleanup_leftovers as remove_netclusters
-from hvd_cifar.netcluster.cleanup import kill
-from hvd_cifar.slurmcluster.daemons import cmdline, node_pids
-from hvd_cifar.slurmcluster.layout import PREFIX
+from testbed.netcluster.cleanup import cleanup_leftovers as remove_netclusters
+from testbed.netcluster.cleanup import kill
+from testbed.slurmcluster.daemons import cmdline, node_pids
+from testbed.slurmcluster.layout import PREFIX
 
 STATE = "pids.json"
 _NAME = re.compile(rf"^{PREFIX}-(?P<pid>\d+)-")

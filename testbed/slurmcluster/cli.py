@@ -1,11 +1,11 @@
 """A Slurm cluster on this machine for one command: up, COMMAND with SLURM_CONF set (so that
 sbatch, squeue, scontrol and sacct -c reach it), down; COMMAND's exit status is the CLI's.
 
-    python -m hvd_cifar.slurmcluster run --nodes 2 -- 'sbatch --wait launch/slurm.sbatch --config configs/tiny.yaml'
-    python -m hvd_cifar.slurmcluster run --nodes 2 -- bash      # a shell on it; exit tears it down
-    python -m hvd_cifar.slurmcluster run --nodes 2 --netcluster --rate 1gbit -- 'srun -N 2 hostname'
+    python -m testbed.slurmcluster run --nodes 2 -- 'sbatch --wait launch/slurm.sbatch --config configs/tiny.yaml'
+    python -m testbed.slurmcluster run --nodes 2 -- bash      # a shell on it; exit tears it down
+    python -m testbed.slurmcluster run --nodes 2 --netcluster --rate 1gbit -- 'srun -N 2 hostname'
                                                    # nodes in a namespace cluster's hosts, links shaped
-    python -m hvd_cifar.slurmcluster down          # stop what harnesses that died left running
+    python -m testbed.slurmcluster down          # stop what harnesses that died left running
 """
 from __future__ import annotations
 
@@ -15,22 +15,23 @@ import signal
 import subprocess
 import sys
 
-from hvd_cifar.netcluster.shaping import DEFAULT_RATE, rate_or_none
-from hvd_cifar.netcluster.system import ClusterError
-from hvd_cifar.slurmcluster.cleanup import cleanup_leftovers
-from hvd_cifar.slurmcluster.cluster import SlurmCluster
-from hvd_cifar.slurmcluster.daemons import die_with_parent
+from hvd_cifar.launch.slurm import SlurmError
+from testbed.netcluster.shaping import DEFAULT_RATE, rate_or_none
+from testbed.netcluster.system import ClusterError
+from testbed.slurmcluster.cleanup import cleanup_leftovers
+from testbed.slurmcluster.cluster import SlurmCluster
+from testbed.slurmcluster.daemons import die_with_parent
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hvd_cifar.slurmcluster", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m testbed.slurmcluster", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="start a cluster, run COMMAND on it, stop it")
     run_p.add_argument("--nodes", type=int, default=2, help="slurmd nodes, 1..16 (default 2)")
     run_p.add_argument("--cpus-per-node", type=int, default=2, help="CPUs each node offers (default 2)")
     run_p.add_argument("--keep", action="store_true", help="leave the temp dir (logs, completion log) behind")
     run_p.add_argument("--netcluster", action="store_true",
-                       help="each node in a host of a namespace cluster (python -m hvd_cifar.netcluster)")
+                       help="each node in a host of a namespace cluster (python -m testbed.netcluster)")
     run_p.add_argument("--rate", help=f"with --netcluster: link rate, tc syntax, or 'none' (default {DEFAULT_RATE})")
     run_p.add_argument("cmd", nargs=argparse.REMAINDER,
                        help="-- then COMMAND: one argument is a shell command line, several an argv")
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep:
             print(f"slurmcluster: logs left in {cluster.layout.tmpdir}", file=sys.stderr)
         return status
-    except ClusterError as exc:
+    except (ClusterError, SlurmError) as exc:  # SlurmError: a Slurm command of the product's failed
         print(f"hvd_cifar: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -10,15 +10,15 @@ import shutil
 import subprocess
 import time
 
-from hvd_cifar.netcluster.cleanup import exit_on_signals, kill, restore_signals, signals_deferred
-from hvd_cifar.slurmcluster import cleanup, daemons, hosts, jobs
-from hvd_cifar.slurmcluster.daemons import SlurmError
-from hvd_cifar.slurmcluster.layout import Layout
+from testbed.netcluster.cleanup import exit_on_signals, kill, restore_signals, signals_deferred
+from testbed.slurmcluster import cleanup, daemons, hosts, jobs
+from testbed.slurmcluster.daemons import SlurmError
+from testbed.slurmcluster.layout import Layout
 
 
 class SlurmCluster:
     """``with SlurmCluster(nodes=2) as cluster:`` then Slurm's commands with ``env=cluster.env()``
-    (or the helpers in ``hvd_cifar.slurmcluster.jobs``). ``keep_dir``: leave the temp dir (logs,
+    (or the helpers in ``testbed.slurmcluster.jobs``). ``keep_dir``: leave the temp dir (logs,
     completion log) in place after ``down``, for a look at what happened. ``netcluster``: the nodes
     are the hosts of a NetCluster (``self.net``), links at ``rate`` (tc syntax; None: unshaped)."""
 

@@ -13,15 +13,16 @@ import shutil
 import signal
 import subprocess
 
-from hvd_cifar.netcluster.system import ClusterError
-from hvd_cifar.slurmcluster.hosts import Where
-from hvd_cifar.slurmcluster.layout import Layout
+from hvd_cifar.launch import slurm
+from testbed.netcluster.system import ClusterError
+from testbed.slurmcluster.hosts import Where
+from testbed.slurmcluster.layout import Layout
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "unshare")
 
 
-class SlurmError(ClusterError):
+class SlurmError(ClusterError, slurm.SlurmError):
     """Starting or using the Slurm cluster failed; the message says which step and why."""
 
 

@@ -3,7 +3,7 @@ interface (``SlurmCluster`` reads only this):
 
 * ``Loopback``: everything on this machine's loopback; each slurmd in a UTS namespace of its own,
   with the node's name as hostname.
-* ``OnNetCluster``: the nodes are the hosts of a namespace cluster (``hvd_cifar.netcluster``):
+* ``OnNetCluster``: the nodes are the hosts of a namespace cluster (``testbed.netcluster``):
   node i's slurmd runs inside host i (its network namespace, hostname and /etc/hosts), at that
   host's address, so that a job's ranks talk over the shaped links and the hosts' NIC counters see
   the bytes. slurmctld runs in the switch's namespace at the switch's own address, which every
@@ -20,9 +20,9 @@ import shlex
 import shutil
 from typing import Sequence
 
-from hvd_cifar.netcluster import NetCluster
-from hvd_cifar.netcluster.cleanup import NETNS_DIR
-from hvd_cifar.netcluster.system import ClusterError
+from testbed.netcluster import NetCluster
+from testbed.netcluster.cleanup import NETNS_DIR
+from testbed.netcluster.system import ClusterError
 
 # Slurm's client commands that talk to slurmctld (wrapped in OnNetCluster; those not installed are skipped)
 CLIENTS = ("sbatch", "srun", "salloc", "sattach", "sbcast", "scancel", "scontrol", "sdiag", "sinfo",

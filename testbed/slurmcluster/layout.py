@@ -10,7 +10,7 @@ import socket
 import tempfile
 from dataclasses import dataclass, field
 
-from hvd_cifar.slurmcluster.hosts import Where
+from testbed.slurmcluster.hosts import Where
 
 PREFIX = "hvds"            # temp dirs are /tmp/hvds-PID-XXXX (PID: the harness), for `down`
 PARTITION = "batch"        # the default partition; its jobs are requeued when preempted
@@ -72,7 +72,7 @@ class Layout:
     def slurm_conf(self, cpus_per_node: int, where: Where) -> str:
         nodes = ",".join(self.nodes)
         lines = [
-            "# written by hvd_cifar.slurmcluster: a cluster on this machine",
+            "# written by testbed.slurmcluster: a cluster on this machine",
             "ClusterName=hvds",
             f"SlurmctldHost={socket.gethostname()}({where.ctld_addr})",
             f"SlurmctldPort={self.ports[0]}",

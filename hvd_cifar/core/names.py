@@ -1,0 +1,31 @@
+"""The names hvd_cifar chooses among, each list in one place and without torch: the config
+validates against them, the registries (``hvd_cifar.sync.make``, ``hvd_cifar.compress.make``)
+map each name to its code, and the readers and tables use the same spellings."""
+from __future__ import annotations
+
+# Gradient synchronisation methods (config key ``sync``); hvd_cifar/sync/ has one module each.
+SYNC_METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp", "mpi-async-ps")
+
+# Communication reduction (config key ``compression``); ``none`` and ``fp16`` are the sync
+# method's own averaging, the others a scheme under hvd_cifar/compress/. ``local_sgd_steps`` > 1
+# selects local SGD, a scheme too.
+COMPRESSIONS = ("none", "fp16", "powersgd", "topk")
+SCHEMES = ("powersgd", "topk")
+SCHEME_SYNC_METHODS = ("horovod", "ddp")  # the sync methods that run the schemes
+
+# The phases of a training step, in order; each epoch record has a <phase>_time_s per phase.
+PHASES = ("data", "forward", "backward", "sync", "optimizer")
+
+# The metrics line's resource figures (hvd_cifar/trainer/resources.py measures them). The
+# per-rank figures, in the order of their slots; gpu_mem_peak_bytes only on CUDA.
+RANK_FIELDS = ("cpu_percent", "rss_bytes", "rss_peak_bytes", "gpu_mem_peak_bytes")
+HOST_FIELD = "host_cpu_percent"
+# CPU seconds of a rank's process per image it trained in the epoch's pass (all its threads:
+# the training threads, the communication library's, Python's), 0 on a rank that trained none.
+PER_IMAGE_FIELD = "cpu_s_per_image"
+RESOURCE_FIELDS = (*RANK_FIELDS, PER_IMAGE_FIELD, HOST_FIELD)
+
+
+def runs_a_scheme(compression: str, local_sgd_steps: int) -> bool:
+    """Whether a config hands gradient averaging to a compression scheme."""
+    return local_sgd_steps > 1 or compression in SCHEMES

@@ -1,0 +1,6 @@
+"""Starting jobs: every horovodrun and mpirun command line (commands.py), hostfiles, the Slurm
+job's side (slurm_resume.py, slurm_output.py, the client commands in slurm.py), and the sweep's
+runners. The shell scripts in the repository's launch/ folder call these.
+
+May import: hvd_cifar.core, hvd_cifar.runfolder.
+"""

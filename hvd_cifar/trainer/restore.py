@@ -1,0 +1,36 @@
+"""Resuming a run from its checkpoint: rank 0 reads it and hands it to every rank, then the
+freezing policy, the trainable set, the model, the optimizer, the grad scaler and each rank's
+own communication state take it back, so that the resumed run goes on as the unbroken one
+would (docs/RUN_FOLDER.md, "Resuming")."""
+from __future__ import annotations
+
+from hvd_cifar.core.errors import ConfigError
+from hvd_cifar.runfolder import writer
+from hvd_cifar.trainer.context import Training
+from hvd_cifar.trainer.ranks import before_loop
+
+
+def resume(run: Training, run_dir: str) -> None:
+    """Rank 0 reads the checkpoint and hands it to every rank (elastic: every rank reads it, and
+    the state's first broadcast makes sure they agree); then the model and optimizer load it.
+    Without ``--resume`` the run starts at epoch 0 with the policy's first trainable set."""
+    cfg, sync = run.cfg, run.sync
+    ckpt = None
+    if cfg.resume:
+        ckpt = before_loop(sync, lambda: writer.load_checkpoint(run_dir, run.identity))
+    run.start_epoch = ckpt["epoch"] if ckpt else 0
+    run.resume_at = ckpt.get("position") if ckpt else None
+    run.resume_record = ckpt.get("record") if ckpt else None
+    run.freezing.load_state_dict(ckpt.get("freezing", {}) if ckpt else {})
+    # The trainable set the checkpoint's optimizer was saved with; the epoch loop's
+    # freezing.follow_schedule then moves on to the set of start_epoch, as an unbroken run would.
+    saved_frozen = ckpt.get("frozen_blocks") if ckpt else None
+    run.set_trainable(run.freezing.frozen_blocks(run.start_epoch, 0) if saved_frozen is None else saved_frozen)
+    if ckpt:
+        writer.restore_training(ckpt, run.model, run.optimizer, run.scaler, cfg.model)
+    if (own := writer.rank_state(ckpt, sync.rank, sync.size)) is not None:
+        sync.load_rank_state(own)  # after set_trainable: the scheme knows its parameters
+    if ckpt and cfg.stop_after and cfg.stop_after <= run.start_epoch < cfg.epochs:
+        raise ConfigError(f"stop_after: the run already stopped after epoch {run.start_epoch} of {cfg.epochs}, as "
+                          f"its stop_after: {cfg.stop_after} asks; to go on: --resume {run_dir} --stop-after 0 "
+                          f"(to the end) or --stop-after N (N > {run.start_epoch})")
