@@ -21,6 +21,7 @@ test: setup
 BENCH_OUT := logs/bench
 bench: setup
 	rm -rf $(BENCH_OUT)
+	-$(PY) benchmarks/data_pipeline.py --repeats 3
 	-$(PY) benchmarks/sync_methods.py --np 1 2 4 --dataset synthetic --steps 8 --repeats 3 --out $(BENCH_OUT)/sync_methods
 	-$(PY) benchmarks/comm_options.py --np 4 --acc-epochs 0 --out $(BENCH_OUT)/comm_options
 	-$(PY) benchmarks/compression.py --acc-epochs 0 --rates 1gbit 100mbit --repeats 2 --out $(BENCH_OUT)/compression

@@ -5,10 +5,10 @@ fp32 / fp16 allreduce, gradient accumulation and layer freezing, at 2 and 4 rank
     .venv/bin/python benchmarks/comm_options.py          # as root; about 13 minutes on 2 cores
         [--np 2 4] [--options fp32 fp16 k=4 fp16+k=4 "freeze 2" "freeze 6"] [--rate 1gbit]
         [--bytes-model vgg11] [--bytes-steps 4] [--bytes-epochs 3] [--bytes-batch-size 8]
-        [--acc-model smallcnn] [--acc-epochs 8] [--acc-batch-size 32]
-        [--out logs/bench-comm-options-YYYYmmdd-HHMMSS]
+        [--acc-model smallcnn] [--acc-epochs 8] [--acc-batch-size 32] [--repeats 1]
+        [--out logs/bench-comm-options-YYYYmmdd-HHMMSS] [--tag TAG] [--results benchmarks/results]
 
-One cluster of max(np) hosts (``hvd_cifar.netcluster``, one rank per host, links shaped to
+One cluster of max(np) hosts (``testbed.netcluster``, one rank per host, links shaped to
 --rate), every job ``horovodrun --gloo`` (Gloo's allreduce is a ring, so the analytic figure
 2(N-1)/N x payload is what should cross the wire; see tests/test_wire_bytes.py). Two passes:
 
@@ -21,9 +21,13 @@ One cluster of max(np) hosts (``hvd_cifar.netcluster``, one rank per host, links
                  Options that freeze more blocks than this model has are left out of it.
 
 Per-epoch numbers are means over the epochs after the first (the first pays for warm-up and
-carries the tail of the initial weight broadcast). Each job's run folder lands in
-OUT/runs/PASS/NAME and its output in OUT/logs/PASS-NAME.log; the table is made from the runs'
-metrics.jsonl alone, written to OUT/comm_options.json and OUT/comm_options.md, then printed.
+carries the tail of the initial weight broadcast). --repeats rounds of every job, the options in
+a rotated order each round. Each job's run folder lands in OUT/runs/PASS/NAME-rK and its output
+in OUT/logs/PASS-NAME-rK.log; the figures are made from the runs' metrics.jsonl alone and written
+to the results file benchmarks/results/comm_options.json (testbed.results: every round, medians,
+spreads, and per round each option's measured bytes over fp32's at the same np; a failed job is
+a failed round with its reason); the tables, rendered from it, are printed and left in
+OUT/comm_options.md.
 """
 from __future__ import annotations
 
@@ -33,13 +37,13 @@ import re
 import sys
 import time
 
-from hvd_cifar import jobs
-from hvd_cifar.launchers import ROOT
-from hvd_cifar.models import build_model
-from hvd_cifar.netcluster import NetCluster
-from hvd_cifar.runs import load_run
-from hvd_cifar.summary import steady_epochs, steady_mean, steady_nic_mean
-from hvd_cifar.tables import Column, markdown_table, num
+from testbed import jobs, render_docs
+from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.launch.commands import ROOT
+from hvd_cifar.workload.models import build_model
+from testbed.netcluster import NetCluster
+from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.analysis.summary import steady_epochs, steady_mean, steady_nic_mean
 
 OPTIONS = {  # name -> trainer flags
     "fp32": [],
@@ -50,6 +54,18 @@ OPTIONS = {  # name -> trainer flags
     "freeze 6": ["--freeze", "6"],
 }
 COMMON = ["--dataset", "digits"]
+FIGURES = {
+    "syncs": Figure("syncs/epoch", ".0f"),
+    "analytic_bytes": Figure("analytic MB/epoch/rank", ".2f", 1e6),
+    "tx_bytes": Figure("eth0 tx MB/epoch (mean of hosts)", ".2f", 1e6),
+    "rx_bytes": Figure("eth0 rx MB/epoch (mean of hosts)", ".2f", 1e6),
+    "tx_over_analytic": Figure("tx / analytic", ".4f"),
+    "epoch_time_s": Figure("epoch (s)", ".2f"),
+    "sync_time_s": Figure("sync (s/epoch)", ".2f"),
+    "test_acc": Figure("final test acc", ".4f"),
+    "of_fp32": Figure("tx bytes x fp32's", ".4f"),
+    "frozen_share": Figure("frozen share of parameters", ".4f"),
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -66,7 +82,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--acc-batch-size", type=int, default=32, help="images per rank per step")
     p.add_argument("--lr", type=float, default=0.05, help="for one rank; the trainer scales it by np x k")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-comm-options-%Y%m%d-%H%M%S")))
-    jobs.add_options(p, timeout=900)
+    jobs.add_options(p, timeout=900, repeats=1)
+    add_results_options(p)
     return p.parse_args(argv)
 
 
@@ -74,9 +91,9 @@ def slug(option: str, np: int) -> str:
     return f"{re.sub(r'[^a-z0-9]+', '-', option.lower()).strip('-')}-np{np}"
 
 
-def run_job(cluster: NetCluster, pass_name: str, option: str, np: int, flags: list[str], args) -> str:
-    """One training job; its run folder."""
-    name = slug(option, np)
+def run_job(cluster: NetCluster, pass_name: str, option: str, np: int, flags: list[str], args, k: int) -> str:
+    """One training job (round ``k``); its run folder."""
+    name = f"{slug(option, np)}-r{k}"
     return jobs.cluster_training(cluster, np, [*COMMON, *flags, *OPTIONS[option], "--lr", str(args.lr)],
                                  os.path.join(args.out, "runs", pass_name), name, label=f"{pass_name} {option} np={np}",
                                  log=os.path.join(args.out, "logs", f"{pass_name}-{name}.log"), timeout=args.timeout)
@@ -110,53 +127,38 @@ def summarize(run_dir: str) -> dict:
     }
 
 
-def byte_columns(acc_model: str) -> list[Column]:
-    """The bytes pass's columns, then the accuracy pass's two (``acc``: its row, if it ran)."""
-    def ratio(key):
-        return lambda r: f"{r[key] / r['analytic_bytes']:.4f}"
-
-    def acc(key, spec):
-        return lambda r: format(r["acc"][key], spec) if r.get("acc") else "n/a"
-
-    return [Column("option", "option"), Column("np", "np", numeric=True),
-            Column("syncs/epoch", "syncs", numeric=True, row_fmt=lambda r: f"{r['syncs']:g}"),
-            num("analytic MB/epoch/rank", "analytic_bytes", ".2f", 1e6), num("measured tx MB", "tx_bytes", ".2f", 1e6),
-            num("measured rx MB", "rx_bytes", ".2f", 1e6),
-            Column("tx / analytic", "tx_bytes", numeric=True, row_fmt=ratio("tx_bytes")),
-            Column("rx / analytic", "rx_bytes", numeric=True, row_fmt=ratio("rx_bytes")),
-            Column("worst host tx, rx / analytic", "worst_tx_ratio", numeric=True,
-                   row_fmt=lambda r: f"{r['worst_tx_ratio']:.4f}, {r['worst_rx_ratio']:.4f}"),
-            num("epoch time (s)", "epoch_time_s", ".2f"), num("sync time (s)", "sync_time_s", ".2f"),
-            Column(f"{acc_model} epoch time (s)", "acc", numeric=True, row_fmt=acc("epoch_time_s", ".2f")),
-            Column(f"{acc_model} test acc", "acc", numeric=True, row_fmt=acc("test_acc", ".4f"))]
+def figures(row: dict, pass_name: str, params: int) -> dict:
+    """A job's figures; ``params``: the model's parameters, frozen or not."""
+    if pass_name == "accuracy":
+        return {"epoch_time_s": row["epoch_time_s"], "test_acc": row["test_acc"]}
+    return {**{k: row[k] for k in ("syncs", "analytic_bytes", "tx_bytes", "rx_bytes", "epoch_time_s", "sync_time_s")},
+            "tx_over_analytic": row["tx_bytes"] / row["analytic_bytes"],
+            "frozen_share": 1 - row["trainable_params"] / params}
 
 
-def markdown(results: dict, args) -> str:
-    byte_rows, acc_rows = results["bytes"], results["accuracy"]
-    rows = [{**b, "acc": acc_rows.get(key)} for key, b in byte_rows.items()]
-    lines = [f"Bytes pass: {args.bytes_model}, {args.bytes_steps} steps/epoch x {args.bytes_epochs} epochs, "
-             f"batch {args.bytes_batch_size}/rank. Accuracy pass: {args.acc_model}, {args.acc_epochs} whole "
-             f"epochs, batch {args.acc_batch_size}/rank. Links {args.rate}; horovodrun --gloo.", "",
-             markdown_table(byte_columns(args.acc_model), rows).rstrip("\n")]
-    lines += ["", "Ratios (bytes pass, measured = mean of the hosts' eth0 tx per epoch):", ""]
+def run_pass(cluster: NetCluster, results: Results, pass_name: str, options: list[str], flags: list[str], args) -> None:
+    """Every option at every np, --repeats rounds, the options rotated each round."""
+    params = sum(p.numel() for p in build_model(args.acc_model if pass_name == "accuracy" else args.bytes_model,
+                                                 10).parameters())
+    for k in range(1, args.repeats + 1):
+        for np in args.np:
+            for option in jobs.rotated(options, k - 1):
+                config = f"{option} np={np}" + (" accuracy" if pass_name == "accuracy" else "")
+                try:
+                    row = summarize(run_job(cluster, pass_name, option, np, flags, args, k))
+                except (RuntimeError, OSError, KeyError, ValueError, ZeroDivisionError) as exc:
+                    results.fail(k, config, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                    continue
+                results.add(k, config, figures(row, pass_name, params))
+
+
+def derive_savings(results: Results, args) -> None:
+    """Per round, each option's measured tx bytes over fp32's at the same np."""
     for np in args.np:
-        base = byte_rows.get(slug("fp32", np))
-        if not base:
-            continue
-        for option, label in (("fp16", "fp16 / fp32 bytes"), ("k=4", "k=4 / k=1 bytes"),
-                              ("fp16+k=4", "fp16+k=4 / fp32 bytes")):
-            row = byte_rows.get(slug(option, np))
-            if row:
-                lines.append(f"- np={np} {label}: measured {row['tx_bytes'] / base['tx_bytes']:.4f}, "
-                             f"analytic {row['analytic_bytes'] / base['analytic_bytes']:.4f}")
-        for key, row in byte_rows.items():
-            if row["np"] == np and row["frozen_blocks"]:
-                share = 1 - row["trainable_params"] / base["trainable_params"]
-                saving = 1 - row["tx_bytes"] / base["tx_bytes"]
-                lines.append(f"- np={np} {row['option']}: measured saving {saving:.4f} vs frozen-parameter "
-                             f"share {share:.4f} ({base['trainable_params'] - row['trainable_params']:,} of "
-                             f"{base['trainable_params']:,} parameters); saving / share {saving / share:.3f}")
-    return "\n".join(lines)
+        for option in args.options:
+            if option != "fp32":
+                results.derive(f"{option} / fp32 np={np}", "of_fp32", lambda r, o=option, n=np:
+                               r[f"{o} np={n}"]["tx_bytes"] / r[f"fp32 np={n}"]["tx_bytes"])
 
 
 @jobs.one_line_errors("comm_options")
@@ -176,18 +178,19 @@ def main(argv: list[str] | None = None) -> int:
         flags = OPTIONS[option]
         return "--freeze" not in flags or int(flags[flags.index("--freeze") + 1]) < acc_depth
 
-    results = {"machine": jobs.machine(), "args": vars(args), "bytes": {}, "accuracy": {}}
+    results = Results("comm_options", args, FIGURES, argv)
     with NetCluster(n_hosts=max(args.np), rate=args.rate) as cluster:
-        for np in args.np:
-            for option in args.options:
-                run_dir = run_job(cluster, "bytes", option, np, bytes_flags, args)
-                results["bytes"][slug(option, np)] = {"option": option, **summarize(run_dir)}
-        for np in args.np if args.acc_epochs else []:
-            for option in filter(fits_acc, args.options):
-                run_dir = run_job(cluster, "accuracy", option, np, acc_flags, args)
-                results["accuracy"][slug(option, np)] = {"option": option, **summarize(run_dir)}
-    jobs.write_results(args.out, "comm_options", results, markdown(results, args))
-    return 0
+        run_pass(cluster, results, "bytes", args.options, bytes_flags, args)
+        if args.acc_epochs:
+            run_pass(cluster, results, "accuracy", list(filter(fits_acc, args.options)), acc_flags, args)
+    if "fp32" in args.options:
+        derive_savings(results, args)
+    path = results.write()
+    name, folder = os.path.basename(path), os.path.dirname(path)
+    text = "\n\n".join(render_docs.render_block(f"{name} {spec}", folder) for spec in
+                        ('match="np=[0-9]+$"', 'match="fp32 np="', 'match=accuracy'))
+    jobs.write_results(args.out, "comm_options", results.data, text)
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Gradient compression side by side on the namespace cluster (issue 25, point 3): each scheme at
+"""Gradient compression side by side on the namespace cluster (or your own hosts): each scheme at
 its defaults against uncompressed training, for accuracy and time to 95 % on digits, and for the
 gradient bytes each rank sends per update, analytic and on the wire, at two link rates; then
 ``python -m hvd_cifar.predict --compression ...`` against the measured steps.
@@ -6,15 +6,18 @@ gradient bytes each rank sends per update, analytic and on the wire, at two link
     .venv/bin/python benchmarks/compression.py      # as root; about 30 minutes on 2 shared cores
         [--np 4] [--schemes none fp16 powersgd topk localsgd] [--model vgg11]
         [--acc-epochs 6] [--acc-rate 1gbit] [--target-acc 0.95]
-        [--rates 1gbit 100mbit] [--bytes-steps 4] [--bytes-epochs 2]
-        [--extra NAME "FLAGS"] [--out logs/bench-compression-YYYYmmdd-HHMMSS] [--render]
+        [--rates 1gbit 100mbit] [--bytes-steps 4] [--bytes-epochs 2] [--repeats 1]
+        [--hostfile FILE] [--extra NAME "FLAGS"] [--out logs/bench-compression-YYYYmmdd-HHMMSS]
+        [--tag TAG] [--results benchmarks/results]
+    .venv/bin/python benchmarks/compression.py --hostfile my-hosts --np 4 --acc-epochs 0
+        # the bytes and step table for your own hosts and network (launch/horovodrun.sh --gloo)
 
-One cluster of --np hosts (``hvd_cifar.netcluster``: one rank per host, links shaped with tc),
+One cluster of --np hosts (``testbed.netcluster``: one rank per host, links shaped with tc),
 every job ``horovodrun --gloo`` on digits, seed 0, every key not named here at its default (batch
 32 per rank, the model's lr, onecycle; PowerSGD r = 2, top-k f = 0.01, 20 warm-up updates; local
-SGD averages every 4 updates, which has no default). Three jobs per scheme, run scheme after
-scheme (so that the machine's load drifts over every scheme alike; the tables give ratios to
-``none``):
+SGD averages every 4 updates, which has no default). Per round (--repeats), the jobs of every
+scheme, the schemes in a rotated order (interleaved, so that the machine's load drifts over
+every scheme alike; the tables give ratios to ``none``, per round):
 
   accuracy   --acc-epochs whole epochs at --acc-rate with --target-acc: final test accuracy, the
              epoch and wall time at which it reached the target, bytes over the run (analytic and
@@ -27,11 +30,15 @@ scheme (so that the machine's load drifts over every scheme alike; the tables gi
              as --measured: predicted step against measured, per scheme.
 
 ``--extra NAME "FLAGS"`` adds an accuracy job (e.g. a scheme at a setting that closes a gap).
-Run folders land in OUT/runs/PASS/NAME, outputs in OUT/logs/, the predictions in
-OUT/predict-RATE/; the tables are made from the runs' files alone, written to
-OUT/compression.json and OUT/compression.md, then printed: from every run folder in OUT, so that
-``--schemes --extra ...`` with an earlier run's --out adds jobs to its tables. ``--render``
-makes them again without training (the prediction rerun on the current code).
+With --hostfile the jobs run on your hosts (``launch/horovodrun.sh --gloo -hostfile FILE``, run
+from the first host, run folders on a shared file system), the bytes pass once at your network's
+own rate (its label ``hosts``; --rates and --acc-rate are not applied).
+
+Run folders land in OUT/runs/PASS/NAME-rK, outputs in OUT/logs/, the predictions in
+OUT/predict-RATE-rK/. The figures are made from the runs' files alone and written to the results
+file benchmarks/results/compression.json (testbed.results: every round, medians and spreads,
+each scheme's step and bytes over none's per round; a failed job is a failed round with its
+reason); the tables, rendered from it, are printed and left in OUT/compression.md.
 """
 from __future__ import annotations
 
@@ -41,13 +48,14 @@ import os
 import sys
 import time
 
-from hvd_cifar import jobs
+from testbed import jobs, render_docs
+from testbed.hosts import Hosts
+from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.compress import cost
-from hvd_cifar.launchers import ROOT
-from hvd_cifar.netcluster import NetCluster
-from hvd_cifar.runs import load_run
-from hvd_cifar.summary import run_bytes, steady_mean, steady_nic_mean, time_to_target
-from hvd_cifar.tables import Column, markdown_table, num, spaced
+from hvd_cifar.launch.commands import ROOT
+from testbed.netcluster import NetCluster
+from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.analysis.summary import run_bytes, steady_mean, steady_nic_mean, time_to_target
 
 SCHEMES = {  # name -> trainer flags: each scheme at its defaults
     "none": [],
@@ -55,6 +63,22 @@ SCHEMES = {  # name -> trainer flags: each scheme at its defaults
     "powersgd": ["--compression", "powersgd"],
     "topk": ["--compression", "topk"],
     "localsgd": ["--local-sgd-steps", "4"],
+}
+FIGURES = {
+    "test_acc": Figure("final test acc", ".4f"),
+    "epochs_to_target": Figure("epochs to target", ".0f"),
+    "time_to_target_s": Figure("time to target (s)", ".1f"),
+    "nic_tx_bytes": Figure("eth0 tx MB/rank over the run", ".1f", 1e6),
+    "training_time_s": Figure("training time (s)", ".1f"),
+    "bytes_per_update": Figure("analytic MB/update/rank", ".3f", 1e6),
+    "tx_bytes": Figure("eth0 tx MB/epoch (mean of hosts)", ".3f", 1e6),
+    "tx_over_analytic": Figure("tx / analytic", ".3f"),
+    "step_s": Figure("step (ms)", ".0f", 1e-3),
+    "sync_s": Figure("sync (ms/update)", ".0f", 1e-3),
+    "predicted_step_s": Figure("predicted step (ms)", ".0f", 1e-3),
+    "error_pct": Figure("prediction error (%)", "+.1f"),
+    "step_of_none": Figure("step x none's", ".3f"),
+    "tx_of_none": Figure("tx bytes x none's", ".3f"),
 }
 
 
@@ -73,14 +97,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--extra", nargs=2, action="append", default=[], metavar=("NAME", "FLAGS"),
                    help="another accuracy job: its name and trainer flags in one string")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-compression-%Y%m%d-%H%M%S")))
-    p.add_argument("--render", action="store_true", help="no training: the tables from OUT's run folders")
-    jobs.add_options(p, timeout=900)
-    return p.parse_args(argv)
+    p.add_argument("--hostfile", default="", help="run on these hosts (launch/horovodrun.sh) instead of the "
+                   "namespace cluster; the bytes pass at their own network's rate")
+    jobs.add_options(p, timeout=900, repeats=1)
+    add_results_options(p)
+    args = p.parse_args(argv)
+    if args.hostfile:
+        args.rates, args.acc_rate = ["hosts"], "hosts"
+    return args
 
 
 def run_job(cluster: NetCluster, pass_name: str, name: str, flags: list[str], args) -> str:
     """One training job; its run folder."""
-    return jobs.cluster_training(cluster, args.np, ["--dataset", "digits", "--model", args.model, *flags],
+    own = list(Hosts.FLAGS) if args.hostfile else []
+    return jobs.cluster_training(cluster, args.np, ["--dataset", "digits", "--model", args.model, *own, *flags],
                                  os.path.join(args.out, "runs", pass_name), name, label=f"{pass_name} {name}",
                                  log=os.path.join(args.out, "logs", f"{pass_name}-{name}.log"), timeout=args.timeout)
 
@@ -109,17 +139,17 @@ def bytes_row(run_dir: str) -> dict:
             "sync_s": steady_mean(run.metrics, "sync_time_s") / steady_mean(run.metrics, "syncs"), "path": run_dir}
 
 
-def check_predictions(rows: dict, rate: str, args) -> dict:
-    """predict from the ``none`` run at ``rate`` with every other scheme asked for, the runs as
-    --measured; scheme label -> (predicted, measured step s, error %)."""
-    out = os.path.join(args.out, f"predict-{rate}")
+def check_predictions(rows: dict, rate: str, args, k: int) -> dict:
+    """predict from round ``k``'s ``none`` run at ``rate`` with every other scheme asked for, the
+    round's runs as --measured; scheme label -> (predicted, measured step s, error %)."""
+    out = os.path.join(args.out, f"predict-{rate}-r{k}")
     asked = [s for s in ("fp16", "powersgd", "topk") if s in rows]
     argv = [sys.executable, "-m", "hvd_cifar.predict", rows["none"]["path"], "--bandwidth", rate,
-            "--shared-cores", str(os.cpu_count()), "--np", str(args.np), "--out", out,
+            *([] if args.hostfile else ["--shared-cores", str(os.cpu_count())]), "--np", str(args.np), "--out", out,
             *(["--compression", *asked] if asked else []),
             *(["--local-sgd-steps", "4"] if "localsgd" in rows else []),
             "--measured", *[row["path"] for row in rows.values()]]
-    jobs.run(f"predict at {rate}", argv, log=os.path.join(args.out, "logs", f"predict-{rate}.log"), timeout=600)
+    jobs.run(f"predict at {rate}", argv, log=os.path.join(args.out, "logs", f"predict-{rate}-r{k}.log"), timeout=600)
     with open(os.path.join(out, "predict.csv")) as f:
         predicted = [r for r in csv.DictReader(f) if r["measured_step_s"]]
     return {("fp16" if r["fp16_allreduce"] == "true" else r["compression"]):
@@ -127,97 +157,90 @@ def check_predictions(rows: dict, rate: str, args) -> dict:
              "error_pct": float(r["error_pct"])} for r in predicted}
 
 
-def against(key: str, base: dict, header: str) -> Column:
-    """A row's ``key`` over the ``none`` row's."""
-    return Column(header, key, numeric=True, row_fmt=lambda r: f"{r[key] / base[key]:.3f}" if r.get(key) and base.get(key) else "-")
+def accuracy_figures(run_dir: str) -> dict:
+    row = accuracy_row(run_dir)
+    return {k: row[k] for k in ("test_acc", "epochs_to_target", "time_to_target_s", "nic_tx_bytes", "training_time_s")
+            if isinstance(row.get(k), (int, float)) and row[k] == row[k]}
 
 
-def accuracy_table(rows: list[dict], base: dict) -> str:
-    columns = [Column("scheme", "scheme"), num("final test acc", "test_acc", ".4f"),
-               Column("vs none (points)", "test_acc", numeric=True,
-                      row_fmt=lambda r: f"{100 * (r['test_acc'] - base['test_acc']):+.2f}"),
-               spaced("test_acc_per_epoch", ".4f"), num("epochs to target", "epochs_to_target", ".0f"),
-               num("time to target (s)", "time_to_target_s", ".1f"), against("time_to_target_s", base, "time to target / none's"),
-               num("analytic MB/rank over the run", "bytes", ".1f", 1e6),
-               num("eth0 tx MB/rank over the run", "nic_tx_bytes", ".1f", 1e6),
-               against("nic_tx_bytes", base, "tx / none's"), num("training time (s)", "training_time_s", ".1f")]
-    return markdown_table(columns, rows)
+def bytes_figures(row: dict) -> dict:
+    return {"bytes_per_update": row["bytes_per_update"], "tx_bytes": row["tx_bytes"], "step_s": row["step_s"],
+            "sync_s": row["sync_s"], "tx_over_analytic": row["tx_bytes"] / row["analytic_bytes"]}
 
 
-def bytes_table(rows: list[dict], base: dict) -> str:
-    columns = [Column("scheme", "scheme"), num("analytic B/update/rank", "bytes_per_update", ",.0f"),
-               num("analytic MB/epoch/rank", "analytic_bytes", ".3f", 1e6), num("eth0 tx MB/epoch", "tx_bytes", ".3f", 1e6),
-               num("eth0 rx MB/epoch", "rx_bytes", ".3f", 1e6),
-               Column("tx / analytic", "tx_bytes", numeric=True, row_fmt=lambda r: f"{r['tx_bytes'] / r['analytic_bytes']:.4f}"),
-               against("tx_bytes", base, "tx / none's"), num("step (ms)", "step_s", ".0f", 1e-3),
-               against("step_s", base, "step / none's"), num("sync (ms/update)", "sync_s", ".0f", 1e-3),
-               num("predicted step (ms)", "predicted_step_s", ".0f", 1e-3), num("prediction error (%)", "error_pct", "+.1f")]
-    return markdown_table(columns, rows)
+def attempt(results: Results, k: int, config: str, measure) -> object:
+    """``measure()``, or a failed round of ``config`` with the reason (None)."""
+    try:
+        return measure()
+    except (RuntimeError, OSError, KeyError, ValueError, ZeroDivisionError, StopIteration) as exc:
+        print(f"{config} round {k}: failed: {exc}", file=sys.stderr, flush=True)
+        results.fail(k, config, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
 
 
-def markdown(results: dict, args) -> str:
-    lines = [f"{args.model} on digits, np={args.np} (horovodrun --gloo, one rank per host of the namespace "
-             f"cluster), every key at its default but the scheme's; local SGD H=4. Bytes per rank; eth0: "
-             f"mean over the hosts."]
-    acc = results["accuracy"]
-    if acc:
-        lines += ["", f"Accuracy: {args.acc_epochs} whole epochs at {args.acc_rate}, target {args.target_acc}.", "",
-                  accuracy_table(list(acc.values()), acc["none"]).rstrip("\n")]
-    for rate, rows in results["bytes"].items():
-        predicted = results["predictions"].get(rate, {})
-        table_rows = [{**row, **predicted.get(row["scheme"], {})} for row in rows.values()]
-        lines += ["", f"Bytes at {rate}: {args.bytes_steps} steps/epoch x {args.bytes_epochs} epochs, no "
-                  f"warm-up (compression_warmup_steps 0), means over the epochs after the first; predicted: "
-                  f"python -m hvd_cifar.predict from the none run, --bandwidth {rate} --shared-cores "
-                  f"{os.cpu_count()}.", "", bytes_table(table_rows, rows["none"]).rstrip("\n")]
-    return "\n".join(lines)
-
-
-def train_all(args) -> None:
-    """Every job, scheme after scheme, into OUT/runs/PASS/NAME."""
+def run_round(cluster, results: Results, k: int, args) -> None:
+    """Round ``k``: every scheme (rotated) at the accuracy rate and at each bytes rate, then the
+    prediction per rate from this round's ``none`` run."""
     acc_flags = ["--epochs", str(args.acc_epochs), "--target-acc", str(args.target_acc)]
     bytes_flags = ["--epochs", str(args.bytes_epochs), "--max-steps-per-epoch", str(args.bytes_steps),
                    "--compression-warmup-steps", "0"]
-    with NetCluster(n_hosts=args.np, rate=args.acc_rate) as cluster:
-        for name in args.schemes:
-            if args.acc_epochs:
-                cluster.shape(args.acc_rate)
-                run_job(cluster, "accuracy", name, [*acc_flags, *SCHEMES[name]], args)
-            for rate in args.rates:
-                cluster.shape(rate)
-                run_job(cluster, f"bytes-{rate}", name, [*bytes_flags, *SCHEMES[name]], args)
-        for name, flags in args.extra:
+    rows: dict[str, dict] = {rate: {} for rate in args.rates}
+    for name in jobs.rotated(args.schemes, k - 1):
+        if args.acc_epochs:
             cluster.shape(args.acc_rate)
-            run_job(cluster, "accuracy", name.replace(" ", "-"), [*acc_flags, *flags.split()], args)
+            figures = attempt(results, k, f"{name} accuracy", lambda: accuracy_figures(
+                run_job(cluster, "accuracy", f"{name}-r{k}", [*acc_flags, *SCHEMES[name]], args)))
+            if figures is not None:
+                results.add(k, f"{name} accuracy", figures)
+        for rate in args.rates:
+            cluster.shape(rate)
+            row = attempt(results, k, f"{name} {rate}", lambda: bytes_row(
+                run_job(cluster, f"bytes-{rate}", f"{name}-r{k}", [*bytes_flags, *SCHEMES[name]], args)))
+            if row is not None:
+                rows[rate][name] = row
+    for name, flags in args.extra:
+        cluster.shape(args.acc_rate)
+        label = name.replace(" ", "-")
+        figures = attempt(results, k, f"{label} accuracy", lambda: accuracy_figures(
+            run_job(cluster, "accuracy", f"{label}-r{k}", [*acc_flags, *flags.split()], args)))
+        if figures is not None:
+            results.add(k, f"{label} accuracy", figures)
+    for rate, by_scheme in rows.items():
+        predicted = (attempt(results, k, f"prediction {rate}", lambda: check_predictions(by_scheme, rate, args, k))
+                     if "none" in by_scheme else None) or {}
+        for name, row in by_scheme.items():
+            results.add(k, f"{name} {rate}", {**bytes_figures(row), **{
+                key: predicted[row["scheme"]][key] for key in ("predicted_step_s", "error_pct")
+                if row["scheme"] in predicted}})
 
 
-def found_folders(args) -> dict:
-    """The run folders in OUT, this run's and any an earlier run of this script left there: the
-    schemes in SCHEMES' order, then the extras."""
-    def under(pass_name):
-        root = os.path.join(args.out, "runs", pass_name)
-        names = sorted(os.listdir(root), key=lambda n: (list(SCHEMES).index(n) if n in SCHEMES else len(SCHEMES), n)) \
-            if os.path.isdir(root) else []
-        return {name: os.path.join(root, name) for name in names}
-    return {"accuracy": under("accuracy"), "bytes": {rate: under(f"bytes-{rate}") for rate in args.rates}}
+def derive_ratios(results: Results, args) -> None:
+    """Per round and rate, each scheme's step and eth0 bytes over none's."""
+    for rate in args.rates:
+        for name in args.schemes:
+            if name != "none":
+                for figure, key in (("step_of_none", "step_s"), ("tx_of_none", "tx_bytes")):
+                    results.derive(f"{name} / none {rate}", figure, lambda r, n=name, key=key, rate=rate:
+                                   r[f"{n} {rate}"][key] / r[f"none {rate}"][key])
 
 
 @jobs.one_line_errors("compression")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
-    span = jobs.Span()
-    if not args.render:
-        train_all(args)
-    folders = found_folders(args)
-    results = {"machine": jobs.machine(), "args": vars(args),
-               "accuracy": {name: accuracy_row(path) for name, path in folders["accuracy"].items()},
-               "bytes": {rate: {name: bytes_row(path) for name, path in runs.items()}
-                         for rate, runs in folders["bytes"].items() if "none" in runs}}
-    results["predictions"] = {rate: check_predictions(rows, rate, args) for rate, rows in results["bytes"].items()}
-    results["meta"] = span.end()
-    jobs.write_results(args.out, "compression", results, markdown(results, args) + f"\n\nRun: {span.line()}")
-    return 0
+    results = Results("compression", args, FIGURES, argv)
+    place = Hosts(args.hostfile) if args.hostfile else NetCluster(n_hosts=args.np, rate=args.acc_rate)
+    with place as cluster:
+        for k in range(1, args.repeats + 1):
+            run_round(cluster, results, k, args)
+    if "none" in args.schemes:
+        derive_ratios(results, args)
+    path = results.write()
+    name, folder = os.path.basename(path), os.path.dirname(path)
+    specs = ['match=accuracy', *[f'match="^[a-z0-9-]+ {rate}$"' for rate in args.rates], 'match=" / none "']
+    jobs.write_results(args.out, "compression", results.data,
+                       "\n\n".join(render_docs.render_block(f"{name} {spec}", folder) for spec in specs))
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":

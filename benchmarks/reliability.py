@@ -2,6 +2,7 @@
 for real with the shipped launchers and timed.
 
     .venv/bin/python benchmarks/reliability.py [--only bad-inputs|kills|preemptions] [--match TEXT ...] [--out DIR]
+        [--tag TAG] [--results benchmarks/results]
 
 --match runs only the bad inputs whose name holds TEXT (rows keep their numbers in the table).
 
@@ -22,9 +23,11 @@ through the launcher (SIGUSR1, which mpirun passes on) or straight to one or bot
 with one line from hvd_cifar, one ``preempted`` event and no rank left, and ``--resume`` under
 the same launcher finishes the run.
 
-Output: three Markdown tables (printed, and OUT/reliability.md) and OUT/reliability.json with
-every case's exit code, seconds, and stderr. Each case works in its own folder under OUT.
-The cases and their pass criteria are hvd_cifar.drill's; this script runs them all and writes
+Output: the results file benchmarks/results/reliability.json (testbed.results: every case a
+configuration of one round, its seconds; a case that did not pass is a failed round with why;
+per group the cases that passed and the slowest), three Markdown tables (printed, and
+OUT/reliability.md) and OUT/reliability.json with every case's exit code, seconds, and stderr. Each case works in its own folder under OUT.
+The cases and their pass criteria are testbed.drill's; this script runs them all and writes
 the tables. The tests take them from there too: tests/test_bad_inputs.py (the config errors
 in-process, the rest launched), tests/test_reliability.py the kills, tests/test_preemption.py the
 preemptions under horovodrun.
@@ -39,10 +42,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from hvd_cifar import drill
-from hvd_cifar.drill import BAD_INPUT_BOUND_S, BAD_INPUTS, KILL_BOUND_S, KILL_JOBS, PREEMPT_BOUND_S, PREEMPT_JOBS
-from hvd_cifar.files import write_json, write_text
-from hvd_cifar.tables import Column, markdown_table, num
+from testbed import drill
+from testbed.drill import BAD_INPUT_BOUND_S, BAD_INPUTS, KILL_BOUND_S, KILL_JOBS, PREEMPT_BOUND_S, PREEMPT_JOBS
+from hvd_cifar.core.files import write_json, write_text
+from hvd_cifar.analysis.tabulate import Column, markdown_table, num
+from testbed.results import Figure, Results, add_options as add_results_options
+
+FIGURES = {"seconds": Figure("seconds to exit", ".1f"), "passed": Figure("passed", ".0f"),
+           "cases": Figure("cases", ".0f"), "slowest_s": Figure("slowest (s)", ".1f")}
+GROUPS = {"bad_inputs": "bad input", "kills": "kill", "preemptions": "preemption"}
 
 
 def verdict(r: dict) -> str:
@@ -117,13 +125,39 @@ def run_preemptions(rows: list[dict], work: Path) -> list[str]:
             f"within {PREEMPT_BOUND_S:.0f} s with a checkpoint and resumed to the end; slowest {slowest(rows):.1f} s", ""]
 
 
+def case_name(group: str, r: dict) -> str:
+    if group == "bad_inputs":
+        return f"bad input {r['number']:02d}: {r['case']}"
+    if group == "kills":
+        return f"kill rank {r['victim']} of {r['launcher']} {r['sync']}"
+    return f"preemption: {r['signal']} to {r['target']} of {r['launcher']} {r['sync']}"
+
+
+def record(results: Results, report: dict) -> None:
+    """Every case as one round of its own configuration (a failed one with why), then per group
+    the cases that passed, the cases run and the slowest exit."""
+    for group, prefix in GROUPS.items():
+        rows = report[group]
+        for r in rows:
+            name = case_name(group, r)
+            if r["ok"]:
+                results.add(1, name, {"seconds": r["seconds"]})
+            else:
+                results.fail(1, name, r["why"] or f"exit {r['exit']}", seconds=r["seconds"])
+        if rows:
+            results.add(1, f"{prefix}s", {"passed": sum(r["ok"] for r in rows), "cases": len(rows),
+                                          "slowest_s": slowest(rows)})
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=("bad-inputs", "kills", "preemptions"))
     p.add_argument("--match", nargs="+", default=[], metavar="TEXT",
                    help="only the bad inputs whose name holds one of these")
     p.add_argument("--out", default=None, help="work folder (default: a new temporary folder)")
+    add_results_options(p)
     args = p.parse_args(argv)
+    results = Results("reliability", args, FIGURES, argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="hvd_cifar-reliability-"))
     out.mkdir(parents=True, exist_ok=True)
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": platform.platform(),
@@ -139,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     report["load_end"] = os.getloadavg()[0]
     report["ended"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     write_json(str(out / "reliability.json"), report)
+    record(results, report)
+    results.write()
     write_text(str(out / "reliability.md"), "\n".join(text))
     print("\n" + "\n".join(text))
     print(f"load average {report['load_start']:.2f} at the start, {report['load_end']:.2f} at the end; "

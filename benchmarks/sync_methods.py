@@ -1,14 +1,18 @@
 """The four gradient synchronisation methods side by side: one training job per method, the same
 model, data, seed, ranks and steps, launched the same way; at np=2 (or each of several --np) on
-this machine and, with --cluster, at one rank per host on the namespace cluster with shaped links.
+this machine (or on the hosts of --hostfile) and, with --cluster, at one rank per host on the
+namespace cluster with shaped links. At np=1 a plain PyTorch loop (benchmarks/bare_horovod.py
+--plain: no Horovod, no launcher) runs beside them as the yardstick.
 
-    .venv/bin/python benchmarks/sync_methods.py --np 1 2 4 --dataset synthetic --steps 10 --repeats 3 --cluster 4
-        # issue 24's comparison: every method at np 1, 2, 4 here and np 4 on the cluster; per np,
-        # img/s, CPU s/image/rank and each method's img/s over the fastest's, fastest rounds and medians
+    .venv/bin/python benchmarks/sync_methods.py --np 1 2 4 --dataset synthetic --steps 8 --repeats 3
+        # what `make bench` runs: every method at np 1, 2, 4 here, beside the plain loop
+    .venv/bin/python benchmarks/sync_methods.py --hostfile my-hosts --np 1 2 4 8 --dataset synthetic --steps 8
+        # the same table for your own machines (launch/mpirun.sh -hostfile; np=1 runs here)
 
     .venv/bin/python benchmarks/sync_methods.py [--np 2 [4 ...]] [--launcher mpirun|horovodrun]
         [--model vgg11] [--dataset digits] [--epochs 2] [--steps 0] [--batch-size 32] [--lr 0.01]
-        [--repeats 2] [--out logs/bench-sync-methods-YYYYmmdd-HHMMSS]
+        [--repeats 2] [--hostfile FILE] [--no-plain] [--out logs/bench-sync-methods-YYYYmmdd-HHMMSS]
+        [--tag TAG] [--results benchmarks/results]
         [--cluster 4 [--rate 1gbit] [--cluster-model vgg11] [--cluster-epochs 2]
          [--cluster-steps 4] [--cluster-batch-size 8] [--cluster-repeats 2]
          [--cluster-cycle-time-ms 25] [--cluster-only]]
@@ -16,12 +20,13 @@ this machine and, with --cluster, at one rank per host on the namespace cluster 
 
     .venv/bin/python benchmarks/sync_methods.py --cluster 4 --rate 1gbit   # as root: both tables
 
-Two passes, each one job per method per round, ``--repeats`` rounds each in a rotated order,
-each method's row its fastest round (on a shared machine, other work only ever slows a run down):
+Two passes, each one job per method per round, ``--repeats`` rounds each in a rotated order
+(interleaved: no method always runs first). Every round is kept; the tables give each figure's
+median over the rounds and its spread (min-max):
 
   local pass    ``python -m hvd_cifar.train --sync METHOD ...`` under --launcher with --np ranks
                 on this machine; run folders OUT/runs/METHOD-rK, output OUT/METHOD-rK.log.
-  cluster pass  with --cluster N: one ``hvd_cifar.netcluster`` cluster of N hosts (network
+  cluster pass  with --cluster N: one ``testbed.netcluster`` cluster of N hosts (network
                 namespaces, links shaped to --rate in both directions), one rank per host, every
                 job under mpirun across the hosts (the one launcher all four methods accept;
                 rank-to-rank bytes over TCP on eth0 only), one torch thread per rank, NIC counters
@@ -32,9 +37,13 @@ each method's row its fastest round (on a shared machine, other work only ever s
                 4 steps of 8 images per rank per epoch, 2 epochs. Run folders
                 OUT/runs/METHOD-npN-rK, output OUT/METHOD-npN-rK.log.
 
-The tables are made from the runs' metrics.jsonl alone, over the epochs after the first (the
-first pays for warm-up), written to OUT/sync_methods.json (every round) and OUT/sync_methods.md,
-then printed:
+The figures are made from the runs' metrics.jsonl alone, over the epochs after the first (the
+first pays for warm-up), written to the results file benchmarks/results/sync_methods.json (with
+--tag: sync_methods-TAG.json; testbed.results), every round's and their medians and spreads, and
+per round the ratios the targets read (Horovod's img/s over the best other method's, its CPU per
+image over DDP's, hvd_cifar's np=1 img/s over the plain loop's); the tables, rendered from it by
+testbed.render_docs, are printed and left in OUT/sync_methods.md. A job that fails is a failed
+round in the file, with its reason:
 
   epoch time   wall-clock seconds of an epoch's training steps (no evaluation)
   step time    wall-clock seconds per training step (forward, backward, sync, optimizer, data)
@@ -59,18 +68,21 @@ parameter server, staleness and server updates per second. Run folders OUT/runs/
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import statistics
 import sys
 import time
 from typing import Callable
 
-from hvd_cifar import jobs, launchers
-from hvd_cifar.launchers import ROOT
-from hvd_cifar.netcluster import NetCluster
-from hvd_cifar.runs import load_run
-from hvd_cifar.summary import steady_epochs, steady_per_step, summarize as summarize_run
-from hvd_cifar.tables import Column, markdown_table, num
+from hvd_cifar.launch import commands
+
+from testbed import jobs, render_docs
+from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.launch.commands import ROOT
+from testbed.netcluster import NetCluster
+from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.analysis.summary import steady_epochs, steady_per_step, summarize as summarize_run
+from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
 # The side-by-side pass (--side-by-side): synchronous gather/scatter, ring allreduce (Horovod) and
@@ -81,14 +93,21 @@ SIDE_BY_SIDE = ("mpi-gather-scatter", "horovod", "ddp", "mpi-async-ps")
 # 1000 times a second by default, which on hosts with fewer cores than busy threads takes CPU
 # from the training threads. Row label -> (sync method, environment for every rank).
 TUNED = "horovod-cycle-{ms}ms"
-# The issue's targets: Horovod step time <= 1.00x DDP's; on the shaped links, Horovod's epoch
-# time <= 0.5x gather-scatter's.
-TARGET_HOROVOD_OVER_DDP_STEP = 1.00
-TARGET_HOROVOD_OVER_GATHER_SCATTER_EPOCH = 0.50
-# Issue 24: on one host Horovod's img/s >= 0.97x the best other method's (medians), and its CPU
-# seconds per image <= 1.1x DDP's.
-TARGET_HOROVOD_OF_BEST = 0.97
-TARGET_HOROVOD_CPU_OVER_DDP = 1.10
+PLAIN = "plain PyTorch loop"
+FIGURES = {
+    "images_per_s": Figure("img/s", ".1f"),
+    "step_time_s": Figure("step (ms)", ".0f", 1e-3),
+    "sync_time_s": Figure("sync (ms/step)", ".1f", 1e-3),
+    "backward_time_s": Figure("backward (ms/step)", ".0f", 1e-3),
+    "cpu_s_per_image": Figure("CPU ms/image/rank", ".2f", 1e-3),
+    "comm_bytes_per_step": Figure("MB/step/rank (analytic)", ".1f", 1e6),
+    "nic_tx_bytes_per_step": Figure("eth0 tx MB/step (mean of hosts)", ".1f", 1e6),
+    "epoch_time_s": Figure("epoch (s)", ".2f"),
+    "test_acc": Figure("final test acc", ".4f"),
+    "of_best": Figure("x best other method (img/s)", ".3f"),
+    "of_ddp": Figure("x DDP", ".3f"),
+    "of_plain": Figure("x plain loop (img/s)", ".3f"),
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -102,7 +121,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=0, help="local pass: steps per epoch; 0 = whole epochs")
     p.add_argument("--batch-size", type=int, default=32, help="local pass: images per rank per step")
     p.add_argument("--lr", type=float, default=0.01, help="both passes, for one rank; the trainer scales it by np")
-    p.add_argument("--repeats", type=int, default=2, help="local pass: rounds of all methods; the fastest counts")
+    p.add_argument("--repeats", type=int, default=2, help="local pass: rounds of all methods, all kept")
+    p.add_argument("--hostfile", default="", help="local pass: np > 1 under launch/LAUNCHER.sh -hostfile FILE "
+                   "(your own hosts; run from the first, with the run folders on a shared file system)")
+    p.add_argument("--no-plain", dest="plain", action="store_false",
+                   help="at np=1, leave out the plain PyTorch loop (benchmarks/bare_horovod.py --plain)")
     p.add_argument("--cluster", type=int, default=0, metavar="N",
                    help="also run every method at np=N, one rank per host of an N-host namespace cluster (root)")
     p.add_argument("--cluster-only", action="store_true", help="skip the local pass")
@@ -111,7 +134,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cluster-epochs", type=int, default=2, help="the first is warm-up, left out of the timings")
     p.add_argument("--cluster-steps", type=int, default=4, help="steps per epoch")
     p.add_argument("--cluster-batch-size", type=int, default=8, help="images per rank per step")
-    p.add_argument("--cluster-repeats", type=int, default=2, help="rounds of all methods; the fastest counts")
+    p.add_argument("--cluster-repeats", type=int, default=2, help="rounds of all methods, all kept")
     p.add_argument("--cluster-cycle-time-ms", type=float, default=25.0,
                    help="cluster pass: also run horovod with HOROVOD_CYCLE_TIME set to this (0: don't)")
     p.add_argument("--side-by-side", default="", metavar="N,N",
@@ -121,6 +144,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--side-epochs", type=int, default=4, help="side-by-side pass: whole epochs per job")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-sync-methods-%Y%m%d-%H%M%S")))
     jobs.add_options(p, timeout=1200)
+    add_results_options(p)
     args = p.parse_args(argv)
     args.side_by_side = [int(n) for n in args.side_by_side.split(",") if n.strip()]
     if args.cluster_only and not args.cluster and not args.side_by_side:
@@ -143,7 +167,10 @@ def run_local(method: str, name: str, args, np: int) -> str:
     the log if it fails. One rank runs as one process, no launcher, as a user runs it."""
     runs = os.path.join(args.out, "runs")
     flags = train_flags(method, name, runs, args.model, args.epochs, args.steps, args.batch_size, args)
-    cmd = [*launchers.argv("single" if np == 1 else args.launcher, np), *flags]
+    if np > 1 and args.hostfile:
+        cmd = [*commands.script(args.launcher, np, args.hostfile), *flags]
+    else:
+        cmd = [*commands.argv("single" if np == 1 else args.launcher, np), *flags]
     jobs.run(method, cmd, log=os.path.join(args.out, f"{name}.log"), timeout=args.timeout)
     return os.path.join(runs, name)
 
@@ -196,116 +223,83 @@ def summarize(run_dir: str, label: str) -> dict:
     }
 
 
-def run_local_pass(args) -> list[dict]:
-    """Every method at every --np, ``repeats`` rounds; within a round the sizes follow each other
-    and each size's methods rotate, so that no size or method always runs first (interleaved)."""
-    rounds = []
-    for k in range(args.repeats):
+def run_plain(name: str, args) -> dict:
+    """The plain PyTorch loop at np=1 (no Horovod, no launcher), the same model, batch and steps,
+    the trainer's threads (the machine's cores); its figures from the last epoch's step time."""
+    steps = args.steps or 20
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bare_horovod.py"), "--plain", "--model", args.model,
+           "--batch-size", str(args.batch_size), "--steps", str(steps), "--epochs", str(args.epochs),
+           "--threads", str(os.cpu_count())]
+    done = jobs.run(PLAIN, cmd, log=os.path.join(args.out, f"{name}.log"), timeout=args.timeout)
+    line = next(l for l in done.stdout.splitlines() if "step_time_s" in l)
+    step = json.loads(line[line.index("{"):])["step_time_s"]
+    return {"step_time_s": step, "images_per_s": args.batch_size / step}
+
+
+def local_figures(run_dir: str) -> dict:
+    row = summarize(run_dir, "")
+    return {k: row[k] for k in ("images_per_s", "step_time_s", "sync_time_s", "backward_time_s", "cpu_s_per_image",
+                                "comm_bytes_per_step")}
+
+
+def one_round(results: Results, k: int, config: str, measure: Callable[[], dict]) -> None:
+    """One job of round ``k``: its figures, or a failed round with the reason."""
+    start = time.perf_counter()
+    try:
+        figures = measure()
+    except (RuntimeError, OSError, ValueError, KeyError, StopIteration) as exc:
+        print(f"{config} round {k}: failed: {exc}", file=sys.stderr, flush=True)
+        results.fail(k, config, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return
+    print(f"{config} round {k}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    results.add(k, config, figures)
+
+
+def run_local_pass(args, results: Results) -> None:
+    """Every method at every --np (and the plain loop at np=1), ``repeats`` rounds; within a round
+    the sizes follow each other and each size's jobs rotate, so that none always runs first."""
+    for k in range(1, args.repeats + 1):
         for np in args.np:
-            for method in jobs.rotated(METHODS, k):
-                start = time.perf_counter()
-                run_dir = run_local(method, f"{method}-np{np}-r{k + 1}", args, np)
-                print(f"{method} np={np} round {k + 1}: done in {time.perf_counter() - start:.0f} s, {run_dir}",
-                      file=sys.stderr, flush=True)
-                rounds.append(summarize(run_dir, method))
-    return rounds
+            labels = [*METHODS, *([PLAIN] if np == 1 and args.plain else [])]
+            for method in jobs.rotated(labels, k - 1):
+                name = f"{method.replace(' ', '-')}-np{np}-r{k}"
+                measure = (lambda: run_plain(name, args)) if method == PLAIN else \
+                    (lambda: local_figures(run_local(method, name, args, np)))
+                one_round(results, k, f"{method} np={np}", measure)
+    for np in args.np:
+        derive_ratios(results, np)
 
 
-def run_rounds(run_one, repeats: int, suffix: str, labels: tuple[str, ...] = METHODS) -> list[dict]:
-    """Every method (row label) ``repeats`` times, each round in a rotated order; a summary per job."""
-    rounds = []
-    for k in range(repeats):
-        for method in jobs.rotated(labels, k):
-            start = time.perf_counter()
-            run_dir = run_one(method, f"{method}{suffix}-r{k + 1}")
-            print(f"{method}{suffix} round {k + 1}: done in {time.perf_counter() - start:.0f} s, {run_dir}",
-                  file=sys.stderr, flush=True)
-            rounds.append(summarize(run_dir, method))
-    return rounds
+def derive_ratios(results: Results, np: int, suffix: str = "") -> None:
+    """Per round: Horovod's img/s over the best other method's, its CPU per image over DDP's and,
+    at np=1, hvd_cifar's (every method's best) img/s over the plain loop's."""
+    def of(r, method, key):
+        return r[f"{method} np={np}{suffix}"][key]
+    results.derive(f"horovod / best other np={np}{suffix}", "of_best", lambda r: of(r, "horovod", "images_per_s") / max(
+        of(r, m, "images_per_s") for m in METHODS if m != "horovod"))
+    results.derive(f"horovod / ddp np={np}{suffix}", "of_ddp",
+                   lambda r: of(r, "horovod", "cpu_s_per_image") / of(r, "ddp", "cpu_s_per_image"))
+    if np == 1 and not suffix and f"{PLAIN} np=1" in {r["config"] for r in results.data["rounds"]}:
+        results.derive("horovod / plain loop np=1", "of_plain",
+                       lambda r: of(r, "horovod", "images_per_s") / r[f"{PLAIN} np=1"]["images_per_s"])
 
 
-def fastest(rounds: list[dict]) -> list[dict]:
-    """Each method's fastest round, with its img/s over the fastest method's (``of_fastest``)."""
-    labels = list(dict.fromkeys(r["method"] for r in rounds))
-    rows = [min((r for r in rounds if r["method"] == m), key=lambda r: r["step_time_s"]) for m in sorted(
-        labels, key=lambda m: (m not in METHODS, METHODS.index(m) if m in METHODS else 0, m))]
-    best = max(r["images_per_s"] for r in rows)
-    return [{**r, "of_fastest": r["images_per_s"] / best} for r in rows]
+def run_cluster_pass(cluster: NetCluster, args, results: Results) -> None:
+    """Every cluster variant, ``cluster_repeats`` rounds in a rotated order."""
+    suffix = f" cluster {args.rate}"
+    for k in range(1, args.cluster_repeats + 1):
+        for label in jobs.rotated(tuple(cluster_variants(args)), k - 1):
+            def measure(label=label):
+                row = summarize(run_on_cluster(cluster, label, f"{label}-np{args.cluster}-r{k}", args), label)
+                tx = row["nic_tx_bytes_per_step"]
+                return {**{key: row[key] for key in ("epoch_time_s", "step_time_s", "sync_time_s", "backward_time_s",
+                                                      "images_per_s", "cpu_s_per_image", "comm_bytes_per_step")},
+                        "nic_tx_bytes_per_step": sum(tx.values()) / len(tx)}
+            one_round(results, k, f"{label} np={args.cluster}{suffix}", measure)
+    derive_ratios(results, args.cluster, suffix)
 
 
-def medians(rounds: list[dict]) -> list[dict]:
-    """Each method's median img/s and CPU s/image over its rounds, with the median img/s over the
-    best median (``of_fastest``): the figure the issue's "fastest or level" reads."""
-    labels = [r["method"] for r in fastest(rounds)]
-    rows = []
-    for m in labels:
-        mine = [r for r in rounds if r["method"] == m]
-        rows.append({"method": m, "images_per_s": statistics.median(r["images_per_s"] for r in mine),
-                     "cpu_s_per_image": statistics.median(r["cpu_s_per_image"] for r in mine),
-                     "samples": " ".join(f"{r['images_per_s']:.1f}" for r in mine)})
-    best = max(r["images_per_s"] for r in rows)
-    return [{**r, "of_fastest": r["images_per_s"] / best} for r in rows]
-
-
-def ratio_line(label: str, value: float, target: float) -> str:
-    verdict = "met" if value <= target else "not met"
-    return f"{label}: {value:.2f} (target <= {target:.2f}: {verdict})"
-
-
-def mb_per_host(key: str) -> Callable[[dict], str]:
-    """A cell: the hosts' bytes per step, in MB, in rank order."""
-    return lambda r: " / ".join(f"{v / 1e6:.1f}" for v in r[key].values())
-
-
-STEP_COLUMNS = [num("step time (s)", "step_time_s", ".3f"), num("sync time (s/step)", "sync_time_s", ".4f"),
-                num("backward (s/step)", "backward_time_s", ".3f"), num("img/s", "images_per_s", ".1f")]
-LOCAL_COLUMNS = [Column("method", "method"), *STEP_COLUMNS, num("x fastest (img/s)", "of_fastest", ".3f"),
-                 num("CPU s/image/rank", "cpu_s_per_image", ".4f"),
-                 num("bytes/step/rank (MB)", "comm_bytes_per_step", ".2f", 1e6), num("final test acc", "test_acc", ".4f")]
-MEDIAN_COLUMNS = [Column("method", "method"), num("median img/s", "images_per_s", ".1f"),
-                  num("x fastest (medians)", "of_fastest", ".3f"), num("median CPU s/image/rank", "cpu_s_per_image", ".4f"),
-                  Column("img/s per round", "samples")]
-CLUSTER_COLUMNS = [
-    Column("method", "method"), num("epoch time (s)", "epoch_time_s", ".2f"), STEP_COLUMNS[0],
-    num("sync time (s/step)", "sync_time_s", ".3f"), *STEP_COLUMNS[2:],
-    num("CPU s/image/rank", "cpu_s_per_image", ".4f"), num("bytes/step/rank, analytic (MB)", "comm_bytes_per_step", ".2f", 1e6),
-    Column("NIC tx MB/step, host 0 / 1 / ...", "nic_tx_bytes_per_step", numeric=True,
-           row_fmt=mb_per_host("nic_tx_bytes_per_step")),
-    Column("NIC rx MB/step, host 0 / 1 / ...", "nic_rx_bytes_per_step", numeric=True,
-           row_fmt=mb_per_host("nic_rx_bytes_per_step")),
-    num("final test acc", "test_acc", ".4f")]
-
-
-def local_table(rounds: list[dict], np: int) -> str:
-    """The fastest round of each method, then the medians over the rounds; Horovod's ratios."""
-    rows, middle = fastest(rounds), medians(rounds)
-    by_method, by_median = {r["method"]: r for r in rows}, {r["method"]: r for r in middle}
-    ratio = by_method["horovod"]["step_time_s"] / by_method["ddp"]["step_time_s"]
-    cpu = by_median["horovod"]["cpu_s_per_image"] / by_median["ddp"]["cpu_s_per_image"]
-    others = max(r["images_per_s"] for r in middle if r["method"] != "horovod")
-    return "\n".join([markdown_table(LOCAL_COLUMNS, rows), markdown_table(MEDIAN_COLUMNS, middle), ratio_line(
-        f"np={np}: Horovod step time / DDP step time (fastest rounds)", ratio, TARGET_HOROVOD_OVER_DDP_STEP),
-        f"np={np}: Horovod median img/s / best other method's: {by_median['horovod']['images_per_s'] / others:.3f} "
-        f"(target >= {TARGET_HOROVOD_OF_BEST:.2f}); Horovod CPU s/image / DDP's (medians): {cpu:.3f} "
-        f"(target <= {TARGET_HOROVOD_CPU_OVER_DDP:.2f})"])
-
-
-def cluster_table(rows: list[dict], np: int) -> str:
-    by_method = {r["method"]: r for r in rows}
-    lines = [markdown_table(CLUSTER_COLUMNS, rows).rstrip("\n"), ""]
-    for label, r in by_method.items():
-        if label in METHODS and label != "horovod":
-            continue
-        # Horovod, and each tuned Horovod row: the same two ratios
-        lines += [ratio_line(f"np={np}: {'Horovod' if label == 'horovod' else label} step time / DDP step time",
-                             r["step_time_s"] / by_method["ddp"]["step_time_s"], TARGET_HOROVOD_OVER_DDP_STEP),
-                  ratio_line(f"np={np}: {'Horovod' if label == 'horovod' else label} epoch time / mpi-gather-scatter "
-                             f"epoch time", r["epoch_time_s"] / by_method["mpi-gather-scatter"]["epoch_time_s"],
-                             TARGET_HOROVOD_OVER_GATHER_SCATTER_EPOCH)]
-    return "\n".join(lines)
-
-
-def run_side_by_side(args) -> list[dict]:
+def run_side_by_side(args, results: Results) -> list[dict]:
     """Each SIDE_BY_SIDE method at each --side-by-side size, one job each, one rank per host of a
     cluster of that size, whole epochs at every default; one summary per job."""
     rows = []
@@ -320,6 +314,8 @@ def run_side_by_side(args) -> list[dict]:
                                 log=os.path.join(args.out, f"{name}.log"))
                 print(f"{name}: done in {done.seconds:.0f} s", file=sys.stderr, flush=True)
                 rows.append(side_summary(os.path.join(args.out, "runs", name), method))
+                results.add(1, f"{method} np={np} side by side",
+                            {"epoch_time_s": rows[-1]["epoch_time_s"], "test_acc": rows[-1]["test_acc"][-1]})
     return rows
 
 
@@ -356,33 +352,25 @@ def side_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.out, exist_ok=True)
-    results = {"machine": {**jobs.machine(), "load_at_start": os.getloadavg()},
-               "args": vars(args), "local": [], "cluster": []}
-    tables = []
+    results = Results("sync_methods", args, FIGURES, argv)
+    specs = []
     if not args.cluster_only:
-        results["local"] = run_local_pass(args)
-        for np in args.np:
-            launcher = "one process, no launcher" if np == 1 else args.launcher
-            tables.append(f"np={np}, this machine, {launcher}: {args.model}, {args.steps or 'all'} steps/epoch x "
-                          f"{args.epochs} epochs, batch {args.batch_size}/rank, {args.repeats} rounds\n\n"
-                          + local_table([r for r in results["local"] if r["np"] == np], np))
+        run_local_pass(args, results)
+        specs += [f'match="np={np}$" figures=images_per_s,step_time_s,sync_time_s,backward_time_s,cpu_s_per_image,'
+                  f'comm_bytes_per_step,of_best,of_ddp,of_plain' for np in args.np]
     if args.cluster:
         with NetCluster(n_hosts=args.cluster, rate=args.rate) as cluster:
-            results["cluster"] = run_rounds(lambda label, name: run_on_cluster(cluster, label, name, args),
-                                            args.cluster_repeats, f"-np{args.cluster}",
-                                            tuple(cluster_variants(args)))
-        tables.append(f"np={args.cluster}, namespace cluster (one rank per host, links {args.rate}), mpirun: "
-                      f"{args.cluster_model}, {args.cluster_steps} steps/epoch x {args.cluster_epochs} epochs, "
-                      f"batch {args.cluster_batch_size}/rank\n\n"
-                      + cluster_table(fastest(results["cluster"]), args.cluster))
-    if args.side_by_side:
-        results["side_by_side"] = run_side_by_side(args)
+            run_cluster_pass(cluster, args, results)
+        specs.append('match="cluster"')
+    side = run_side_by_side(args, results) if args.side_by_side else []
+    path = results.write()
+    tables = [render_docs.render_block(f"{os.path.basename(path)} {spec}", os.path.dirname(path)) for spec in specs]
+    if side:
         tables.append(f"side by side: namespace cluster (one rank per host, links {args.rate}), mpirun: "
                       f"{args.side_model} on {args.dataset}, {args.side_epochs} whole epochs at every default "
-                      f"(batch 32/rank, the model's lr), one job each\n\n" + side_table(results["side_by_side"]))
-    results["machine"]["load_at_end"] = os.getloadavg()
-    jobs.write_results(args.out, "sync_methods", results, "\n\n".join(tables))  # data first, tables second
-    return 0
+                      f"(batch 32/rank, the model's lr), one job each\n\n" + side_table(side))
+    jobs.write_results(args.out, "sync_methods", results.data, "\n\n".join(tables))
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":
