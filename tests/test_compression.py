@@ -84,10 +84,10 @@ def test_powersgd_p_is_orthonormal_inside_a_step(monkeypatch):
     real = powersgd.orthonormalise
     monkeypatch.setattr(powersgd, "orthonormalise", lambda p: seen.append(real(p)) or p)
     scheme = PowerSGD(FakeCollective(World(1), 0), rank=2)
-    scheme.track([param("w", torch.randn(6, 5))])
+    scheme.track([param("w", torch.randn(12, 10))])  # compression rate 120 / (2 x 22) = 2.7
     scheme.synchronize()
     [p] = seen
-    assert p.shape == (6, 2) and torch.allclose(p.t() @ p, torch.eye(2), atol=1e-5)
+    assert p.shape == (12, 2) and torch.allclose(p.t() @ p, torch.eye(2), atol=1e-5)
 
 
 def test_powersgd_error_feedback_makes_the_sent_sum_track_the_gradients():
@@ -157,23 +157,23 @@ def test_powersgd_payload_counts_p_q_and_whole_vectors():
 # ----------------------------------------------------------------------------- top-k
 def test_topk_carries_the_residual_to_the_next_update():
     scheme = TopK(FakeCollective(World(1), 0), fraction=0.25)  # k = 1 of 4
-    name, p = param("w", torch.tensor([5.0, -1.0, 0.5, 3.0]))
+    name, p = param("w", torch.tensor([[5.0, -1.0], [0.5, 3.0]]))
     scheme.track([(name, p)])
     scheme.synchronize()
-    assert torch.equal(p.grad, torch.tensor([5.0, 0.0, 0.0, 0.0]))
+    assert torch.equal(p.grad, torch.tensor([[5.0, 0.0], [0.0, 0.0]]))
     assert torch.equal(scheme.errors["w"], torch.tensor([0.0, -1.0, 0.5, 3.0]))
-    p.grad = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    p.grad = torch.tensor([[0.0, 0.0], [0.0, 1.0]])
     scheme.synchronize()  # M = [0, -1, .5, 4]: the residual wins
-    assert torch.equal(p.grad, torch.tensor([0.0, 0.0, 0.0, 4.0]))
+    assert torch.equal(p.grad, torch.tensor([[0.0, 0.0], [0.0, 4.0]]))
     assert torch.equal(scheme.errors["w"], torch.tensor([0.0, -1.0, 0.5, 0.0]))
 
 
 def test_topk_two_ranks_gather_their_pieces_into_one_mean():
-    grads = [torch.tensor([4.0, 0.0, 0.0, 1.0]), torch.tensor([0.0, 0.0, -2.0, 1.0])]
+    grads = [torch.tensor([[4.0, 0.0], [0.0, 1.0]]), torch.tensor([[0.0, 0.0], [-2.0, 1.0]])]
     bias = [torch.tensor([0.0, 6.0]), torch.tensor([2.0, 0.0])]
 
     def work(collective, rank):
-        scheme = TopK(collective, fraction=0.25)  # k = 1 of 4, and 1 of 2
+        scheme = TopK(collective, fraction=0.25)  # k = 1 of 4; the bias averaged whole
         w, b = param("w", grads[rank]), param("b", bias[rank])
         scheme.track([w, b])
         scheme.synchronize()
@@ -181,9 +181,9 @@ def test_topk_two_ranks_gather_their_pieces_into_one_mean():
 
     (w0, b0, sent, payload), (w1, b1, _, _) = on_ranks(2, work)
     assert torch.equal(w0, w1) and torch.equal(b0, b1)
-    assert torch.equal(w0, torch.tensor([2.0, 0.0, -1.0, 0.0]))
+    assert torch.equal(w0, torch.tensor([[2.0, 0.0], [-1.0, 0.0]]))
     assert torch.equal(b0, torch.tensor([1.0, 3.0]))
-    assert payload == 2 * (4 + 4) and sent == payload  # (N-1) x contribution at N = 2
+    assert payload == (4 + 4) + 2 * 4 and sent == payload  # (N-1) x contribution + ring of the bias, at N = 2
 
 
 # ----------------------------------------------------------------------------- local SGD
@@ -283,20 +283,26 @@ RUNS = {  # name: (launcher, flags); warm-up 2 of the epoch's 6 updates for Powe
                                         "--compression-warmup-steps", "2"]),
     "ddp-topk": ("mpirun", ["--sync", "ddp", "--compression", "topk", "--compression-warmup-steps", "0",
                             "--accumulation-steps", "2"]),
+    # Deep Gradient Compression's state under Horovod: 2 dense updates, then epoch 1 of a 1-epoch
+    # sparsity warm-up (25 %), epoch 2 at topk_fraction; velocities and residuals across the stop
+    "horovod-topk": ("horovodrun", ["--sync", "horovod", "--compression", "topk", "--compression-warmup-steps", "2",
+                                    "--topk-warmup-epochs", "1"]),
     "ddp-localsgd": ("mpirun", ["--sync", "ddp", "--local-sgd-steps", "4"]),
 }
 
 
 def expected_bytes(name, shapes, syncs):
-    """(comm_bytes_per_sync, comm_bytes_per_rank) of a 2-rank epoch of ``syncs`` updates: ring
-    allreduce and allgather both send the payload once at N = 2."""
+    """(comm_bytes_per_sync, comm_bytes_per_rank) of a 2-rank first epoch of ``syncs`` updates:
+    ring allreduce and allgather both send the payload once at N = 2; top-k sends 25 % of each
+    tensor in the sparsity warm-up's first epoch, and TOPK_FRACTION after it."""
     fp32 = sum(torch.Size(s).numel() for s in shapes) * 4
     if name == "horovod-powersgd":
         compressed = cost.powersgd_payload(shapes, 2)
         return compressed, 2 * fp32 + (syncs - 2) * compressed
     if name == "ddp-topk":
-        compressed = cost.topk_payload([torch.Size(s).numel() for s in shapes], 0.01)
-        return compressed, syncs * compressed
+        return cost.topk_payload(shapes, compress.TOPK_FRACTION), syncs * cost.topk_payload(shapes, 0.25)
+    if name == "horovod-topk":
+        return cost.topk_payload(shapes, compress.TOPK_FRACTION), 2 * fp32 + (syncs - 2) * cost.topk_payload(shapes, 0.25)
     return round(fp32 / 4), 2 * fp32  # averaged after update 4 and at the epoch's end (6)
 
 
@@ -317,7 +323,7 @@ def test_two_ranks_agree_record_their_bytes_and_resume_onto_the_unbroken_runs_we
                    str(tmp_path), "--run-name", run_name, *flags], launcher=launcher, np=2)
     halves = tmp_path / "halves"
     [record] = read_metrics(halves)
-    from hvd_cifar.models import build_model
+    from hvd_cifar.workload.models import build_model
     shapes = [tuple(p.shape) for p in build_model("smallcnn", 10).parameters()]
     assert record["syncs"] == (3 if name == "ddp-topk" else 6) and record["compression"] == name.split("-")[1]
     per_sync, per_rank = expected_bytes(name, shapes, record["syncs"])
@@ -327,6 +333,9 @@ def test_two_ranks_agree_record_their_bytes_and_resume_onto_the_unbroken_runs_we
     assert [s["updates"] for s in saved] == [record["syncs"]] * 2
     if name == "ddp-localsgd":  # each rank's own momentum, not rank 0's twice
         assert not torch.equal(*(s["optimizer"]["state"][0]["momentum_buffer"] for s in saved))
+    if name.endswith("topk"):  # each rank's own velocities (the optimizer's momentum moved into them)
+        assert saved[0]["velocities"].keys() == saved[1]["velocities"].keys() != set()
+        assert not all(torch.equal(saved[0]["velocities"][k], saved[1]["velocities"][k]) for k in saved[0]["velocities"])
     run_train(["--resume", str(halves), "--stop-after", "0"], launcher=launcher, np=2)
     for run_dir in (tmp_path / "straight", halves):
         assert json.loads((run_dir / "eval.json").read_text())["parameters_identical_across_ranks"]
@@ -337,7 +346,7 @@ def test_two_ranks_agree_record_their_bytes_and_resume_onto_the_unbroken_runs_we
 
 # ----------------------------------------------------------------------------- the scaling model
 def scaling_case():
-    from hvd_cifar import scaling
+    from hvd_cifar.analysis import scaling
     # block 0: a conv (4, 2, 3, 3) and its bias; the head: a linear (10, 4) and its bias
     prof = scaling.Profile(block_params=(76,), block_macs=(1,), head_params=50, head_macs=1,
                            param_shapes=((0, (4, 2, 3, 3)), (0, (4,)), (1, (10, 4)), (1, (10,))))
@@ -353,8 +362,9 @@ def scaling_case():
     # P (4 + 10) x r=1, Q (18 + 4) x 1, biases 4 + 10 whole, fp32; 3 rings of 2(N-1)/N = 1.5 x bytes
     ({"compression": "powersgd", "powersgd_rank": 1}, 0, 200, 1.5 * 200 / 1000, 1.5 * 200),
     ({"compression": "powersgd", "powersgd_rank": 1}, 1, 96, 1.5 * 96 / 1000, 1.5 * 96),  # the head's only
-    # top-k f=0.5: 36 + 2 + 20 + 5 entries, values and int32 indices, two allgathers of (N-1) parts
-    ({"compression": "topk", "topk_fraction": 0.5}, 0, 504, 3 * 504 / 1000, 3 * 504),
+    # top-k f=0.5: 36 + 20 entries of the matrices, values and int32 indices, two allgathers of
+    # (N-1) parts; the biases' 14 fp32 whole in a ring
+    ({"compression": "topk", "topk_fraction": 0.5}, 0, 504, (3 * 448 + 1.5 * 56) / 1000, 3 * 448 + 1.5 * 56),
     # local SGD H=4: the 126-parameter model in one ring every 4th update
     ({"local_sgd_steps": 4}, 0, 504 / 4, 1.5 * 504 / 1000 / 4, 1.5 * 504 / 4),
 ])
@@ -408,7 +418,7 @@ def test_a_scheme_pays_below_the_bandwidth_where_its_saved_bytes_outweigh_its_co
 
 
 def test_the_profile_knows_each_parameters_block():
-    from hvd_cifar import scaling
+    from hvd_cifar.analysis import scaling
     prof = scaling.profile("smallcnn", 10)
     assert sum(torch.Size(s).numel() for _, s in prof.param_shapes) == sum(prof.block_params) + prof.head_params
     for block, params in enumerate(prof.block_params):
@@ -417,8 +427,8 @@ def test_the_profile_knows_each_parameters_block():
 
 def test_predict_adds_the_schemes_where_the_method_runs_them():
     from hvd_cifar import predict
-    from hvd_cifar.errors import PredictError
-    from hvd_cifar.scaling import Scenario
+    from hvd_cifar.core.errors import PredictError
+    from hvd_cifar.analysis.scaling import Scenario
     args = predict.parse_args(["RUN", "--compression", "fp16", "topk", "--local-sgd-steps", "4"])
     plain = [Scenario("horovod", False, 1, 0), Scenario("mpi-allreduce", False, 1, 0)]
     got = {(s.method, s.fp16, s.compression, s.local_sgd_steps) for s in predict.with_schemes(plain, args)}

@@ -1,7 +1,7 @@
 """What a scheme's own arithmetic costs per update on this machine: PowerSGD's matrix products and
 Gram-Schmidt, top-k's selection and scatter, and the flattening every scheme does; for
 ``compression: fp16``, casting each gradient to fp16 and back. The scaling model adds it to the
-step (hvd_cifar.scaling.time_schemes); a run's phases cannot give it, since a run without the
+step (hvd_cifar.analysis.scaling.time_schemes); a run's phases cannot give it, since a run without the
 option never did that work.
 
 Timed here, in this process, on gradients of the model's real shapes, with the collectives
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hvd_cifar.compress import Collective, make
+from hvd_cifar.compress import MIN_COMPRESSION_RATE, POWERSGD_RANK, TOPK_FRACTION, Collective, make
 
 
 class Alone(Collective):
@@ -33,13 +33,18 @@ class Alone(Collective):
 
 
 def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sgd_steps: int = 1,
-                       powersgd_rank: int = 2, topk_fraction: float = 0.01, threads: int = 0,
+                       powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION, threads: int = 0,
                        updates: int = 8) -> float:
     """Mean seconds of the scheme's synchronize() and after_step() (fp16: the casts) over
     ``updates`` updates (after one untimed: PowerSGD draws its first Q there) on random gradients
     of ``shapes``, with ``threads`` torch threads (0: as this process has them); 0 for none."""
+    # Every technique on, as the defaults have them; the values of momentum, weight decay and the
+    # clip threshold change what is computed, not how long it takes.
     cfg = SimpleNamespace(compression=compression, local_sgd_steps=local_sgd_steps, powersgd_rank=powersgd_rank,
-                          topk_fraction=topk_fraction, compression_warmup_steps=0)
+                          powersgd_min_compression_rate=MIN_COMPRESSION_RATE, powersgd_error_feedback=True,
+                          powersgd_warm_start=True, topk_fraction=topk_fraction, topk_warmup_epochs=0,
+                          topk_momentum_correction=True, topk_momentum_masking=True, topk_local_clip=True,
+                          grad_clip=1.0, compression_warmup_steps=0)
     scheme = make(cfg, Alone())
     if scheme is None and compression != "fp16":
         return 0.0
@@ -47,7 +52,8 @@ def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sg
     params = [(f"p{i}", torch.nn.Parameter(torch.zeros(shape))) for i, shape in enumerate(shapes)]
     grads = [torch.randn(shape, generator=generator) for shape in shapes]
     if scheme is not None:
-        scheme.track(params)
+        scheme.track(params, torch.optim.SGD([p for _, p in params], lr=0.1, momentum=0.9, nesterov=True,
+                                             weight_decay=5e-4))
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:

@@ -1,28 +1,31 @@
 """What each scheme sends, from the parameters' shapes alone (no torch): the counts the schemes
 report as their payload (powersgd.py, topk.py, localsgd.py) and the collectives of one update,
-which the scaling model times (hvd_cifar.scaling.predict_step)."""
+which the scaling model times (hvd_cifar.analysis.scaling.predict_step)."""
 from __future__ import annotations
 
 import math
 
-from hvd_cifar.compress import FP32_BYTES, INDEX_BYTES, allgather_bytes
+from hvd_cifar.compress import (FP32_BYTES, INDEX_BYTES, MIN_COMPRESSION_RATE, POWERSGD_RANK, TOPK_FRACTION,
+                                WARMUP_START_FRACTION, allgather_bytes)
 
 
-def matrix_shape(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
+def matrix_shape(shape: tuple[int, ...], rank: int, min_rate: float = MIN_COMPRESSION_RATE) -> tuple[int, int] | None:
     """(rows, cols) PowerSGD compresses a gradient of ``shape`` as, or None when it is sent
-    whole: a vector, or a matrix whose two factors would be no smaller than itself."""
+    whole: a vector, or a matrix whose compression rate rows·cols / (r·(rows + cols)) is not
+    above ``min_rate`` (PyTorch's PowerSGDState.min_compression_rate, the same test)."""
     if len(shape) < 2:
         return None
     rows, cols = shape[0], math.prod(shape[1:])
-    return (rows, cols) if rank * (rows + cols) < rows * cols else None
+    return (rows, cols) if rank * (rows + cols) * min_rate < rows * cols else None
 
 
-def powersgd_parts(shapes: list[tuple[int, ...]], rank: int) -> tuple[int, int, int]:
+def powersgd_parts(shapes: list[tuple[int, ...]], rank: int,
+                   min_rate: float = MIN_COMPRESSION_RATE) -> tuple[int, int, int]:
     """Bytes of PowerSGD's three allreduces per update: every P (rows x r), every Q (cols x r)
     and the gradients sent whole, fp32."""
     p = q = whole = 0
     for shape in shapes:
-        matrix = matrix_shape(tuple(shape), rank)
+        matrix = matrix_shape(tuple(shape), rank, min_rate)
         if matrix:
             p, q = p + matrix[0] * rank * FP32_BYTES, q + matrix[1] * rank * FP32_BYTES
         else:
@@ -30,8 +33,8 @@ def powersgd_parts(shapes: list[tuple[int, ...]], rank: int) -> tuple[int, int, 
     return p, q, whole
 
 
-def powersgd_payload(shapes: list[tuple[int, ...]], rank: int) -> int:
-    return sum(powersgd_parts(shapes, rank))
+def powersgd_payload(shapes: list[tuple[int, ...]], rank: int, min_rate: float = MIN_COMPRESSION_RATE) -> int:
+    return sum(powersgd_parts(shapes, rank, min_rate))
 
 
 def kept(numel: int, fraction: float) -> int:
@@ -39,9 +42,26 @@ def kept(numel: int, fraction: float) -> int:
     return min(numel, max(1, math.ceil(fraction * numel)))
 
 
-def topk_payload(numels: list[int], fraction: float) -> int:
-    """Bytes one rank contributes per top-k update: fp32 values and int32 indices of its kept entries."""
-    return sum(kept(n, fraction) for n in numels) * (FP32_BYTES + INDEX_BYTES)
+def topk_fraction_at(epoch: int, fraction: float, warmup_epochs: float) -> float:
+    """The share of each tensor top-k sends in ``epoch`` (0-based): Deep Gradient Compression's
+    sparsity warm-up, from WARMUP_START_FRACTION down to ``fraction`` geometrically over
+    ``warmup_epochs`` epochs, then ``fraction`` (W = 4, f = 0.001: 0.25, 0.063, 0.016, 0.004, 0.001,
+    the paper's 75 %, 93.75 %, 98.4 %, 99.6 % and 99.9 % sparsity)."""
+    if epoch >= warmup_epochs or fraction >= WARMUP_START_FRACTION:
+        return fraction
+    return WARMUP_START_FRACTION * (fraction / WARMUP_START_FRACTION) ** (epoch / warmup_epochs)
+
+
+def topk_parts(shapes: list[tuple[int, ...]], fraction: float) -> tuple[int, int]:
+    """Bytes of one rank's top-k update: (what it contributes to the allgathers, fp32 values and
+    int32 indices of the kept entries of every matrix-shaped gradient; the vectors, biases and
+    BatchNorm's, averaged whole in fp32)."""
+    sparse = sum(kept(math.prod(s), fraction) for s in shapes if len(s) > 1) * (FP32_BYTES + INDEX_BYTES)
+    return sparse, sum(math.prod(s) for s in shapes if len(s) <= 1) * FP32_BYTES
+
+
+def topk_payload(shapes: list[tuple[int, ...]], fraction: float) -> int:
+    return sum(topk_parts(shapes, fraction))
 
 
 def localsgd_payload(numel: int, every: int) -> int:
@@ -50,7 +70,7 @@ def localsgd_payload(numel: int, every: int) -> int:
 
 
 def collectives(compression: str, local_sgd_steps: int, shapes: list[tuple[int, ...]],
-                powersgd_rank: int = 2, topk_fraction: float = 0.01) -> list[tuple[str, int, float]] | None:
+                powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION) -> list[tuple[str, int, float]] | None:
     """One update's collectives under a scheme, as (kind, bytes, share): ``allreduce`` (bytes:
     the buffer) or ``allgather`` (bytes: one rank's part), run in ``share`` of the updates (local
     SGD: 1/H). None without a scheme (the sync method's own allreduce, fp16 or not)."""
@@ -59,21 +79,23 @@ def collectives(compression: str, local_sgd_steps: int, shapes: list[tuple[int, 
     if compression == "powersgd":
         return [("allreduce", part, 1.0) for part in powersgd_parts(shapes, powersgd_rank) if part]
     if compression == "topk":
-        entries = sum(kept(math.prod(s), topk_fraction) for s in shapes)
-        return [("allgather", entries * FP32_BYTES, 1.0), ("allgather", entries * INDEX_BYTES, 1.0)]
+        entries = sum(kept(math.prod(s), topk_fraction) for s in shapes if len(s) > 1)
+        whole = topk_parts(shapes, topk_fraction)[1]
+        return [("allgather", entries * FP32_BYTES, 1.0), ("allgather", entries * INDEX_BYTES, 1.0),
+                *([("allreduce", whole, 1.0)] if whole else [])]
     return None
 
 
 def allgather_s(n: int, contribution: int, link) -> float:
     """Ring allgather of ``contribution`` bytes from each of ``n`` ranks over ``link`` (a
-    hvd_cifar.scaling.Link): N-1 steps, one message each: τ + (N-1)·α + (N-1)·c/β."""
+    hvd_cifar.analysis.scaling.Link): N-1 steps, one message each: τ + (N-1)·α + (N-1)·c/β."""
     if n <= 1:
         return 0.0
     return link.per_op_s + (n - 1) * link.alpha_s + allgather_bytes(n, contribution) / link.beta_bytes_per_s
 
 
-def label(compression: str, local_sgd_steps: int = 1, powersgd_rank: int = 2, topk_fraction: float = 0.01) -> str:
-    """A scheme and its setting in a table's cell: none, fp16, powersgd r=2, topk f=0.01, local SGD H=4."""
+def label(compression: str, local_sgd_steps: int = 1, powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION) -> str:
+    """A scheme and its setting in a table's cell: none, fp16, powersgd r=2, topk f=0.001, local SGD H=4."""
     if local_sgd_steps > 1:
         return f"local SGD H={local_sgd_steps}"
     return {"powersgd": f"powersgd r={powersgd_rank}", "topk": f"topk f={topk_fraction:g}"}.get(compression, compression)

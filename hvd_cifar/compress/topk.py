@@ -1,74 +1,171 @@
-"""Top-k sparsification with error feedback (as in Stich et al. 2018, Lin et al.'s Deep Gradient
-Compression without its momentum correction): each rank sends, per gradient tensor, only the
-``topk_fraction`` of its entries largest in magnitude, and keeps the rest for later.
+"""Top-k sparsification as Deep Gradient Compression runs it (Lin, Han, Mao, Wang and Dally, ICLR
+2018): each rank sends, per gradient tensor, only the entries of its accumulated update largest in
+magnitude, and keeps the rest for later. The four techniques of the paper, each a config key and
+on by default:
 
-Per gradient tensor G of n entries, k = max(1, ceil(topk_fraction x n)):
+    topk_local_clip             each rank clips its own gradient, at grad_clip / sqrt(N), before
+                                accumulating it (the averaged update is not clipped again)
+    topk_momentum_correction    the velocity u, not the raw gradient, is accumulated in the
+                                residual; the optimizer then steps without its own momentum and
+                                weight decay (they have moved in here)
+    topk_momentum_masking       the velocity of the entries sent is cleared with their residual
+    topk_warmup_epochs W        the share sent falls from 25 % to topk_fraction over W epochs,
+                                geometrically (W = 4, f = 0.001: 25, 6.3, 1.6, 0.4, then 0.1 %)
 
-    M = G + E                E: what this rank has not sent yet (error feedback), zero at first
-    I = the k indices of the largest |M|; V = M[I]
-    gather V and I from every rank (two allgathers: all tensors' values, then their indices)
-    G' = zeros(n); G'[I_r] += V_r for every rank r; G' /= ranks     the same on every rank
-    E = M - (V at I, zero elsewhere)                                this rank's own
+Per matrix-shaped gradient G of n entries, with momentum m and weight decay wd of its optimizer
+group, k = max(1, ceil(f_epoch x n)):
 
-Ranks choose different indices, so the pieces are gathered, not summed. The first
-``compression_warmup_steps`` updates average every gradient whole (no error is kept). The
-residuals and the count of updates are part of the checkpoint (``state_dict``).
+    G = G x min(1, grad_clip / sqrt(N) / |all of this rank's G|)    local clipping
+    g = G + wd x w;  u = m u + g;  d = g + m u (nesterov) or u       momentum correction
+    V = V + d                    V: what this rank has not sent yet (without correction: V + G)
+    I = the k indices of the largest |V|;  sent = V[I];  V[I] = 0;  u[I] = 0 (masking)
+    gather sent and I from every rank (two allgathers: all tensors' values, then their indices)
+    update = zeros(n); update[I_r] += sent_r for every rank r; update /= ranks   the same everywhere
+    w = w - lr x update          the optimizer, momentum 0 and weight decay 0 (with correction)
+
+Ranks choose different indices, so the pieces are gathered, not summed. Biases and BatchNorm's
+weights (vectors) go the same way to d, then d is averaged whole in one allreduce, as the paper's
+code sends only the matrices sparse (their bytes are a sliver of the model's). The first
+``compression_warmup_steps`` updates average d whole (no residual is kept; the velocity is).
+Residuals, velocities, the count of updates and the epoch (the warm-up's place) are part of the
+checkpoint (``state_dict``).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from hvd_cifar.compress import Collective, Scheme, allgather_bytes
-from hvd_cifar.compress.cost import kept, topk_payload
-from hvd_cifar.compress.flat import unflatten
+from hvd_cifar.compress import Collective, Scheme
+from hvd_cifar.core.wire import allgather_bytes, ring_allreduce_bytes
+from hvd_cifar.compress.cost import kept, topk_fraction_at, topk_parts
+from hvd_cifar.compress.flat import average_in_place, unflatten
 
 
 class TopK(Scheme):
     name = "topk"
 
-    def __init__(self, collective: Collective, fraction: float, warmup_steps: int = 0):
+    def __init__(self, collective: Collective, fraction: float, warmup_steps: int = 0, warmup_epochs: float = 0,
+                 momentum_correction: bool = False, momentum_masking: bool = False, clip: float = 0.0):
         super().__init__(collective, warmup_steps)
-        self.fraction = fraction
-        self.errors: dict[str, torch.Tensor] = {}  # parameter name -> E (flat), this rank's
+        self.fraction = fraction                    # share sent once the warm-up is over
+        self.warmup_epochs = warmup_epochs          # epochs over which the share falls to it
+        self.momentum_correction = momentum_correction
+        self.momentum_masking = momentum_masking
+        self.clip = clip / math.sqrt(collective.size)  # each rank's own threshold; 0: no clipping here
+        self.errors: dict[str, torch.Tensor] = {}      # parameter name -> V (flat), this rank's
+        self.velocities: dict[str, torch.Tensor] = {}  # parameter name -> u (flat), this rank's
+        self.hyper: dict[str, tuple[float, bool, float]] = {}  # name -> (momentum, nesterov, weight decay)
+        self.sent: list[tuple[torch.Tensor, torch.Tensor]] = []  # (grad, the update as sent): see before_step
+        self.parts: dict[int, tuple[int, int]] = {}  # payload_bytes -> its (sparse, whole) bytes, for wire_bytes
+
+    def track(self, named_parameters, optimizer=None) -> None:
+        """With momentum correction, take each parameter's momentum, nesterov and weight decay
+        from ``optimizer``'s groups and set the groups' to 0: the scheme applies them before
+        accumulating, and the optimizer must not apply them a second time."""
+        super().track(named_parameters)
+        if not self.momentum_correction or optimizer is None:
+            return
+        names = {id(p): name for name, p in self.params}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) in names:
+                    self.hyper[names[id(p)]] = (group["momentum"], group["nesterov"], group["weight_decay"])
+            group.update(momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0)
+
+    def kept_fraction(self) -> float:
+        """The share of each tensor sent in this epoch (the sparsity warm-up)."""
+        return topk_fraction_at(self.epoch, self.fraction, self.warmup_epochs)
 
     def synchronize(self) -> None:
-        params = self.begin_update()
-        if not params:  # the warm-up averaged them, or none has a gradient
+        params = [(name, p) for name, p in self.params if p.grad is not None]
+        dense = self.updates < self.warmup_steps
+        self.updates += 1
+        if not params:
             return
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_([p for _, p in params], self.clip)
+        steps = [self.accumulated(name, p) for name, p in params]
+        if dense:
+            average_in_place(self.collective, steps, f"{self.name}.warmup")
+        else:
+            # Biases and BatchNorm's vectors are averaged whole (few bytes; sparse, they would
+            # barely move), the matrices sparsified, as the paper's code registers only those.
+            sparse = [i for i, (_, p) in enumerate(params) if p.ndim > 1]
+            average_in_place(self.collective, [s for i, s in enumerate(steps) if i not in sparse], "topk.whole")
+            if sparse:
+                self.exchange([params[i] for i in sparse], [steps[i] for i in sparse])
+        with torch.no_grad():
+            for (_, p), step in zip(params, steps):
+                p.grad.copy_(step.view_as(p.grad))
+        # What before_step() puts back after the loop's clip of the averaged update.
+        self.sent = [(p.grad, p.grad.clone()) for _, p in params] if self.clip else []
+
+    def accumulated(self, name: str, p: torch.nn.Parameter) -> torch.Tensor:
+        """What this update adds to the residual of ``p`` (flat, a new tensor): the velocity step
+        with momentum correction, else the gradient."""
+        g = p.grad.detach().reshape(-1).clone()
+        if name not in self.hyper:
+            return g
+        momentum, nesterov, weight_decay = self.hyper[name]
+        if weight_decay:
+            g.add_(p.detach().reshape(-1), alpha=weight_decay)
+        u = self.velocities.get(name)
+        u = g.clone() if u is None else u.mul_(momentum).add_(g)  # as torch.optim.SGD's buffer
+        self.velocities[name] = u
+        return g.add(u, alpha=momentum) if nesterov else u.clone()
+
+    def exchange(self, params, steps: list[torch.Tensor]) -> None:
+        """Add ``steps`` to the residuals, send each tensor's largest entries, and leave in
+        ``steps`` the mean of every rank's sent entries."""
         values, indices, offset = [], [], 0
-        for name, p in params:
-            m = p.grad.detach().reshape(-1)
-            m = m + self.errors[name] if name in self.errors else m.clone()
-            chosen = m.abs().topk(kept(m.numel(), self.fraction), sorted=False).indices
-            sent = m[chosen]
-            m[chosen] = 0  # what is left is what this rank did not send: M - sent
-            self.errors[name] = m
-            values.append(sent)
+        fraction = self.kept_fraction()
+        for (name, _), step in zip(params, steps):
+            v = step + self.errors[name] if name in self.errors else step.clone()
+            chosen = v.abs().topk(kept(v.numel(), fraction), sorted=False).indices
+            values.append(v[chosen])
+            v[chosen] = 0  # what is left is what this rank did not send
+            self.errors[name] = v
+            if self.momentum_masking and name in self.velocities:
+                self.velocities[name][chosen] = 0
             indices.append(chosen + offset)  # into all the gradients laid end to end
-            offset += m.numel()
+            offset += v.numel()
         all_values = self.collective.allgather(torch.cat(values), "topk.values")
         all_indices = self.collective.allgather(torch.cat(indices).to(torch.int32), "topk.indices")
         dense = torch.zeros(offset, dtype=all_values.dtype, device=all_values.device)
         dense.index_add_(0, all_indices.long(), all_values)  # in rank order: the same sum everywhere
         dense /= self.collective.size
-        grads = [p.grad for _, p in params]
+        for step, averaged in zip(steps, unflatten(dense, steps)):
+            step.copy_(averaged)
+
+    def before_step(self) -> None:
+        """With local clipping the update is applied as sent: each rank clipped its own gradient
+        before accumulating it, so the loop's clip of the averaged update (grad_clip, which ran
+        since synchronize()) is undone here, as DGC does not clip after aggregation."""
         with torch.no_grad():
-            for grad, averaged in zip(grads, unflatten(dense, grads)):
-                grad.copy_(averaged)
+            for grad, sent in self.sent:
+                grad.copy_(sent)
+        self.sent = []
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "errors": dict(self.errors)}
+        return {**super().state_dict(), "errors": dict(self.errors), "velocities": dict(self.velocities)}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.errors = dict(state["errors"])
+        self.errors, self.velocities = dict(state["errors"]), dict(state["velocities"])
 
     def payload_bytes(self, named_parameters) -> int:
-        return topk_payload([p.numel() for _, p in named_parameters], self.fraction)
+        parts = topk_parts([tuple(p.shape) for _, p in named_parameters], self.fraction)
+        self.parts[sum(parts)] = parts
+        return sum(parts)
 
     def wire_bytes(self, payload: int) -> int:
-        return allgather_bytes(self.collective.size, payload)
+        """The sparse part in a ring allgather, the vectors in a ring allreduce."""
+        sparse, whole = self.parts.get(payload, (payload, 0))
+        return allgather_bytes(self.collective.size, sparse) + ring_allreduce_bytes(self.collective.size, whole)
 
 
 def create(cfg, collective: Collective) -> TopK:
-    return TopK(collective, cfg.topk_fraction, cfg.compression_warmup_steps)
+    return TopK(collective, cfg.topk_fraction, cfg.compression_warmup_steps, cfg.topk_warmup_epochs,
+                cfg.topk_momentum_correction, cfg.topk_momentum_masking,
+                cfg.grad_clip if cfg.topk_local_clip else 0.0)
