@@ -2,28 +2,31 @@
 horovodrun with it off and on, same model, batch, steps and np, interleaved.
 
     .venv/bin/python benchmarks/timeline_cost.py [--model vgg11] [--batch-size 8] [--np 2] [--steps 12] [--repeats 3]
+        [--tag TAG] [--results benchmarks/results]
 
 Each repeat runs off then on (the order alternates between repeats), synthetic data, 3 epochs;
 the step time of each run is hvd_cifar.analysis.summary's steady-state figure (epochs after the first).
-Prints every pair, the medians, their difference per step and the spread of the off runs (a
-difference inside that spread is not resolved).
+Writes the results file benchmarks/results/timeline_cost.json (testbed.results: every run's step
+time, medians and spreads, and per round on / off), then prints its table: a ratio whose spread
+holds 1 is not resolved.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from hvd_cifar.launch import commands
 
-from testbed import jobs
+from testbed import jobs, render_docs
+from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
+FIGURES = {"step_time_s": Figure("step (ms)", ".1f", 1e-3), "ratio": Figure("on / off", ".3f")}
 
 
 def train(args, logs: str, name: str, timeline: bool) -> float:
@@ -37,31 +40,30 @@ def train(args, logs: str, name: str, timeline: bool) -> float:
     return summarize(load_run(os.path.join(logs, name)))["step_time_s"]
 
 
-def measure(args) -> dict[bool, list[float]]:
-    """Step times with the timeline off (False) and on (True), one per repeat each."""
-    times: dict[bool, list[float]] = {False: [], True: []}
+def measure(args, results: Results) -> None:
+    """Step times with the timeline off and on, one job each per round, the order alternating."""
     with tempfile.TemporaryDirectory() as logs:
-        for repeat in range(args.repeats):
-            for timeline in (False, True) if repeat % 2 == 0 else (True, False):
-                times[timeline].append(train(args, logs, f"r{repeat}-{'on' if timeline else 'off'}", timeline))
-            print(f"repeat {repeat + 1}: off {times[False][-1] * 1e3:.1f} ms/step, on {times[True][-1] * 1e3:.1f} ms/step",
-                  flush=True)
-    return times
+        for k in range(1, args.repeats + 1):
+            for timeline in (False, True) if k % 2 else (True, False):
+                config = f"timeline {'on' if timeline else 'off'}"
+                try:
+                    results.add(k, config, {"step_time_s": train(args, logs, f"r{k}-{config[9:]}", timeline)})
+                except (RuntimeError, OSError, KeyError) as exc:
+                    results.fail(k, config, str(exc).splitlines()[0])
 
 
 @jobs.one_line_errors("timeline_cost")
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     jobs.add_options(p, model="vgg11", batch_size=8, np=2, steps=12, repeats=3)
+    add_results_options(p)
     args = p.parse_args()
-    load = os.getloadavg()[0]
-    times = measure(args)
-    off, on = statistics.median(times[False]), statistics.median(times[True])
-    print(f"{args.model}, batch {args.batch_size}/rank, np {args.np}, {args.steps} steps/epoch; load average "
-          f"{load:.1f} -> {os.getloadavg()[0]:.1f}")
-    print(f"median off {off * 1e3:.1f} ms/step, on {on * 1e3:.1f} ms/step: {(on - off) * 1e3:+.1f} ms/step "
-          f"({(on / off - 1) * 100:+.1f} %); off runs spread {(max(times[False]) - min(times[False])) * 1e3:.1f} ms")
-    return 0
+    results = Results("timeline_cost", args, FIGURES)
+    measure(args, results)
+    results.derive("on / off", "ratio", lambda r: r["timeline on"]["step_time_s"] / r["timeline off"]["step_time_s"])
+    path = results.write()
+    print(render_docs.render_block(os.path.basename(path), os.path.dirname(path)), end="")
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":
