@@ -113,6 +113,15 @@ def table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> li
     return lines + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
 
 
+def failures(data: dict, configs: list[str]) -> list[str]:
+    """The failed rounds of ``configs``, each with its reason; nothing when none failed."""
+    failed = [r for r in data["rounds"] if not r["ok"] and r["config"] in configs]
+    if not failed:
+        return []
+    return ["", "Failed rounds (left out of the medians):", "",
+            *[f"- {r['config']}, round {r['round']}: {r['reason']}" for r in failed]]
+
+
 def summary_table(data: dict, options: dict) -> list[str]:
     configs = configs_of(data, options)
     figures = figures_of(data, options, configs)
@@ -121,12 +130,8 @@ def summary_table(data: dict, options: dict) -> list[str]:
         spreads = data["summary"].get(c, {})
         n = max((s["n"] for k, s in spreads.items() if k in figures), default=0)
         rows.append([c, *[cell(spreads.get(k), figure_of(data, k), n) for k in figures], str(n)])
-    lines = table(["configuration", *[figure_of(data, k)["label"] for k in figures], "rounds"], rows)
-    failed = [r for r in data["rounds"] if not r["ok"] and r["config"] in configs]
-    if failed:
-        lines += ["", "Failed rounds (left out of the medians):", ""]
-        lines += [f"- {r['config']}, round {r['round']}: {r['reason']}" for r in failed]
-    return lines
+    return table(["configuration", *[figure_of(data, k)["label"] for k in figures], "rounds"], rows) + \
+        failures(data, configs)
 
 
 def rounds_table(data: dict, options: dict) -> list[str]:
@@ -140,17 +145,19 @@ def rounds_table(data: dict, options: dict) -> list[str]:
 
 
 def checks_table(data: dict, options: dict) -> list[str]:
-    rows = []
+    rows, checked = [], []
     for check in options["check"]:
         m = CHECK.match(check)
         if not m:
             raise ValueError(f"check {check!r} is not CONFIG:FIGURE>=TARGET or <=TARGET")
         config, key, op, target = m["config"], m["figure"], m["op"], float(m["target"])
+        checked.append(config)
         spread = data["summary"].get(config, {}).get(key)
         figure = figure_of(data, key)
         rows.append([f"{config}: {figure['label']}", f"{SYMBOL[op]} {target:g}", cell(spread, figure),
                      str(spread["n"] if spread else 0), f"**{verdict(spread or {}, op, target)}**"])
-    return table(["figure", "target", "median (min–max)", "rounds", "verdict"], rows, numeric_from=2)
+    return table(["figure", "target", "median (min–max)", "rounds", "verdict"], rows, numeric_from=2) + \
+        failures(data, checked)
 
 
 def provenance(data: dict, name: str) -> str:

@@ -128,12 +128,14 @@ class Results:
             "rounds": [], "summary": {}}
 
     def add(self, round_no: int, config: str, figures: dict[str, float], **info: Any) -> None:
-        """One job's raw figures (``info``: anything else worth keeping, not summarised)."""
+        """One job's raw figures (``info``: anything else worth keeping, not summarised); a figure
+        that is None or NaN was not measured and is left out."""
         unknown = set(figures) - set(self.data["figures"])
         if unknown:
             raise ValueError(f"results: figures {sorted(unknown)} are not declared")
         self.data["rounds"].append({"round": round_no, "config": config, "ok": True,
-                                    "figures": {k: float(v) for k, v in figures.items() if v is not None}, **info})
+                                    "figures": {k: float(v) for k, v in figures.items()
+                                                if v is not None and v == v}, **info})  # None, NaN: not measured
 
     def fail(self, round_no: int, config: str, reason: str, **info: Any) -> None:
         """A job that failed: kept, with why, and left out of the summary."""

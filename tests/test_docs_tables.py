@@ -101,6 +101,16 @@ def test_a_block_renders_medians_spreads_failures_and_verdicts(tmp_path):
     assert render_docs.stale_blocks(edited, str(tmp_path)) == [m["spec"] for m in render_docs.BLOCK.finditer(doc)][:1]
 
 
+def test_failed_rounds_are_listed_with_their_reason_under_tables_and_verdicts(tmp_path):
+    made(tmp_path, [(1, "a", 100.0), (1, "b", 50.0), (2, "a", 90.0), (2, "b", "exit status 1; see b-r2.log")])
+    doc = ("<!-- results: demo-t.json configs=b -->\n<!-- /results -->\n"
+           "<!-- results: demo-t.json show=checks check=\"a / b:ratio>=1.5\" -->\n<!-- /results -->\n")
+    new = render_docs.render(doc, str(tmp_path))
+    assert "- b, round 2: exit status 1; see b-r2.log" in new
+    assert "| a / b: a / b | ≥ 1.5 | 2.000 | 1 | **met** |" in new
+    assert "- a / b, round 2: cannot be computed (KeyError: 'b'); failed jobs: b" in new
+
+
 def test_a_missing_results_file_renders_as_a_command_not_a_number(tmp_path):
     new = render_docs.render("<!-- results: nothing.json -->\n<!-- /results -->", str(tmp_path))
     assert "Not measured on the current code yet: `make bench`" in new and "benchmarks/results/nothing.json" in new
