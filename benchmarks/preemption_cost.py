@@ -3,6 +3,7 @@ with a blocking vote, and with none, side by side, for each sync method.
 
     .venv/bin/python benchmarks/preemption_cost.py [--sync horovod mpi-allreduce ddp] [--model smallcnn]
                                                    [--steps 40] [--epochs 3] [--repeats 3]
+                                                   [--tag TAG] [--results benchmarks/results]
 
 After each optimizer update with more steps to come, the ranks agree whether to stop
 (loop.TrainingState.after_update -> hvd_cifar.trainer.preemption.StopVote.ranks_asked). Variants, put in
@@ -13,12 +14,13 @@ place by a sitecustomize hook that also times every call on each rank:
 * ``blocking``: one blocking 1-element ``sync.allreduce_sum`` of the flag, read at once;
 * ``none``: no vote at all (answers 0 without any collective).
 
-Each repeat runs the same training once per variant under ``mpirun -np 2``, in an order that
-rotates between repeats. Reported per method: the median over repeats of the steady-state step
-time (hvd_cifar.analysis.summary.steady_mean of ``step_time_s``: the epochs after the first) per variant,
-the difference of each vote from none (its cost per step), and the mean wall time of one call as
-the ranks saw it (for the blocking vote this includes waiting for the slower rank, time the next
-gradient allreduce would otherwise have waited).
+Each round runs the same training once per variant under ``mpirun -np 2``, in an order that
+rotates between rounds. Written to the results file benchmarks/results/preemption_cost.json
+(testbed.results): per method and variant, every round's steady-state step time
+(hvd_cifar.analysis.summary.steady_mean of ``step_time_s``: the epochs after the first) and the
+mean wall time of one vote as the ranks saw it (for the blocking vote this includes waiting for
+the slower rank, time the next gradient allreduce would otherwise have waited), with medians and
+spreads, and per round each vote's step time over no vote's; then its table is printed.
 """
 from __future__ import annotations
 
@@ -29,16 +31,17 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 from hvd_cifar.launch import commands
 
-from testbed import jobs
+from testbed import jobs, render_docs
+from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.analysis.summary import steady_mean
-from hvd_cifar.analysis.tabulate import Column, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("none", "blocking", "lagged")
+FIGURES = {"step_time_s": Figure("step (ms)", ".1f", 1e-3), "s_per_call": Figure("one vote, as timed (ms)", ".3f", 1e-3),
+           "of_none": Figure("step x no vote's", ".3f")}
 
 # Every rank: the variant HOOK_VARIANT in StopVote.ranks_asked's place, each call timed; after
 # each evaluation, this rank's count and seconds go to HOOK_OUT.rank<R>.
@@ -89,46 +92,24 @@ def one_run(work: Path, name: str, sync: str, variant: str, args) -> dict:
             "s_per_call": statistics.mean(c["seconds"] / max(c["calls"], 1) for c in calls)}
 
 
-def ms(variant: str, key: str, spec: str) -> Callable[[dict], str]:
-    """A cell: one variant's ``key`` (seconds) in ms."""
-    return lambda r: format(r[variant][key] * 1e3, spec)
-
-
-def cost(variant: str) -> Callable[[dict], str]:
-    """A cell: what ``variant`` adds to the step over no vote, in ms and %."""
-    def cell(r: dict) -> str:
-        none, step = r["none"]["step_time_s"], r[variant]["step_time_s"]
-        return f"{(step - none) * 1e3:+.2f} ({(step / none - 1) * 100:+.1f}%)"
-    return cell
-
-
-COLUMNS = [Column("sync", "sync")] + [Column(header, "", numeric=True, row_fmt=cell) for header, cell in (
-    ("step, no vote (ms)", ms("none", "step_time_s", ".1f")),
-    ("step, blocking vote (ms)", ms("blocking", "step_time_s", ".1f")),
-    ("step, lagged vote (ms)", ms("lagged", "step_time_s", ".1f")),
-    ("blocking: cost per step (ms, %)", cost("blocking")), ("lagged: cost per step (ms, %)", cost("lagged")),
-    ("one blocking vote, as timed (ms)", ms("blocking", "s_per_call", ".3f")),
-    ("one lagged vote, as timed (ms)", ms("lagged", "s_per_call", ".3f")))]
-
-
-def table(rows: list[tuple[str, dict]]) -> str:
-    return markdown_table(COLUMNS, [{"sync": sync, **m} for sync, m in rows]).rstrip("\n")
-
-
-def measure(args) -> list[tuple[str, dict]]:
-    """Every sync method's variants, ``args.repeats`` times each; per method, each variant's medians."""
-    rows = []
+def measure(args, results: Results) -> None:
+    """Every sync method's variants, ``args.repeats`` rounds, the variants rotated each round."""
     with tempfile.TemporaryDirectory() as tmp:
         for sync in args.sync:
-            runs = {v: [] for v in VARIANTS}
-            for repeat in range(args.repeats):
-                for variant in VARIANTS[repeat % 3:] + VARIANTS[:repeat % 3]:
-                    name = f"{sync}-{variant}-{repeat}"
-                    runs[variant].append(one_run(Path(tmp), name, sync, variant, args))
-                    print(f"{name}: {json.dumps(runs[variant][-1])}", flush=True)
-            rows.append((sync, {v: {k: statistics.median(r[k] for r in runs[v]) for k in ("step_time_s", "s_per_call")}
-                                for v in VARIANTS}))
-    return rows
+            for k in range(1, args.repeats + 1):
+                for variant in jobs.rotated(VARIANTS, k - 1):
+                    config = f"{sync} {variant}"
+                    try:
+                        run = one_run(Path(tmp), f"{sync}-{variant}-{k}", sync, variant, args)
+                    except (RuntimeError, OSError, KeyError, ValueError) as exc:
+                        results.fail(k, config, str(exc).splitlines()[0])
+                        continue
+                    results.add(k, config, {"step_time_s": run["step_time_s"], "s_per_call": run["s_per_call"]},
+                                calls=run["calls"])
+                    print(f"{config} round {k}: {json.dumps(run)}", flush=True)
+            for variant in ("blocking", "lagged"):
+                results.derive(f"{sync} {variant} / none", "of_none", lambda r, s=sync, v=variant:
+                               r[f"{s} {v}"]["step_time_s"] / r[f"{s} none"]["step_time_s"])
 
 
 @jobs.one_line_errors("preemption_cost")
@@ -136,13 +117,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sync", nargs="+", default=["horovod", "mpi-allreduce", "ddp"])
     jobs.add_options(p, model="smallcnn", steps=40, epochs=3, repeats=3)
+    add_results_options(p)
     args = p.parse_args()
-    load_start = os.getloadavg()[0]
-    rows = measure(args)
-    print(f"\n{args.model}, 2 ranks (mpirun), {args.steps} steps x {args.epochs} epochs, median of {args.repeats}:\n")
-    print(table(rows))
-    print(f"\nload average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
-    return 0
+    results = Results("preemption_cost", args, FIGURES)
+    measure(args, results)
+    path = results.write()
+    print(render_docs.render_block(os.path.basename(path), os.path.dirname(path)), end="")
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":

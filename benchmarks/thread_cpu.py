@@ -3,6 +3,7 @@ mpirun on this machine, each rank's threads' CPU time read from /proc while it t
 
     .venv/bin/python benchmarks/thread_cpu.py [--np 2] [--model vgg11] [--batch-size 32]
         [--steps 10] [--epochs 3] [--repeats 1] [--out logs/bench-thread-cpu-YYYYmmdd-HHMMSS]
+        [--tag TAG] [--results benchmarks/results]
 
 A sampler reads every rank's /proc/PID/task/TID/stat (user + system time, the thread's name)
 every 0.2 s. The window is the epochs after the first: from the sample when metrics.jsonl has
@@ -12,7 +13,9 @@ thread (the training loop: forward, backward, optimizer, and the MPI methods' co
 busiest other thread (Horovod's background thread, DDP's reducer/Gloo threads, Open MPI's
 progress thread), and every other thread together. Threads-per-rank is 1 (the compute runs on
 the main thread), so what is not the main thread is the method's communication machinery.
-Written to OUT/thread_cpu.json and OUT/thread_cpu.md, then printed.
+Written to the results file benchmarks/results/thread_cpu.json (testbed.results: every run, with
+its busiest other thread's name, medians and spreads, and per round each method's total over
+DDP's), whose table is printed.
 """
 from __future__ import annotations
 
@@ -23,19 +26,18 @@ import subprocess
 import sys
 import time
 
-from hvd_cifar.analysis import tabulate
-
 from hvd_cifar.launch import commands
 
-from testbed import jobs
+from testbed import jobs, render_docs
+from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.runfolder.reader import read_metrics
 
 METHODS = ("horovod", "ddp", "mpi-allreduce", "mpi-gather-scatter")
 TICK = os.sysconf("SC_CLK_TCK")
-COLUMNS = [tabulate.Column("method", "method"), tabulate.num("main thread", "main", ".4f"),
-           tabulate.num("busiest other thread", "busiest_other", ".4f"), tabulate.Column("its name", "busiest_name"),
-           tabulate.num("all other threads", "others", ".4f"), tabulate.num("total", "total", ".4f"),
-           tabulate.num("x ddp total", "vs_ddp", ".3f"), tabulate.num("img/s", "images_per_s", ".1f")]
+FIGURES = {"main": Figure("main thread (CPU ms/image/rank)", ".2f", 1e-3),
+           "busiest_other": Figure("busiest other thread", ".2f", 1e-3),
+           "others": Figure("all other threads", ".2f", 1e-3), "total": Figure("total", ".2f", 1e-3),
+           "images_per_s": Figure("img/s", ".1f"), "of_ddp": Figure("total x DDP's", ".3f")}
 
 
 def threads(pid: int) -> dict[int, tuple[str, float]]:
@@ -110,32 +112,25 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     jobs.add_options(p, np=2, model="vgg11", batch_size=32, steps=10, epochs=3, repeats=1)
     p.add_argument("--out", default=time.strftime("logs/bench-thread-cpu-%Y%m%d-%H%M%S"))
+    add_results_options(p)
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    span, runs = jobs.Span(), []
-    for round_ in range(args.repeats):
-        order = jobs.rotated(METHODS, round_)
-        for method in order:
-            runs.append(one_job(args, args.out, method, round_))
-            r = runs[-1]
-            print(f"round {round_ + 1} {method}: main {r['main']:.4f}, others {r['others']:.4f} CPU s/image/rank",
-                  flush=True)
-    rows = []
+    results = Results("thread_cpu", args, FIGURES)
+    for k in range(1, args.repeats + 1):
+        for method in jobs.rotated(METHODS, k - 1):
+            try:
+                r = one_job(args, args.out, method, k)
+            except (RuntimeError, OSError, KeyError, ValueError) as exc:
+                results.fail(k, method, str(exc).splitlines()[0])
+                continue
+            results.add(k, method, {key: r[key] for key in ("main", "busiest_other", "others", "total", "images_per_s")},
+                        busiest_name=r["busiest_name"])
+            print(f"round {k} {method}: main {r['main']:.4f}, others {r['others']:.4f} CPU s/image/rank", flush=True)
     for method in METHODS:
-        mine = [r for r in runs if r["method"] == method]
-        rows.append({"method": method, "busiest_name": mine[0]["busiest_name"],
-                     **{k: statistics.median(r[k] for r in mine)
-                        for k in ("main", "busiest_other", "others", "total", "images_per_s")}})
-    ddp = next(r["total"] for r in rows if r["method"] == "ddp")
-    for row in rows:
-        row["vs_ddp"] = row["total"] / ddp
-    meta = span.end(**vars(args))
-    text = (f"CPU seconds per trained image and rank, by thread; {args.model}, batch {args.batch_size}, np {args.np} "
-            f"(mpirun, this machine), 1 thread per rank, epochs 2..{args.epochs} of {args.steps} steps, medians of "
-            f"{args.repeats} round(s); {span.line()}\n\n" + tabulate.markdown_table(COLUMNS, rows))
-    jobs.write_results(args.out, "thread_cpu", {"meta": meta, "machine": jobs.machine(), "runs": runs, "rows": rows},
-                       text)
-    return 0
+        results.derive(f"{method} / ddp", "of_ddp", lambda r, m=method: r[m]["total"] / r["ddp"]["total"])
+    path = results.write()
+    print(render_docs.render_block(os.path.basename(path), os.path.dirname(path)), end="")
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":
