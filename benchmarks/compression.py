@@ -14,7 +14,7 @@ gradient bytes each rank sends per update, analytic and on the wire, at two link
 
 One cluster of --np hosts (``testbed.netcluster``: one rank per host, links shaped with tc),
 every job ``horovodrun --gloo`` on digits, seed 0, every key not named here at its default (batch
-32 per rank, the model's lr, onecycle; PowerSGD r = 2, top-k f = 0.01, 20 warm-up updates; local
+32 per rank, the model's lr, onecycle; PowerSGD and top-k at their defaults (docs/CONFIG.md); local
 SGD averages every 4 updates, which has no default). Per round (--repeats), the jobs of every
 scheme, the schemes in a rotated order (interleaved, so that the machine's load drifts over
 every scheme alike; the tables give ratios to ``none``, per round):
@@ -51,7 +51,7 @@ import time
 from testbed import jobs, render_docs
 from testbed.hosts import Hosts
 from testbed.results import Figure, Results, add_options as add_results_options
-from hvd_cifar.compress import cost
+from hvd_cifar.compress import POWERSGD_RANK, TOPK_FRACTION, cost
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
 from hvd_cifar.runfolder.reader import load_run
@@ -118,7 +118,7 @@ def run_job(cluster: NetCluster, pass_name: str, name: str, flags: list[str], ar
 def scheme_label(config: dict) -> str:
     """A run's scheme as predict's compression column names it (fp16 kept apart from none)."""
     return cost.label(config.get("compression", "none"), int(config.get("local_sgd_steps") or 1),
-                      int(config.get("powersgd_rank") or 2), float(config.get("topk_fraction") or 0.01))
+                      int(config.get("powersgd_rank") or POWERSGD_RANK), float(config.get("topk_fraction") or TOPK_FRACTION))
 
 
 def accuracy_row(run_dir: str) -> dict:
@@ -168,16 +168,6 @@ def bytes_figures(row: dict) -> dict:
             "sync_s": row["sync_s"], "tx_over_analytic": row["tx_bytes"] / row["analytic_bytes"]}
 
 
-def attempt(results: Results, k: int, config: str, measure) -> object:
-    """``measure()``, or a failed round of ``config`` with the reason (None)."""
-    try:
-        return measure()
-    except (RuntimeError, OSError, KeyError, ValueError, ZeroDivisionError, StopIteration) as exc:
-        print(f"{config} round {k}: failed: {exc}", file=sys.stderr, flush=True)
-        results.fail(k, config, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return None
-
-
 def run_round(cluster, results: Results, k: int, args) -> None:
     """Round ``k``: every scheme (rotated) at the accuracy rate and at each bytes rate, then the
     prediction per rate from this round's ``none`` run."""
@@ -188,30 +178,26 @@ def run_round(cluster, results: Results, k: int, args) -> None:
     for name in jobs.rotated(args.schemes, k - 1):
         if args.acc_epochs:
             cluster.shape(args.acc_rate)
-            figures = attempt(results, k, f"{name} accuracy", lambda: accuracy_figures(
+            results.measure(k, f"{name} accuracy", lambda: accuracy_figures(
                 run_job(cluster, "accuracy", f"{name}-r{k}", [*acc_flags, *SCHEMES[name]], args)))
-            if figures is not None:
-                results.add(k, f"{name} accuracy", figures)
         for rate in args.rates:
             cluster.shape(rate)
-            row = attempt(results, k, f"{name} {rate}", lambda: bytes_row(
+            row = results.attempt(k, f"{name} {rate}", lambda: bytes_row(
                 run_job(cluster, f"bytes-{rate}", f"{name}-r{k}", [*bytes_flags, *SCHEMES[name]], args)))
             if row is not None:
                 rows[rate][name] = row
     for name, flags in args.extra:
         cluster.shape(args.acc_rate)
         label = name.replace(" ", "-")
-        figures = attempt(results, k, f"{label} accuracy", lambda: accuracy_figures(
+        results.measure(k, f"{label} accuracy", lambda: accuracy_figures(
             run_job(cluster, "accuracy", f"{label}-r{k}", [*acc_flags, *flags.split()], args)))
-        if figures is not None:
-            results.add(k, f"{label} accuracy", figures)
-    for rate, by_scheme in rows.items():
-        predicted = (attempt(results, k, f"prediction {rate}", lambda: check_predictions(by_scheme, rate, args, k))
+    for rate, by_scheme in rows.items():  # each scheme's predicted step beside its measured one
+        predicted = (results.attempt(k, f"prediction {rate}", lambda: check_predictions(by_scheme, rate, args, k))
                      if "none" in by_scheme else None) or {}
         for name, row in by_scheme.items():
-            results.add(k, f"{name} {rate}", {**bytes_figures(row), **{
-                key: predicted[row["scheme"]][key] for key in ("predicted_step_s", "error_pct")
-                if row["scheme"] in predicted}})
+            guess = predicted.get(row["scheme"], {})
+            results.add(k, f"{name} {rate}", {**bytes_figures(row), **{key: guess[key] for key in
+                                                                        ("predicted_step_s", "error_pct") if key in guess}})
 
 
 def derive_ratios(results: Results, args) -> None:

@@ -139,8 +139,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--compression", nargs="+", choices=list(compress.COMPRESSIONS), default=[],
                    help="predict with each of these gradient compressions too (powersgd, topk: horovod and ddp)")
     p.add_argument("--local-sgd-steps", type=int, metavar="H", help="predict local SGD too (models averaged every H updates)")
-    p.add_argument("--powersgd-rank", type=int, default=2, help="with --compression powersgd (default 2)")
-    p.add_argument("--topk-fraction", type=float, default=0.01, help="with --compression topk (default 0.01)")
+    p.add_argument("--powersgd-rank", type=int, default=compress.POWERSGD_RANK,
+                   help=f"with --compression powersgd (default {compress.POWERSGD_RANK})")
+    p.add_argument("--topk-fraction", type=float, default=compress.TOPK_FRACTION,
+                   help=f"with --compression topk (default {compress.TOPK_FRACTION})")
     p.add_argument("--ranks-per-host", type=int, default=1, help="for horovod-hierarchical (default 1)")
     p.add_argument("--shared-cores", type=int, default=0, metavar="C",
                    help="every rank runs on one machine with C cores (the namespace cluster, an "
