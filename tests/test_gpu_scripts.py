@@ -4,6 +4,7 @@ runs on a GPU are not run here: scripts/build-horovod-gpu.sh and scripts/check-g
 import importlib.util
 import json
 import os
+import re
 import subprocess
 
 from conftest import BIN, ROOT
@@ -64,3 +65,31 @@ def test_a_run_past_its_time_is_a_figure_not_a_crash():
     result, stdout = check_gpu.run(["bash", "-c", "echo started; sleep 5"], timeout=0.5)
     assert result["returncode"] is None and result["timed_out_after_s"] == 0.5
     assert result["error"] == "started" and stdout == "started\n"
+
+
+def test_horovod_wheel_mode_builds_once_and_prints_the_wheel(tmp_path):
+    """install.sh --horovod-wheel, with a stand-in Python whose `pip wheel` makes an empty wheel:
+    the cache's folder is named by torch and Python, a second call builds nothing, and the
+    mode ends with status 0 (its clean-up at exit once failed it after a good build)."""
+    src = tmp_path / "horovod-0.28.1"
+    src.mkdir()
+    subprocess.run(["tar", "-czf", str(tmp_path / "horovod-0.28.1.tar.gz"), "-C", str(tmp_path), src.name], check=True)
+    stand_in = tmp_path / "python"
+    stand_in.write_text("""#!/bin/bash
+case "$1" in
+  -c) echo "9.8.7 311" ;;                      # the torch version and Python tag
+  -) cat > /dev/null ;;                        # the fixes (read from stdin): nothing to patch
+  -m) while [ "$1" != -w ]; do shift; done     # pip wheel ... -w DIR SRC
+      mkdir -p "$2" && touch "$2/horovod-0.28.1-cp311-cp311-linux_x86_64.whl"
+      echo built >> "$(dirname "$0")/builds" ;;
+esac
+""")
+    stand_in.chmod(0o755)
+    env = dict(os.environ, HVD_CIFAR_WHEEL_CACHE=str(tmp_path / "wheels"), HOROVOD_SDIST=str(src) + ".tar.gz")
+    for _ in range(2):
+        proc = subprocess.run(["bash", str(SCRIPTS / "install.sh"), "--horovod-wheel", str(stand_in), "-x"],
+                              capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert re.fullmatch(rf"{tmp_path}/wheels/horovod-0\.28\.1-fixes\d+-torch9\.8\.7-py311-x/"
+                            r"horovod-0\.28\.1-cp311-cp311-linux_x86_64\.whl\n", proc.stdout), proc.stdout
+    assert (tmp_path / "builds").read_text() == "built\n"
