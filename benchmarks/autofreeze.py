@@ -4,16 +4,18 @@ at each host's NIC.
 
     .venv/bin/python benchmarks/autofreeze.py          # as root; about 10 minutes on 2 shared cores
         [--np 2] [--model vgg11] [--epochs 6] [--threshold 0.2] [--rate 1gbit]
-        [--out logs/bench-autofreeze-YYYYmmdd-HHMMSS]
+        [--repeats 1] [--out logs/bench-autofreeze-YYYYmmdd-HHMMSS] [--tag TAG] [--results benchmarks/results]
 
 Two jobs, ``freeze: 0`` and ``freeze: auto`` (``--freeze-auto-threshold``), on one cluster of
 --np hosts (``testbed.netcluster``: one rank per host, links shaped to --rate), each
 ``horovodrun --gloo`` on digits with every other key at its default (batch 32 per rank, the
 model's lr, one epoch of warm-up, onecycle). Bytes over the run are sums over all epochs, the
-first included: what a run costs, not a steady state. Each job's run folder lands in
-OUT/runs/NAME and its output in OUT/logs/NAME.log; the table is made from the runs'
-metrics.jsonl and events.jsonl alone, written to OUT/autofreeze.json and OUT/autofreeze.md,
-then printed.
+first included: what a run costs, not a steady state. --repeats rounds, the two in an order that
+alternates. Each job's run folder lands in OUT/runs/NAME-rK and its output in OUT/logs/; the
+figures are made from the runs' metrics.jsonl and events.jsonl alone and written to the results
+file benchmarks/results/autofreeze.json (testbed.results: every round, medians and spreads, per
+round auto's bytes over none's and its accuracy against none's; each auto run's freezes kept
+with its round), whose table is printed.
 """
 from __future__ import annotations
 
@@ -23,12 +25,18 @@ import os
 import sys
 import time
 
-from testbed import jobs
+from testbed import jobs, render_docs
+from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
 from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import run_bytes
-from hvd_cifar.analysis.tabulate import Column, markdown_table, num, spaced
+
+FIGURES = {"test_acc": Figure("final test acc", ".4f"), "bytes": Figure("analytic MB/rank over the run", ".1f", 1e6),
+           "nic_tx_bytes": Figure("eth0 tx MB/rank over the run", ".1f", 1e6),
+           "training_time_s": Figure("training time (s)", ".1f"),
+           "saved_fraction": Figure("saved (its own record)", ".4f"),
+           "of_none": Figure("eth0 tx x none's", ".4f"), "points": Figure("accuracy - none's (points)", "+.2f")}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -39,7 +47,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threshold", type=float, default=0.2, help="freeze_auto_threshold of the auto job")
     p.add_argument("--rate", default="1gbit", help="link rate, tc syntax")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-autofreeze-%Y%m%d-%H%M%S")))
-    jobs.add_options(p, timeout=1800)
+    jobs.add_options(p, timeout=1800, repeats=1)
+    add_results_options(p)
     return p.parse_args(argv)
 
 
@@ -64,42 +73,27 @@ def summarize(run_dir: str) -> dict:
                         for e in events if e.get("event") == "freeze"]}
 
 
-COLUMNS = [Column("freeze", "freeze"), num("final test acc", "test_acc", ".4f"), spaced("test_acc_per_epoch", ".4f"),
-           spaced("frozen_blocks_per_epoch", "d"), num("analytic MB", "bytes", ".1f", 1e6),
-           num("measured tx MB", "nic_tx_bytes", ".1f", 1e6), num("measured rx MB", "nic_rx_bytes", ".1f", 1e6),
-           num("training time (s)", "training_time_s", ".1f")]
-
-
-def markdown(results: dict, args) -> str:
-    none, auto = results["none"], results["auto"]
-    lines = [f"{args.model} on digits, {args.epochs} epochs, np={args.np} (horovodrun --gloo, links {args.rate}); "
-             f"auto: freeze_auto_threshold {args.threshold}. Bytes are per rank over the whole run; "
-             f"measured = eth0 counters, mean over the hosts.", "",
-             markdown_table(COLUMNS, [{"freeze": "none", **none}, {"freeze": "auto", **auto}]).rstrip("\n")]
-    lines += ["", f"- accuracy, auto - none: {100 * (auto['test_acc'] - none['test_acc']):+.2f} points",
-              f"- bytes saved by auto: analytic {1 - auto['bytes'] / none['bytes']:.4f}, "
-              f"measured tx {1 - auto['nic_tx_bytes'] / none['nic_tx_bytes']:.4f}, "
-              f"rx {1 - auto['nic_rx_bytes'] / none['nic_rx_bytes']:.4f}",
-              f"- auto's own record of its saving (summary.run_bytes, against its model unfrozen): "
-              f"{auto['saved_fraction']:.4f}"]
-    for event in auto["freezes"]:
-        changes = ", ".join("-" if c is None else f"{c:.3f}" for c in event["block_grad_norm_change"])
-        lines.append(f"- freeze at the start of epoch {event['epoch']}: {event['frozen_blocks']} blocks, "
-                     f"{event['trainable_params']:,} trainable parameters; changes per block: {changes}")
-    return "\n".join(lines)
-
-
 @jobs.one_line_errors("autofreeze")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
-    results = {"machine": jobs.machine(), "args": vars(args)}
+    results = Results("autofreeze", args, FIGURES, argv)
     variants = {"none": ["--freeze", "0"], "auto": ["--freeze", "auto", "--freeze-auto-threshold", str(args.threshold)]}
     with NetCluster(n_hosts=args.np, rate=args.rate) as cluster:
-        for name, flags in variants.items():
-            results[name] = summarize(run_job(cluster, name, flags, args))
-    jobs.write_results(args.out, "autofreeze", results, markdown(results, args))
-    return 0
+        for k in range(1, args.repeats + 1):
+            for name in jobs.rotated(list(variants), k - 1):
+                row = results.attempt(k, f"freeze {name}", lambda: summarize(
+                    run_job(cluster, f"{name}-r{k}", variants[name], args)))
+                if row is None:
+                    continue
+                keys = ("test_acc", "bytes", "nic_tx_bytes", "training_time_s") + (("saved_fraction",) if name == "auto" else ())
+                results.add(k, f"freeze {name}", {key: row[key] for key in keys}, freezes=row["freezes"],
+                            frozen_blocks_per_epoch=row["frozen_blocks_per_epoch"])
+    results.derive("auto / none", "of_none", lambda r: r["freeze auto"]["nic_tx_bytes"] / r["freeze none"]["nic_tx_bytes"])
+    results.derive("auto - none", "points", lambda r: 100 * (r["freeze auto"]["test_acc"] - r["freeze none"]["test_acc"]))
+    path = results.write()
+    print(render_docs.render_block(os.path.basename(path), os.path.dirname(path)), end="")
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":

@@ -144,12 +144,8 @@ def run_pass(cluster: NetCluster, results: Results, pass_name: str, options: lis
         for np in args.np:
             for option in jobs.rotated(options, k - 1):
                 config = f"{option} np={np}" + (" accuracy" if pass_name == "accuracy" else "")
-                try:
-                    row = summarize(run_job(cluster, pass_name, option, np, flags, args, k))
-                except (RuntimeError, OSError, KeyError, ValueError, ZeroDivisionError) as exc:
-                    results.fail(k, config, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-                    continue
-                results.add(k, config, figures(row, pass_name, params))
+                results.measure(k, config, lambda: figures(
+                    summarize(run_job(cluster, pass_name, option, np, flags, args, k)), pass_name, params))
 
 
 def derive_savings(results: Results, args) -> None:

@@ -1,8 +1,9 @@
 """Where each method's CPU time goes, by the code that spends it: a system-wide `perf` profile of
-one whole steady epoch of every sync method under mpirun on this machine (issue 24, point 2).
+one whole steady epoch of every sync method under mpirun on this machine.
 
     .venv/bin/python benchmarks/cpu_profile.py [--np 2] [--model vgg11] [--batch-size 32]
         [--steps 24] [--repeats 2] [--freq 499] [--out logs/bench-cpu-profile-YYYYmmdd-HHMMSS]
+        [--tag TAG] [--results benchmarks/results]
 
 Each job trains 2 epochs (synthetic data, 1 thread per rank, no checkpoints). `perf record -a`
 starts when the first epoch's line reaches metrics.jsonl and stops when the second's does, so the
@@ -22,7 +23,8 @@ categories:
   Python, other     the interpreter; everything else
 
 Needs `perf` (Debian: linux-perf), and root (or kernel.perf_event_paranoid <= 0) for `-a`.
-Written to OUT/cpu_profile.json and OUT/cpu_profile.md, then printed.
+Written to the results file benchmarks/results/cpu_profile.json (testbed.results: every run,
+medians and spreads, per round each method's img/s over the best's), whose table is printed.
 """
 from __future__ import annotations
 
@@ -32,27 +34,30 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
 
-from hvd_cifar.analysis import tabulate
-
 from hvd_cifar.launch import commands
 
-from testbed import jobs
+from testbed import jobs, render_docs
+from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.runfolder.reader import read_metrics
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
 CATEGORIES = ("compute", "MPI / Gloo", "Horovod", "libc copies", "kernel copies", "kernel sched", "Python", "other")
 KERNEL_COPIES = ("copy", "page", "pte", "get_user", "clear_")
-COLUMNS = [tabulate.Column("method", "method"), tabulate.num("img/s", "images_per_s", ".1f"),
-           tabulate.num("x best", "of_best", ".3f"), tabulate.num("total", "total", ".2f"),
-           tabulate.num("main: compute", "main compute", ".2f"),
-           tabulate.num("main: rest", "main rest", ".2f"),
-           tabulate.num("other threads", "other total", ".2f"),
-           *[tabulate.num(f"{c} (all threads)", c, ".2f") for c in CATEGORIES]]
+# A run's row key -> (figure name in the results file, its header); CPU milliseconds per image and rank.
+SHOWN = {"total": "total (CPU ms/image/rank)", "main compute": "main: compute", "main rest": "main: rest",
+         "other total": "other threads", **{c: f"{c} (all threads)" for c in CATEGORIES}}
+
+
+def figure_key(row_key: str) -> str:
+    return re.sub(r"\W+", "_", row_key.lower()).strip("_")
+
+
+FIGURES = {"images_per_s": Figure("img/s", ".1f"), "of_best": Figure("img/s x best", ".3f"),
+           **{figure_key(k): Figure(header, ".2f") for k, header in SHOWN.items()}}
 SAMPLE = re.compile(r"\s*(\d+)/(\d+)\s+\S+\s+(.*?)\s+\(([^()]*)\)\s*$")  # pid/tid ip symbol (dso)
 
 
@@ -147,32 +152,27 @@ def main() -> int:
     jobs.add_options(p, np=2, model="vgg11", batch_size=32, steps=24, repeats=2, timeout=900)
     p.add_argument("--freq", type=int, default=499, help="perf samples per second per CPU (default 499)")
     p.add_argument("--out", default=time.strftime("logs/bench-cpu-profile-%Y%m%d-%H%M%S"))
+    add_results_options(p)
     args = p.parse_args()
     if shutil.which("perf") is None:
         raise RuntimeError("perf not found (Debian: apt-get install linux-perf)")
     os.makedirs(args.out, exist_ok=True)
-    span, runs = jobs.Span(), []
-    for round_ in range(args.repeats):
-        for method in jobs.rotated(METHODS, round_):
-            runs.append(one_job(args, method, round_))
-            r = runs[-1]
-            print(f"round {round_ + 1} {method}: {r['images_per_s']:.1f} img/s, {r['total']:.2f} CPU ms/image/rank "
+    results = Results("cpu_profile", args, FIGURES)
+    for k in range(1, args.repeats + 1):
+        for method in jobs.rotated(METHODS, k - 1):
+            r = results.attempt(k, method, lambda: one_job(args, method, k - 1))
+            if r is None:
+                continue
+            results.add(k, method, {"images_per_s": r["images_per_s"], **{figure_key(key): r[key] for key in SHOWN}})
+            print(f"round {k} {method}: {r['images_per_s']:.1f} img/s, {r['total']:.2f} CPU ms/image/rank "
                   f"(main compute {r['main compute']:.2f}, main rest {r['main rest']:.2f}, "
                   f"other threads {r['other total']:.2f})", flush=True)
-    keys = ("images_per_s", "total", "main compute", "main rest", "other total", *CATEGORIES)
-    rows = [{"method": m, **{k: statistics.median(r[k] for r in runs if r["method"] == m) for k in keys}}
-            for m in METHODS]
-    best = max(r["images_per_s"] for r in rows)
-    for row in rows:
-        row["of_best"] = row["images_per_s"] / best
-    meta = span.end(**vars(args))
-    text = (f"CPU milliseconds per trained image and rank, by the code that spent them (perf, {args.freq} Hz, "
-            f"whole machine, epoch 2 of each job); {args.model}, batch {args.batch_size}, np {args.np} (mpirun, "
-            f"this machine), 1 thread per rank, {args.steps} steps an epoch, medians of {args.repeats} round(s); "
-            f"{span.line()}\n\n" + tabulate.markdown_table(COLUMNS, rows))
-    jobs.write_results(args.out, "cpu_profile", {"meta": meta, "machine": jobs.machine(), "runs": runs, "rows": rows},
-                       text)
-    return 0
+    for method in METHODS:
+        results.derive(f"{method} / best", "of_best", lambda r, m=method: r[m]["images_per_s"] / max(
+            r[n]["images_per_s"] for n in METHODS))
+    path = results.write()
+    print(render_docs.render_block(os.path.basename(path), os.path.dirname(path)), end="")
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":

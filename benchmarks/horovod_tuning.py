@@ -4,7 +4,7 @@ shaped links. One namespace cluster (``testbed.netcluster``), --per-host ranks o
 
     .venv/bin/python benchmarks/horovod_tuning.py [--hosts 2] [--per-host 2] [--rate 1gbit]
         [--model vgg11] [--batch-size 16] [--steps 6] [--epochs 3] [--repeats 2]
-        [--out logs/bench-horovod-tuning-YYYYmmdd-HHMMSS]          # as root
+        [--out logs/bench-horovod-tuning-YYYYmmdd-HHMMSS] [--tag TAG] [--results benchmarks/results]   # as root
 
 The settings (SETTINGS below) are the package's defaults (hvd_cifar's 5 ms cycle, Horovod's
 64 MiB fusion buffer) and one change of one key each: the cycle time, the fusion threshold,
@@ -13,20 +13,19 @@ Horovod's autotuner. ``horovod_hierarchical`` is tried too: a CPU build of Horov
 
 Each round runs every setting once, in an order that rotates from round to round; synthetic
 data, the same seed. A run's step time and img/s are hvd_cifar.analysis.summary's steady-state figures
-(the epochs after the first), CPU s/image the ranks' mean; each setting's row is the median over
-the rounds, with its img/s over the defaults'. Written to OUT/horovod_tuning.json (every run)
-and OUT/horovod_tuning.md, then printed.
+(the epochs after the first), CPU s/image the ranks' mean. Written to the results file
+benchmarks/results/horovod_tuning.json (testbed.results: every run, medians and spreads, and per
+round each setting's img/s over the defaults'; a refused or failed run is a failed round with
+its one line), whose table is printed.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
-from hvd_cifar.analysis import tabulate
-
-from testbed import jobs
+from testbed import jobs, render_docs
+from testbed.results import Figure, Results, add_options as add_results_options
 from testbed.netcluster import NetCluster
 from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import summarize
@@ -41,10 +40,8 @@ SETTINGS = {
     "autotune": ["--horovod-autotune", "true"],
     "hierarchical": ["--horovod-hierarchical", "true"],
 }
-COLUMNS = [tabulate.Column("setting", "setting"), tabulate.num("step s (median)", "step_time_s", ".3f"),
-           tabulate.num("img/s (median)", "images_per_s", ".1f"), tabulate.num("x defaults", "vs_defaults", ".3f"),
-           tabulate.num("CPU s/image/rank", "cpu_s_per_image", ".4f"), tabulate.Column("runs", "runs"),
-           tabulate.Column("note", "note")]
+FIGURES = {"step_time_s": Figure("step (ms)", ".0f", 1e-3), "images_per_s": Figure("img/s", ".1f"),
+           "cpu_s_per_image": Figure("CPU ms/image/rank", ".2f", 1e-3), "of_defaults": Figure("img/s x defaults'", ".3f")}
 
 
 def flags(args, out: str, name: str, setting: str) -> list[str]:
@@ -69,22 +66,6 @@ def one_run(cluster, args, out: str, setting: str, round_: int) -> dict:
             ("step_time_s", "images_per_s", "cpu_s_per_image", "final_test_acc")}}
 
 
-def table(runs: list[dict]) -> list[dict]:
-    rows = []
-    for setting in SETTINGS:
-        done = [r for r in runs if r["setting"] == setting and r["code"] == 0]
-        if not done:
-            rows.append({"setting": setting, "runs": 0, "note": next(r["note"] for r in runs if r["setting"] == setting)})
-            continue
-        rows.append({"setting": setting, "runs": len(done), "note": "",
-                     **{k: statistics.median(r[k] for r in done) for k in ("step_time_s", "images_per_s",
-                                                                          "cpu_s_per_image")}})
-    base = rows[0].get("images_per_s")
-    for row in rows:
-        row["vs_defaults"] = row["images_per_s"] / base if base and "images_per_s" in row else float("nan")
-    return rows
-
-
 @jobs.one_line_errors("horovod_tuning")
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -93,22 +74,25 @@ def main() -> int:
     p.add_argument("--rate", default="1gbit", help="link rate, tc syntax (default 1gbit)")
     jobs.add_options(p, model="vgg11", batch_size=16, steps=6, epochs=3, repeats=2, timeout=900)
     p.add_argument("--out", default=time.strftime("logs/bench-horovod-tuning-%Y%m%d-%H%M%S"))
+    add_results_options(p)
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    span, runs = jobs.Span(), []
+    results = Results("horovod_tuning", args, FIGURES)
     with NetCluster(args.hosts, rate=args.rate) as cluster:
-        for round_ in range(args.repeats):
-            for setting in jobs.rotated(list(SETTINGS), round_):
-                runs.append(one_run(cluster, args, args.out, setting, round_))
-                r = runs[-1]
-                print(f"round {round_ + 1} {setting}: " + (f"{r['images_per_s']:.1f} img/s" if r["code"] == 0
-                                                           else r["note"]), flush=True)
-    rows, meta = table(runs), span.end(**vars(args))
-    text = (f"Horovod's tuning keys, {args.model}, batch {args.batch_size}/rank, {args.hosts * args.per_host} ranks "
-            f"= {args.hosts} hosts x {args.per_host}, links {args.rate}, {args.steps} steps x {args.epochs} epochs, "
-            f"medians of {args.repeats} rounds; {span.line()}\n\n" + tabulate.markdown_table(COLUMNS, rows))
-    jobs.write_results(args.out, "horovod_tuning", {"meta": meta, "machine": jobs.machine(), "runs": runs,
-                                                    "rows": rows}, text)
+        for k in range(1, args.repeats + 1):
+            for setting in jobs.rotated(list(SETTINGS), k - 1):
+                r = one_run(cluster, args, args.out, setting, k)
+                if r["code"] == 0:
+                    results.add(k, setting, {key: r[key] for key in ("step_time_s", "images_per_s", "cpu_s_per_image")})
+                else:
+                    results.fail(k, setting, r["note"])
+                print(f"round {k} {setting}: " + (f"{r['images_per_s']:.1f} img/s" if r["code"] == 0 else r["note"]),
+                      flush=True)
+    for setting in list(SETTINGS)[1:]:
+        results.derive(f"{setting} / defaults", "of_defaults",
+                       lambda r, s=setting: r[s]["images_per_s"] / r["defaults"]["images_per_s"])
+    path = results.write()
+    print(render_docs.render_block(os.path.basename(path), os.path.dirname(path)), end="")
     return 0
 
 

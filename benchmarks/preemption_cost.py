@@ -99,10 +99,9 @@ def measure(args, results: Results) -> None:
             for k in range(1, args.repeats + 1):
                 for variant in jobs.rotated(VARIANTS, k - 1):
                     config = f"{sync} {variant}"
-                    try:
-                        run = one_run(Path(tmp), f"{sync}-{variant}-{k}", sync, variant, args)
-                    except (RuntimeError, OSError, KeyError, ValueError) as exc:
-                        results.fail(k, config, str(exc).splitlines()[0])
+                    run = results.attempt(k, config, lambda: one_run(Path(tmp), f"{sync}-{variant}-{k}", sync,
+                                                                     variant, args))
+                    if run is None:
                         continue
                     results.add(k, config, {"step_time_s": run["step_time_s"], "s_per_call": run["s_per_call"]},
                                 calls=run["calls"])

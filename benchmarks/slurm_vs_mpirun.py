@@ -1,14 +1,16 @@
-"""Slurm against mpirun on the same hosts (issue 22, point 2): one training config, launched
+"""Slurm against mpirun on the same hosts: one training config, launched
 once as ``sbatch launch/slurm.sbatch`` (srun --mpi=pmix, one task per node) and once as
 ``launch/mpirun.sh`` (one rank per host, over ssh), on the same 2 hosts of a namespace cluster
 whose links run at --rate: a Slurm cluster with ``netcluster=True`` (testbed.slurmcluster),
 whose hosts mpirun.sh reaches too. The two alternate, the first launcher changing each round.
-Printed and written to OUT/slurm_vs_mpirun.{json,md}: each job's final test accuracy and
-steady-state img/s (hvd_cifar.analysis.summary: the epochs after the first), then the medians over the
-rounds side by side with their ratio (Slurm / mpirun).
+Written to the results file benchmarks/results/slurm_vs_mpirun.json (testbed.results): each
+job's final test accuracy, steady-state img/s (hvd_cifar.analysis.summary: the epochs after the
+first) and wall seconds, medians and spreads, and per round Slurm's img/s over mpirun's; a failed
+job is a failed round with its reason. Its table is printed.
 
     .venv/bin/python benchmarks/slurm_vs_mpirun.py [--config configs/demo.yaml] [--rate 1gbit]
         [--repeats 3] [--epochs N] [--steps N] [--out logs/slurm-vs-mpirun-YYYYmmdd-HHMMSS]
+        [--tag TAG] [--results benchmarks/results]
 
 As root, with Slurm installed (scripts/install.sh). Every job gets the namespace cluster's
 trainer flags (testbed.jobs.CLUSTER_TRAIN_FLAGS: seed 0, one thread per rank, no checkpoints,
@@ -18,22 +20,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
-from testbed import jobs
+from testbed import jobs, render_docs
+from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.runfolder.reader import load_run
 from testbed.slurmcluster import SlurmCluster
 from hvd_cifar.analysis.summary import summarize
-from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 
 LAUNCHERS = ("slurm", "mpirun")
 NODES = 2
-JOB_COLUMNS = [Column("job", "run"), Column("launcher", "launcher"), num("test acc", "test_acc", ".4f"),
-               num("img/s", "images_per_s", ".1f"), num("wall s", "seconds", ".0f")]
-MEDIAN_COLUMNS = [Column("measure", "measure"), num("Slurm (srun)", "slurm", ".4g"), num("mpirun.sh", "mpirun", ".4g"),
-                  num("Slurm / mpirun", "ratio", ".3f")]
+# wall seconds: sbatch --wait polls with growing intervals, so a Slurm job's end is seen late
+FIGURES = {"test_acc": Figure("final test acc", ".4f"), "images_per_s": Figure("img/s", ".1f"),
+           "seconds": Figure("wall (s)", ".0f"), "ratio": Figure("Slurm / mpirun (img/s)", ".3f")}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -43,6 +43,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=0, help="epochs per job (default: the config's)")
     p.add_argument("--steps", type=int, default=0, help="steps per epoch per rank (default: the config's)")
     jobs.add_options(p, repeats=3, timeout=1800)
+    add_results_options(p)
     p.add_argument("--out", default=time.strftime("logs/slurm-vs-mpirun-%Y%m%d-%H%M%S"))
     return p.parse_args(argv)
 
@@ -73,34 +74,20 @@ def run_job(cluster: SlurmCluster, launcher: str, name: str, args) -> dict:
             "images_per_s": row["images_per_s"]}
 
 
-def side_by_side(rows: list[dict]) -> list[dict]:
-    """Per measure: the median over the rounds under each launcher, and Slurm's over mpirun's."""
-    table = []
-    for key, what in (("test_acc", "final test accuracy"), ("images_per_s", "img/s (steady state)")):
-        median = {la: statistics.median(r[key] for r in rows if r["launcher"] == la) for la in LAUNCHERS}
-        table.append({"measure": what, **median, "ratio": median["slurm"] / median["mpirun"]})
-    return table
-
-
-def report(args, rows: list[dict]) -> str:
-    return (f"# Slurm against mpirun.sh on {NODES} namespace hosts at {args.rate}\n\n{args.config}, "
-            f"{args.repeats} round(s), launchers alternating\n\n{markdown_table(JOB_COLUMNS, rows)}\n"
-            f"## Medians\n\n{markdown_table(MEDIAN_COLUMNS, side_by_side(rows))}")
-
-
 @jobs.one_line_errors("slurm_vs_mpirun")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
-    rows = []
+    results = Results("slurm_vs_mpirun", args, FIGURES, argv)
     with SlurmCluster(nodes=NODES, cpus_per_node=1, netcluster=True, rate=args.rate) as cluster:
-        for round_ in range(args.repeats):
-            order = LAUNCHERS if round_ % 2 == 0 else LAUNCHERS[::-1]
-            rows += [run_job(cluster, launcher, f"{launcher}-{round_}", args) for launcher in order]
-    jobs.write_results(args.out, "slurm_vs_mpirun", {"machine": jobs.machine(), "config": args.config,
-                                                     "rate": args.rate, "jobs": rows, "medians": side_by_side(rows)},
-                       report(args, rows))
-    return 0
+        for k in range(1, args.repeats + 1):
+            for launcher in jobs.rotated(LAUNCHERS, k - 1):
+                results.measure(k, launcher, lambda: {key: value for key, value in run_job(
+                    cluster, launcher, f"{launcher}-{k}", args).items() if key in FIGURES})
+    results.derive("slurm / mpirun", "ratio", lambda r: r["slurm"]["images_per_s"] / r["mpirun"]["images_per_s"])
+    path = results.write()
+    print(render_docs.render_block(os.path.basename(path), os.path.dirname(path)), end="")
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":

@@ -72,7 +72,6 @@ import json
 import os
 import sys
 import time
-from typing import Callable
 
 from hvd_cifar.launch import commands
 
@@ -242,19 +241,6 @@ def local_figures(run_dir: str) -> dict:
                                 "comm_bytes_per_step")}
 
 
-def one_round(results: Results, k: int, config: str, measure: Callable[[], dict]) -> None:
-    """One job of round ``k``: its figures, or a failed round with the reason."""
-    start = time.perf_counter()
-    try:
-        figures = measure()
-    except (RuntimeError, OSError, ValueError, KeyError, StopIteration) as exc:
-        print(f"{config} round {k}: failed: {exc}", file=sys.stderr, flush=True)
-        results.fail(k, config, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return
-    print(f"{config} round {k}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    results.add(k, config, figures)
-
-
 def run_local_pass(args, results: Results) -> None:
     """Every method at every --np (and the plain loop at np=1), ``repeats`` rounds; within a round
     the sizes follow each other and each size's jobs rotate, so that none always runs first."""
@@ -265,7 +251,7 @@ def run_local_pass(args, results: Results) -> None:
                 name = f"{method.replace(' ', '-')}-np{np}-r{k}"
                 measure = (lambda: run_plain(name, args)) if method == PLAIN else \
                     (lambda: local_figures(run_local(method, name, args, np)))
-                one_round(results, k, f"{method} np={np}", measure)
+                results.measure(k, f"{method} np={np}", measure)
     for np in args.np:
         derive_ratios(results, np)
 
@@ -295,7 +281,7 @@ def run_cluster_pass(cluster: NetCluster, args, results: Results) -> None:
                 return {**{key: row[key] for key in ("epoch_time_s", "step_time_s", "sync_time_s", "backward_time_s",
                                                       "images_per_s", "cpu_s_per_image", "comm_bytes_per_step")},
                         "nic_tx_bytes_per_step": sum(tx.values()) / len(tx)}
-            one_round(results, k, f"{label} np={args.cluster}{suffix}", measure)
+            results.measure(k, f"{label} np={args.cluster}{suffix}", measure)
     derive_ratios(results, args.cluster, suffix)
 
 

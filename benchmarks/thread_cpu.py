@@ -118,10 +118,8 @@ def main() -> int:
     results = Results("thread_cpu", args, FIGURES)
     for k in range(1, args.repeats + 1):
         for method in jobs.rotated(METHODS, k - 1):
-            try:
-                r = one_job(args, args.out, method, k)
-            except (RuntimeError, OSError, KeyError, ValueError) as exc:
-                results.fail(k, method, str(exc).splitlines()[0])
+            r = results.attempt(k, method, lambda: one_job(args, args.out, method, k))
+            if r is None:
                 continue
             results.add(k, method, {key: r[key] for key in ("main", "busiest_other", "others", "total", "images_per_s")},
                         busiest_name=r["busiest_name"])

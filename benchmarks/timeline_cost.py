@@ -46,10 +46,7 @@ def measure(args, results: Results) -> None:
         for k in range(1, args.repeats + 1):
             for timeline in (False, True) if k % 2 else (True, False):
                 config = f"timeline {'on' if timeline else 'off'}"
-                try:
-                    results.add(k, config, {"step_time_s": train(args, logs, f"r{k}-{config[9:]}", timeline)})
-                except (RuntimeError, OSError, KeyError) as exc:
-                    results.fail(k, config, str(exc).splitlines()[0])
+                results.measure(k, config, lambda: {"step_time_s": train(args, logs, f"r{k}-{config[9:]}", timeline)})
 
 
 @jobs.one_line_errors("timeline_cost")

@@ -142,6 +142,28 @@ class Results:
         self.data["rounds"].append({"round": round_no, "config": config, "ok": False, "reason": reason,
                                     "figures": {}, **info})
 
+    def attempt(self, round_no: int, config: str, job: Callable[[], Any]) -> Any:
+        """``job()`` (one job of round ``round_no``), or, when it raises what a failed job raises,
+        None and a failed round of ``config`` with the error's first line."""
+        start = time.perf_counter()
+        try:
+            done = job()
+        except (RuntimeError, OSError, KeyError, ValueError, ZeroDivisionError, StopIteration,
+                subprocess.SubprocessError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"{config} round {round_no}: failed: {reason}", file=sys.stderr, flush=True)
+            self.fail(round_no, config, reason)
+            return None
+        print(f"{config} round {round_no}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        return done
+
+    def measure(self, round_no: int, config: str, job: Callable[[], dict]) -> dict | None:
+        """``attempt`` a job that returns its figures, and keep them; the figures or None."""
+        figures = self.attempt(round_no, config, job)
+        if figures is not None:
+            self.add(round_no, config, figures)
+        return figures
+
     def derive(self, config: str, figure: str, compute: Callable[[dict[str, dict]], float]) -> None:
         """A figure computed in every round from that round's figures (``compute`` gets config ->
         figures of the round's jobs that did not fail); a round where it cannot be computed (a job

@@ -80,6 +80,19 @@ def test_summary_is_median_min_max_n_of_the_rounds_that_did_not_fail(tmp_path):
     assert len(data["machine"]["load_average_before"]) == 3 and data["machine"]["load_average_after"]
 
 
+def test_a_job_that_fails_is_a_failed_round_with_its_first_line(tmp_path):
+    r = Results("demo", argparse.Namespace(results=str(tmp_path)), {"x": Figure("x")})
+
+    def broken():
+        raise RuntimeError("np2 horovod: exit status 1; see OUT/np2.log\nlast lines")
+    assert r.measure(1, "a", lambda: {"x": 2.0}) == {"x": 2.0} and r.measure(2, "a", broken) is None
+    assert r.attempt(3, "a", lambda: {}["missing"]) is None
+    assert [(x["round"], x["ok"], x.get("reason")) for x in r.data["rounds"]] == [
+        (1, True, None), (2, False, "np2 horovod: exit status 1; see OUT/np2.log"), (3, False, "'missing'")]
+    with pytest.raises(TypeError):  # a bug in the benchmark is not a failed round
+        r.attempt(4, "a", lambda: None + 1)
+
+
 def test_undeclared_figure_is_an_error(tmp_path):
     r = Results("demo", argparse.Namespace(results=str(tmp_path)), {"x": Figure("x")})
     with pytest.raises(ValueError, match="not declared"):
