@@ -16,6 +16,7 @@ quoting):
                  median over the configuration's rounds and, with more than one, (min-max);
                  then the rounds that failed, with their reasons, and where the numbers came from.
   show=rounds    every round's raw figures, one row per round and configuration.
+  show=failed    only the rounds that failed, each with its reason (or a line saying none did).
   show=checks    one row per ``check="CONFIG:FIGURE>=TARGET"`` (or <=), repeatable: the
                  figure's median, spread and n, and the verdict of testbed.results.verdict over
                  all of its rounds: met, not met, or within noise.
@@ -144,6 +145,12 @@ def rounds_table(data: dict, options: dict) -> list[str]:
                  numeric_from=2)
 
 
+def failed_list(data: dict, options: dict) -> list[str]:
+    configs = configs_of(data, options)
+    ok = sum(1 for r in data["rounds"] if r["config"] in configs and r["ok"])
+    return failures(data, configs)[1:] or [f"None of the {ok} rounds failed."]
+
+
 def checks_table(data: dict, options: dict) -> list[str]:
     rows, checked = [], []
     for check in options["check"]:
@@ -178,9 +185,9 @@ def render_block(spec: str, results_dir: str) -> str:
     with open(path) as f:
         data = json.load(f)
     show = options.get("show", "table")
-    makers = {"table": summary_table, "rounds": rounds_table, "checks": checks_table}
+    makers = {"table": summary_table, "rounds": rounds_table, "checks": checks_table, "failed": failed_list}
     if show not in makers:
-        raise ValueError(f"results marker {spec!r}: show={show} (table, rounds or checks)")
+        raise ValueError(f"results marker {spec!r}: show={show} (table, rounds, checks or failed)")
     return "\n".join([*makers[show](data, options), "", provenance(data, name)]) + "\n"
 
 

@@ -122,6 +122,10 @@ def test_failed_rounds_are_listed_with_their_reason_under_tables_and_verdicts(tm
     assert "- b, round 2: exit status 1; see b-r2.log" in new
     assert "| a / b: a / b | ≥ 1.5 | 2.000 | 1 | **met** |" in new
     assert "- a / b, round 2: cannot be computed (KeyError: 'b'); failed jobs: b" in new
+    listed = render_docs.render("<!-- results: demo-t.json show=failed match=^[ab]$ -->\n<!-- /results -->", str(tmp_path))
+    assert "- b, round 2: exit status 1; see b-r2.log" in listed and "- a," not in listed
+    none = render_docs.render("<!-- results: demo-t.json show=failed configs=a -->\n<!-- /results -->", str(tmp_path))
+    assert "None of the 2 rounds failed." in none
 
 
 def test_a_missing_results_file_renders_as_a_command_not_a_number(tmp_path):
