@@ -50,11 +50,20 @@ log "GPU: $gpu"
 # --- 1. Horovod with NCCL and Gloo, against this machine's torch ----------------------------------
 # The machine's own toolkit (it has no network for PyPI's); its nvcc must match torch's CUDA
 # (build-horovod-gpu.sh checks). Kernels for this GPU's architecture only, to keep the build short.
+# The toolkit: the folder of the nvcc on PATH, where it is one (/usr/local/bin/nvcc can be a
+# wrapper script that execs the real one: then the folder it names), else /usr/local/cuda.
 if [ -z "${CUDA_HOME:-}" ]; then
-  nvcc="$(command -v nvcc || true)"
-  [ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc
-  [ -n "$nvcc" ] || { echo "check-gpu.sh: no nvcc on PATH or in /usr/local/cuda: set CUDA_HOME" >&2; exit 1; }
-  CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$nvcc")")")"
+  for candidate in "$(command -v nvcc || true)" /usr/local/cuda/bin/nvcc; do
+    [ -n "$candidate" ] && [ -x "$candidate" ] || continue
+    real="$(readlink -f "$candidate")"
+    if ! head -c 4 "$real" | grep -q ELF; then
+      real="$(grep -o '/[^ "]*/bin/nvcc' "$real" | head -n 1 || true)"
+    fi
+    [ -n "$real" ] && [ -f "$(dirname "$(dirname "$real")")/include/cuda_runtime.h" ] || continue
+    CUDA_HOME="$(dirname "$(dirname "$real")")"
+    break
+  done
+  [ -n "${CUDA_HOME:-}" ] || { echo "check-gpu.sh: no CUDA toolkit: no nvcc on PATH or in /usr/local/cuda; set CUDA_HOME" >&2; exit 1; }
   export CUDA_HOME
 fi
 if [ -z "${HOROVOD_SDIST:-}" ] && [ -f "$ROOT/.whl/horovod-0.28.1.tar.gz" ]; then
