@@ -81,7 +81,7 @@ def test_the_server_update_is_torch_sgd():
     model, reference = build_model("smallcnn", 10), build_model("smallcnn", 10)
     reference.load_state_dict(model.state_dict())
 
-    def sgd(m):  # as train.Training.set_trainable builds it
+    def sgd(m):  # as Training.set_trainable builds it (trainer.context)
         named = list(m.named_parameters())
         return torch.optim.SGD([{"params": [p for _, p in named if p.ndim > 1], "weight_decay": 5e-4},
                                 {"params": [p for _, p in named if p.ndim <= 1], "weight_decay": 0.0}],

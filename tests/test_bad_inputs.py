@@ -10,6 +10,7 @@ run folders, launchers, the host's CPUs and interfaces, divergence) is launched 
 import pytest
 
 from hvd_cifar import train
+from hvd_cifar.trainer.ranks import USER_ERRORS
 
 from testbed import drill
 
@@ -40,7 +41,7 @@ def test_config_error_is_the_drills_one_line(tmp_path, case):
     """What the trainer does with these flags before anything else, in this process: the error
     it prints as ``hvd_cifar: error: ...`` (train.main), one line holding the drill's text."""
     case.prepare(tmp_path)
-    with pytest.raises(train.USER_ERRORS) as raised:
+    with pytest.raises(USER_ERRORS) as raised:
         train.load_config(case.trainer_flags(tmp_path))
     line = f"hvd_cifar: error: {raised.value}"
     assert "\n" not in line and case.expect in line, line

@@ -9,7 +9,7 @@ import re
 from conftest import run_train
 
 TAG = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")  # [JOB,RANK] under MPI, [RANK] under Gloo
-LOG_PREFIX = re.compile(r"^\d\d:\d\d:\d\d \[rank 0\] ")   # runlog.RankLog's, on a message's first line
+LOG_PREFIX = re.compile(r"^\d\d:\d\d:\d\d \[rank 0\] ")   # writer.RankLog's, on a message's first line
 
 
 def test_each_line_from_rank_0_arrives_whole_under_horovodrun(tiny_run):

@@ -173,7 +173,7 @@ def test_a_silent_rank_waiting_for_rank_0_obeys_the_launchers_sigterm_at_once():
     """The wait is for rank 0's line, not against the launcher: a SIGTERM that comes while a
     silent rank waits (the launcher ending the job, as horovodrun's Gloo driver does at the
     first exit) ends it then, even with the run's stop handler installed."""
-    code = ("import sys; from hvd_cifar import preempt, ranks; preempt.install(); "
+    code = ("import sys; from hvd_cifar.core import stops; from hvd_cifar.trainer import ranks; stops.install(); "
             "print('waiting', flush=True); sys.exit(ranks.say_once(1, 'unsaid', 2))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "waiting\n"

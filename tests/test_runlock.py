@@ -16,7 +16,7 @@ from conftest import ROOT, read_metrics, run_train
 from hvd_cifar.runfolder import lock
 from hvd_cifar.core.files import RunError
 
-HOLD = ("import sys, time; from hvd_cifar import runlock; lock.hold(sys.argv[1]); "
+HOLD = ("import sys, time; from hvd_cifar.runfolder import lock; lock.hold(sys.argv[1]); "
         "print('held', flush=True); time.sleep(120)")
 
 

@@ -168,10 +168,10 @@ def test_the_job_stops_when_the_launchers_parent_dies(tmp_path, launcher):
 def test_die_with_parent_signals_a_process_whose_parent_is_already_gone():
     """A launcher whose starter died before it could ask the kernel to be told: the pid it was
     given ($PPID) is no longer its parent, so it stops itself (SIGTERM) rather than run on."""
-    code = "from hvd_cifar import launchers; launchers.die_with_parent(1); print('still here')"
+    code = "from hvd_cifar.launch import commands; commands.die_with_parent(1); print('still here')"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGTERM and "still here" not in proc.stdout
-    code = "import os; from hvd_cifar import launchers; launchers.die_with_parent(os.getppid()); print('ok')"
+    code = "import os; from hvd_cifar.launch import commands; commands.die_with_parent(os.getppid()); print('ok')"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout == "ok\n"
 

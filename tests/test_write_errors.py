@@ -135,7 +135,7 @@ def test_no_permission():
     enter and read but only root may write (in /tmp: pytest's own folders are closed to others)."""
     folder = tempfile.mkdtemp(prefix="hvd_cifar-readonly-")
     os.chmod(folder, 0o755)
-    code = ("import sys; from hvd_cifar import runlog\n"
+    code = ("import sys; from hvd_cifar.runfolder import writer\n"
             "try: writer.write_json(sys.argv[1] + '/meta.json', {})\n"
             "except writer.RunError as exc: print(exc)\n")
     try:
