@@ -155,7 +155,7 @@ class Config:
                 raise ConfigError(f"freeze_schedule: entries must be 'epoch: blocks' with "
                                   f"non-negative integers, got {epoch!r}: {frozen!r} (write it as "
                                   f"'{{0: 0, 10: 2}}', with a space after each colon)")
-        self._validate_freeze()
+        validate_freeze(self)
         if self.elastic and self.sync != "horovod":
             raise ConfigError(f"elastic: needs sync: horovod (Horovod's elastic driver), got sync: {self.sync}")
         validate_horovod_tuning(self)
@@ -165,27 +165,6 @@ class Config:
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
             raise ConfigError(f"run_name: must be a plain folder name, got {self.run_name!r}")
         return self
-
-    def _validate_freeze(self) -> None:
-        if isinstance(self.freeze, str) and self.freeze != "auto":
-            raise ConfigError(f"freeze: expected a number of leading blocks or auto, got {self.freeze!r}")
-        if self.freeze != "auto" and self.freeze < 0:
-            raise ConfigError(f"freeze: must be >= 0, got {self.freeze}")
-        if not self.freeze_auto_threshold > 0:
-            raise ConfigError(f"freeze_auto_threshold: must be > 0, got {self.freeze_auto_threshold} "
-                              f"(a block freezes when its change is below it; no freezing is freeze: 0)")
-        if self.elastic and (self.freeze_schedule or self.freeze == "auto"):
-            # A worker that joins mid-run builds its optimizer before it learns the epoch, or the
-            # policy's decisions.
-            key = "freeze_schedule" if self.freeze_schedule else "freeze: auto"
-            raise ConfigError(f"{key}: not with elastic: true (a constant freeze works)")
-        if self.freeze == "auto" and self.freeze_schedule:
-            raise ConfigError("freeze_schedule: not with freeze: auto (the policy decides what is frozen; "
-                              "give one or the other)")
-        if self.freeze == "auto" and self.sync == "mpi-async-ps":
-            # Its workers' gradients are their own, never averaged: ranks would decide apart.
-            raise ConfigError("freeze: auto needs gradients averaged over the ranks, and sync: "
-                              "mpi-async-ps has none (a constant freeze works)")
 
     def frozen_blocks(self, epoch: int) -> int:
         """Feature blocks frozen during ``epoch`` (0-based): ``freeze``, then the schedule."""
@@ -219,6 +198,30 @@ def validate_horovod_tuning(cfg: Config) -> None:
     if cfg.horovod_fusion_threshold_mb is not None and cfg.horovod_fusion_threshold_mb < 0:
         raise ConfigError(f"horovod_fusion_threshold_mb: must be >= 0 (MiB; 0 = no fusion), "
                           f"got {cfg.horovod_fusion_threshold_mb}")
+
+
+def validate_freeze(cfg: Config) -> None:
+    """freeze, freeze_auto_threshold and freeze_schedule: in range, and not with what they cannot
+    honour (elastic, mpi-async-ps's unaveraged gradients)."""
+    if isinstance(cfg.freeze, str) and cfg.freeze != "auto":
+        raise ConfigError(f"freeze: expected a number of leading blocks or auto, got {cfg.freeze!r}")
+    if cfg.freeze != "auto" and cfg.freeze < 0:
+        raise ConfigError(f"freeze: must be >= 0, got {cfg.freeze}")
+    if not cfg.freeze_auto_threshold > 0:
+        raise ConfigError(f"freeze_auto_threshold: must be > 0, got {cfg.freeze_auto_threshold} "
+                          f"(a block freezes when its change is below it; no freezing is freeze: 0)")
+    if cfg.elastic and (cfg.freeze_schedule or cfg.freeze == "auto"):
+        # A worker that joins mid-run builds its optimizer before it learns the epoch, or the
+        # policy's decisions.
+        key = "freeze_schedule" if cfg.freeze_schedule else "freeze: auto"
+        raise ConfigError(f"{key}: not with elastic: true (a constant freeze works)")
+    if cfg.freeze == "auto" and cfg.freeze_schedule:
+        raise ConfigError("freeze_schedule: not with freeze: auto (the policy decides what is frozen; "
+                          "give one or the other)")
+    if cfg.freeze == "auto" and cfg.sync == "mpi-async-ps":
+        # Its workers' gradients are their own, never averaged: ranks would decide apart.
+        raise ConfigError("freeze: auto needs gradients averaged over the ranks, and sync: "
+                          "mpi-async-ps has none (a constant freeze works)")
 
 
 def validate_compression(cfg: Config) -> None:
