@@ -51,7 +51,8 @@ import time
 from testbed import jobs, render_docs
 from testbed.hosts import Hosts
 from testbed.results import Figure, Results, add_options as add_results_options
-from hvd_cifar.compress import POWERSGD_RANK, TOPK_FRACTION, cost
+from hvd_cifar.compress import cost
+from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
 from hvd_cifar.runfolder.reader import load_run

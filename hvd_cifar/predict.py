@@ -23,7 +23,8 @@ import os
 import sys
 from dataclasses import replace
 
-from hvd_cifar import compress
+from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
+from hvd_cifar.core.names import COMPRESSIONS, SCHEME_SYNC_METHODS
 from hvd_cifar.compress import cost
 from hvd_cifar.core import units
 from hvd_cifar.core.errors import PredictError, ReportError
@@ -136,13 +137,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fp16-allreduce", action="store_true", help="predict with fp16 gradients too")
     p.add_argument("--accumulation-steps", type=int, help="predict with k micro-batches per sync too")
     p.add_argument("--freeze", type=int, help="predict with n leading blocks frozen too")
-    p.add_argument("--compression", nargs="+", choices=list(compress.COMPRESSIONS), default=[],
+    p.add_argument("--compression", nargs="+", choices=list(COMPRESSIONS), default=[],
                    help="predict with each of these gradient compressions too (powersgd, topk: horovod and ddp)")
     p.add_argument("--local-sgd-steps", type=int, metavar="H", help="predict local SGD too (models averaged every H updates)")
-    p.add_argument("--powersgd-rank", type=int, default=compress.POWERSGD_RANK,
-                   help=f"with --compression powersgd (default {compress.POWERSGD_RANK})")
-    p.add_argument("--topk-fraction", type=float, default=compress.TOPK_FRACTION,
-                   help=f"with --compression topk (default {compress.TOPK_FRACTION})")
+    p.add_argument("--powersgd-rank", type=int, default=POWERSGD_RANK,
+                   help=f"with --compression powersgd (default {POWERSGD_RANK})")
+    p.add_argument("--topk-fraction", type=float, default=TOPK_FRACTION,
+                   help=f"with --compression topk (default {TOPK_FRACTION})")
     p.add_argument("--ranks-per-host", type=int, default=1, help="for horovod-hierarchical (default 1)")
     p.add_argument("--shared-cores", type=int, default=0, metavar="C",
                    help="every rank runs on one machine with C cores (the namespace cluster, an "
@@ -168,10 +169,10 @@ def with_schemes(plain: list[Scenario], args: argparse.Namespace) -> list[Scenar
     if args.local_sgd_steps:
         asked.append({"fp16": False, "compression": "none", "local_sgd_steps": args.local_sgd_steps})
     fixed = {"powersgd_rank": args.powersgd_rank, "topk_fraction": args.topk_fraction}
-    runs_schemes = [s for s in plain if s.method in compress.SYNC_METHODS]
+    runs_schemes = [s for s in plain if s.method in SCHEME_SYNC_METHODS]
     if any(a["compression"] != "none" or a["local_sgd_steps"] > 1 for a in asked) and not runs_schemes:
         raise PredictError(f"--compression/--local-sgd-steps: powersgd, topk and local SGD run under "
-                           f"{' and '.join(compress.SYNC_METHODS)}; give one of them in --sync")
+                           f"{' and '.join(SCHEME_SYNC_METHODS)}; give one of them in --sync")
     more = [replace(s, **a, **fixed) for s in plain for a in asked
             if s in runs_schemes or (a["compression"] == "none" and a["local_sgd_steps"] == 1)]
     return list(dict.fromkeys(plain + more))

@@ -13,6 +13,7 @@ from hvd_cifar.compress import cost
 from hvd_cifar.compress.localsgd import LocalSGD
 from hvd_cifar.compress.powersgd import PowerSGD, orthonormalise
 from hvd_cifar.compress.topk import TopK
+from hvd_cifar.core.config import TOPK_FRACTION
 
 
 class World:
@@ -300,9 +301,9 @@ def expected_bytes(name, shapes, syncs):
         compressed = cost.powersgd_payload(shapes, 2)
         return compressed, 2 * fp32 + (syncs - 2) * compressed
     if name == "ddp-topk":
-        return cost.topk_payload(shapes, compress.TOPK_FRACTION), syncs * cost.topk_payload(shapes, 0.25)
+        return cost.topk_payload(shapes, TOPK_FRACTION), syncs * cost.topk_payload(shapes, 0.25)
     if name == "horovod-topk":
-        return cost.topk_payload(shapes, compress.TOPK_FRACTION), 2 * fp32 + (syncs - 2) * cost.topk_payload(shapes, 0.25)
+        return cost.topk_payload(shapes, TOPK_FRACTION), 2 * fp32 + (syncs - 2) * cost.topk_payload(shapes, 0.25)
     return round(fp32 / 4), 2 * fp32  # averaged after update 4 and at the epoch's end (6)
 
 

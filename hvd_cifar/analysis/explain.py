@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from hvd_cifar import compress
+from hvd_cifar.core.names import SCHEME_SYNC_METHODS
 from hvd_cifar.runfolder.reader import Run
 from hvd_cifar.analysis.scaling import (TRANSPORTS, Compute, Link, Network, Scenario, break_even_bandwidth,
                                gather_scatter_falls_behind, measure, predict_step, profile, scheme_of,
@@ -44,7 +44,7 @@ def options(as_run: Scenario) -> list[Scenario]:
     top-k (at the run's settings of theirs) and local SGD; each alone, the run's own left out."""
     plain = replace(as_run, fp16=False, compression="none", local_sgd_steps=1, scheme_s=0.0)
     asked = [replace(plain, fp16=True)]
-    if as_run.method in compress.SYNC_METHODS:
+    if as_run.method in SCHEME_SYNC_METHODS:
         asked += [replace(plain, compression="powersgd"), replace(plain, compression="topk"),
                   replace(plain, local_sgd_steps=LOCAL_SGD_STEPS)]
     return [o for o in asked if (o.fp16, o.label) != (as_run.fp16, as_run.label)]
@@ -65,7 +65,7 @@ def explain(multi: Run, single: Run) -> dict:
              "img_s_lost": (ideal - measured) * (parts_n[k] - parts_1[k]) / gap_s if gap_s else 0.0} for k in parts_n]
     prof = profile(cn.model, cn.num_classes)
     method = cn.sync if cn.sync in TRANSPORTS else "horovod"
-    scheme = scheme_of(multi.config) if method in compress.SYNC_METHODS else {}
+    scheme = scheme_of(multi.config) if method in SCHEME_SYNC_METHODS else {}
     as_run = Scenario(method, cn.fp16, cn.accumulation_steps, cn.frozen_blocks, **scheme)
     as_run, *others = time_schemes(prof, [as_run, *options(as_run)], cn.threads_per_rank)
     comm = cn.comm_s if cn.comm_s is not None else max(cn.sync_s - as_run.scheme_s, 0.0)  # the wire's share of the wait

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hvd_cifar import compress
 from hvd_cifar.compress import cost
 from hvd_cifar.core import wire
+from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
 from hvd_cifar.core.errors import PredictError
 from hvd_cifar.core.wire import allgather_bytes
 from hvd_cifar.core.names import PHASES
@@ -289,8 +289,8 @@ class Scenario:
     freeze: int
     compression: str = "none"   # powersgd | topk: a scheme of hvd_cifar/compress/ (fp16: the flag above)
     local_sgd_steps: int = 1    # > 1: local SGD
-    powersgd_rank: int = compress.POWERSGD_RANK
-    topk_fraction: float = compress.TOPK_FRACTION
+    powersgd_rank: int = POWERSGD_RANK
+    topk_fraction: float = TOPK_FRACTION
     scheme_s: float = 0.0       # the scheme's (fp16: the casts') own compute per update, timed on a rank with cores of its own (time_schemes)
 
     @property
@@ -304,8 +304,8 @@ def scheme_of(config: dict) -> dict:
     compression = config.get("compression", "none")
     return {"compression": compression if compression in ("powersgd", "topk") else "none",
             "local_sgd_steps": int(config.get("local_sgd_steps") or 1),
-            "powersgd_rank": int(config.get("powersgd_rank") or compress.POWERSGD_RANK),
-            "topk_fraction": float(config.get("topk_fraction") or compress.TOPK_FRACTION)}
+            "powersgd_rank": int(config.get("powersgd_rank") or POWERSGD_RANK),
+            "topk_fraction": float(config.get("topk_fraction") or TOPK_FRACTION)}
 
 
 def time_schemes(prof: Profile, scenarios: list[Scenario], threads: int) -> list[Scenario]:

@@ -10,146 +10,26 @@ and hands each update to the scheme instead: ``synchronize()`` after the update'
 ``after_step()`` after the optimizer step, ``end_epoch()`` after the epoch's last update (through
 ``epoch_loop``). The training loop does not know which scheme runs.
 
-This module loads no torch: the names and the byte counts are read by the config and the scaling
-model.
+No torch at import: the byte counts (cost.py) are read by the scaling model. The schemes' names
+are ``core.names.COMPRESSIONS``, their default settings ``core.config``'s.
+
+May import: hvd_cifar.core.
 """
 from __future__ import annotations
 
-import importlib
-
-from hvd_cifar.core.wire import allgather_bytes, ring_allreduce_bytes  # noqa: F401 (the schemes' byte counts)
-
-# Config value of ``compression`` -> module of its scheme (None: the sync method's own path:
-# nothing, or its fp16 cast). ``local_sgd_steps`` > 1 selects localsgd.py.
-COMPRESSIONS = {"none": None, "fp16": None, "powersgd": "hvd_cifar.compress.powersgd",
-                "topk": "hvd_cifar.compress.topk"}
-LOCAL_SGD = "hvd_cifar.compress.localsgd"
-SYNC_METHODS = ("horovod", "ddp")  # the sync methods that run the schemes
-FP32_BYTES = 4
-# The schemes' settings by default, which the config, the scaling model and predict share.
-POWERSGD_RANK = 2         # PowerSGD's columns of P and Q
-TOPK_FRACTION = 0.001     # top-k's share sent after its warm-up: Deep Gradient Compression's 99.9 % sparsity
-WARMUP_START_FRACTION = 0.25  # top-k's share in its sparsity warm-up's first epoch (DGC: 75 % sparsity)
-# PowerSGD sends a matrix whole unless r·(rows + cols) times this is below rows·cols (PyTorch's
-# PowerSGDState.min_compression_rate, whose default it is).
-MIN_COMPRESSION_RATE = 2.0
-INDEX_BYTES = 4  # top-k's indices cross the wire as int32
-
-
-class Collective:
-    """The two collectives a scheme needs, over all ranks, counting what this rank sends.
-    A sync method subclasses it with its backend's calls (Horovod's, torch.distributed's); the
-    tests with ranks simulated in one process. ``name`` is the same on every rank for the same
-    collective (Horovod matches collectives by name)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.sent_bytes = 0  # since the count was last reset (epoch_loop: per epoch)
-
-    def allreduce_mean(self, tensor, name: str):
-        """The mean of ``tensor`` over the ranks; identical on every rank."""
-        self.sent_bytes += ring_allreduce_bytes(self.size, tensor.numel() * tensor.element_size())
-        return self._allreduce_mean(tensor, name)
-
-    def allgather(self, tensor, name: str):
-        """Every rank's ``tensor`` (same shape on every rank), concatenated along dim 0 in rank
-        order; identical on every rank."""
-        self.sent_bytes += allgather_bytes(self.size, tensor.numel() * tensor.element_size())
-        return self._allgather(tensor, name)
-
-    def _allreduce_mean(self, tensor, name: str):
-        raise NotImplementedError
-
-    def _allgather(self, tensor, name: str):
-        raise NotImplementedError
-
-
-class Scheme:
-    """What a sync method calls when a scheme replaces its gradient averaging. Subclasses keep
-    their state (error feedback, warm starts) per parameter name."""
-
-    name = "base"
-    # Whether every rank holds the same gradients after synchronize() (so that a divergence is
-    # seen by all at once, and freeze: auto may measure them); local SGD: no.
-    averages_gradients = True
-
-    def __init__(self, collective: Collective, warmup_steps: int = 0):
-        self.collective = collective
-        self.warmup_steps = warmup_steps  # updates averaged uncompressed first, as the papers do
-        self.updates = 0                  # synchronize() calls so far (this process)
-        self.epoch = 0                    # the epoch being trained (epoch_loop sets it)
-        self.params: list = []            # (name, parameter) being trained
-
-    def track(self, named_parameters, optimizer=None) -> None:
-        """The trainable parameters, again after every change of the trainable set, and the
-        optimizer that steps them (a scheme that takes over its momentum reads it there)."""
-        self.params = list(named_parameters)
-
-    def synchronize(self) -> None:
-        """After the update's last backward: leave in every ``.grad`` what the update applies."""
-        raise NotImplementedError
-
-    def begin_update(self) -> list | None:
-        """Count this update and return the (name, parameter) pairs that hold a gradient; in the
-        warm-up, average those gradients whole instead and return None (the update is done)."""
-        params = [(name, p) for name, p in self.params if p.grad is not None]
-        warming_up = self.updates < self.warmup_steps
-        self.updates += 1
-        if not warming_up:
-            return params
-        # Imported here, not above: this module stays free of torch (the scaling model reads it).
-        from hvd_cifar.compress.flat import average_in_place
-        average_in_place(self.collective, [p.grad for _, p in params], f"{self.name}.warmup")
-        return None
-
-    def before_step(self) -> None:
-        """After the loop's checks and clipping of the averaged gradients, before the optimizer
-        step."""
-
-    def after_step(self) -> None:
-        """After the optimizer step."""
-
-    def state_dict(self) -> dict:
-        """This rank's state, for the checkpoint: the count of updates (the warm-up's place) and
-        what the subclass adds (its error feedback). Without it a resumed run would warm up
-        again and drop the residuals, and end on other weights than the unbroken run."""
-        return {"updates": self.updates, "epoch": self.epoch}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.updates, self.epoch = state["updates"], state["epoch"]
-
-    def end_epoch(self) -> None:
-        """After the epoch's last update, before evaluation and the checkpoint."""
-
-    def payload_bytes(self, named_parameters) -> int:
-        """Bytes one update sends, as the scheme's collectives carry them (steady state, after
-        the warm-up): what ``wire_bytes`` turns into bytes on the wire."""
-        raise NotImplementedError
-
-    def wire_bytes(self, payload: int) -> int:
-        """Bytes one rank sends per update of ``payload`` bytes: a ring allreduce unless the
-        scheme gathers."""
-        return ring_allreduce_bytes(self.collective.size, payload)
-
-    def epoch_loop(self, train_one_epoch):
-        """``train_one_epoch`` followed by ``end_epoch``, with the epoch's bytes as the
-        collectives counted them (the warm-up's full-size updates and local SGD's averages
-        included) as the metrics line's ``comm_bytes_per_rank``."""
-        def counted(run, state, epoch):
-            self.collective.sent_bytes, self.epoch = 0, epoch
-            result = train_one_epoch(run, state, epoch)
-            self.end_epoch()
-            result.extra.update({"compression": self.name, "comm_bytes_per_rank": self.collective.sent_bytes})
-            return result
-        return counted
-
-
-def scheme_module(compression: str, local_sgd_steps: int) -> str | None:
-    """The module of the scheme a config asks for, or None (the sync method's own averaging)."""
-    return LOCAL_SGD if local_sgd_steps > 1 else COMPRESSIONS[compression]
+from hvd_cifar.compress.base import Collective, Scheme
 
 
 def make(cfg, collective: Collective) -> Scheme | None:
-    """The scheme ``cfg`` asks for (compression, local_sgd_steps and their keys), or None."""
-    module = scheme_module(cfg.compression, cfg.local_sgd_steps)
-    return None if module is None else importlib.import_module(module).create(cfg, collective)
+    """The scheme ``cfg`` asks for (compression, local_sgd_steps and their keys), or None: the
+    sync method's own averaging (compression: none or fp16). Each scheme's module is imported
+    only when asked for (it loads torch)."""
+    if cfg.local_sgd_steps > 1:
+        from hvd_cifar.compress import localsgd as module
+    elif cfg.compression == "powersgd":
+        from hvd_cifar.compress import powersgd as module
+    elif cfg.compression == "topk":
+        from hvd_cifar.compress import topk as module
+    else:
+        return None
+    return module.create(cfg, collective)

@@ -16,7 +16,9 @@ from types import SimpleNamespace
 
 import torch
 
-from hvd_cifar.compress import MIN_COMPRESSION_RATE, POWERSGD_RANK, TOPK_FRACTION, Collective, make
+from hvd_cifar.compress import make
+from hvd_cifar.compress.base import Collective
+from hvd_cifar.core.config import MIN_COMPRESSION_RATE, POWERSGD_RANK, TOPK_FRACTION
 
 
 class Alone(Collective):

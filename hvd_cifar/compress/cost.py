@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from hvd_cifar.compress import (FP32_BYTES, INDEX_BYTES, MIN_COMPRESSION_RATE, POWERSGD_RANK, TOPK_FRACTION,
-                                WARMUP_START_FRACTION, allgather_bytes)
+from hvd_cifar.core.config import MIN_COMPRESSION_RATE, POWERSGD_RANK, TOPK_FRACTION, WARMUP_START_FRACTION
+from hvd_cifar.core.wire import FP32_BYTES, INDEX_BYTES, allgather_bytes
 
 
 def matrix_shape(shape: tuple[int, ...], rank: int, min_rate: float = MIN_COMPRESSION_RATE) -> tuple[int, int] | None:

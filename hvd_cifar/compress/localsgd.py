@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from hvd_cifar.compress import Collective, Scheme
+from hvd_cifar.compress.base import Collective, Scheme
 from hvd_cifar.compress.cost import localsgd_payload
 from hvd_cifar.compress.flat import average_in_place
 

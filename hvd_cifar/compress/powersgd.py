@@ -33,7 +33,8 @@ import zlib
 
 import torch
 
-from hvd_cifar.compress import MIN_COMPRESSION_RATE, Collective, Scheme
+from hvd_cifar.compress.base import Collective, Scheme
+from hvd_cifar.core.config import MIN_COMPRESSION_RATE
 from hvd_cifar.compress.cost import matrix_shape, powersgd_payload
 from hvd_cifar.compress.flat import average_in_place, flatten, unflatten
 

@@ -25,12 +25,10 @@ from typing import Any
 
 import yaml
 
-from hvd_cifar import compress
-
 from hvd_cifar.core import netstats
 from hvd_cifar.core.errors import ConfigError  # noqa: F401 (config.ConfigError: the name its callers know)
 from hvd_cifar.core.files import atomic_write
-from hvd_cifar.core.names import SYNC_METHODS
+from hvd_cifar.core.names import COMPRESSIONS, SCHEME_SYNC_METHODS, SYNC_METHODS, runs_a_scheme
 
 DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
 # Each model's measured default lr (per rank at the default batch_size 32; `lr: 0` takes it):
@@ -39,7 +37,13 @@ DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
 # CNN learns slowly at VGG-11's 0.02; the deeper VGGs are unmeasured and take VGG-11's.
 MODEL_LR = {"vgg11": 0.02, "vgg13": 0.02, "vgg16": 0.02, "vgg19": 0.02, "resnet18": 0.02, "smallcnn": 0.05}
 MODELS = tuple(MODEL_LR)
-COMPRESSIONS = tuple(compress.COMPRESSIONS)  # the schemes' registry in hvd_cifar/compress/__init__.py
+# The compression schemes' settings by default, which the scaling model and predict share.
+POWERSGD_RANK = 2         # PowerSGD's columns of P and Q
+TOPK_FRACTION = 0.001     # top-k's share sent after its warm-up: Deep Gradient Compression's 99.9 % sparsity
+WARMUP_START_FRACTION = 0.25  # top-k's share in its sparsity warm-up's first epoch (DGC: 75 % sparsity)
+# PowerSGD sends a matrix whole unless r·(rows + cols) times this is below rows·cols (PyTorch's
+# PowerSGDState.min_compression_rate, whose default it is).
+MIN_COMPRESSION_RATE = 2.0
 SCHEDULES = ("onecycle", "cosine", "step")
 LR_SCALINGS = ("linear", "sqrt", "none")
 AMP_MODES = ("none", "fp16", "bf16")
@@ -78,11 +82,11 @@ class Config:
     fp16_allreduce: bool = False       # gradients cross the wire as fp16: the same as compression: fp16
     # Communication reduction (hvd_cifar/compress/, docs/COMM_OPTIONS.md); powersgd, topk and local SGD: horovod, ddp
     compression: str = "none"          # gradients on the wire: none | fp16 | powersgd | topk (one of COMPRESSIONS)
-    powersgd_rank: int = compress.POWERSGD_RANK  # powersgd: columns of P and Q per matrix-shaped gradient
-    powersgd_min_compression_rate: float = compress.MIN_COMPRESSION_RATE  # powersgd: a matrix whose rows*cols / (rank*(rows+cols)) is not above this is sent whole
+    powersgd_rank: int = POWERSGD_RANK  # powersgd: columns of P and Q per matrix-shaped gradient
+    powersgd_min_compression_rate: float = MIN_COMPRESSION_RATE  # powersgd: a matrix whose rows*cols / (rank*(rows+cols)) is not above this is sent whole
     powersgd_error_feedback: bool = True  # powersgd: what the approximation left out is added to the next update's gradient
     powersgd_warm_start: bool = True   # powersgd: each update's power step starts from the last update's Q (false: a new random Q)
-    topk_fraction: float = compress.TOPK_FRACTION  # topk: share of each gradient's entries a rank sends after the warm-up, in (0, 1]
+    topk_fraction: float = TOPK_FRACTION  # topk: share of each gradient's entries a rank sends after the warm-up, in (0, 1]
     topk_warmup_epochs: float = 4.0    # topk: epochs over which the share sent falls from 0.25 to topk_fraction; 0 = none
     topk_momentum_correction: bool = True  # topk: accumulate the velocity, not the gradient; the optimizer steps without momentum
     topk_momentum_masking: bool = True  # topk: clear the velocity of the entries sent (needs topk_momentum_correction)
@@ -242,11 +246,11 @@ def validate_compression(cfg: Config) -> None:
     if cfg.local_sgd_steps > 1 and cfg.compression != "none":
         raise ConfigError(f"local_sgd_steps: averages whole models every {cfg.local_sgd_steps} updates, "
                           f"not with compression: {cfg.compression} (use one or the other)")
-    if compress.scheme_module(cfg.compression, cfg.local_sgd_steps) is None:
+    if not runs_a_scheme(cfg.compression, cfg.local_sgd_steps):
         return
     what = f"local_sgd_steps: {cfg.local_sgd_steps}" if cfg.local_sgd_steps > 1 else f"compression: {cfg.compression}"
-    if cfg.sync not in compress.SYNC_METHODS:
-        raise ConfigError(f"{what}: needs sync: {' or '.join(compress.SYNC_METHODS)}, got sync: {cfg.sync}")
+    if cfg.sync not in SCHEME_SYNC_METHODS:
+        raise ConfigError(f"{what}: needs sync: {' or '.join(SCHEME_SYNC_METHODS)}, got sync: {cfg.sync}")
     if cfg.elastic:
         raise ConfigError(f"{what}: not with elastic: true (its state is not part of a commit)")
     if cfg.comm_timeline:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 FP32_BYTES = 4
 FP16_BYTES = 2
+INDEX_BYTES = 4  # top-k's indices cross the wire as int32
 
 
 def gradient_bytes(numel: int, fp16: bool, element_size: int = FP32_BYTES) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from hvd_cifar.compress import Scheme
+from hvd_cifar.compress.base import Scheme
 from hvd_cifar.sync.base import SyncMethod
 
 
