@@ -62,8 +62,11 @@ def start_backend(cfg: Config) -> tuple[SyncMethod, torch.device]:
     sync.configure(cfg)
     torch.set_num_threads(cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // sync.local_size))
     if torch.cuda.is_available():
-        torch.cuda.set_device(sync.local_rank)  # one GPU per local rank
-        return sync, torch.device("cuda", sync.local_rank)
+        # One GPU per local rank; more local ranks than GPUs share them round robin (a one-GPU
+        # machine runs a multi-rank check with every rank on its one card).
+        gpu = sync.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(gpu)
+        return sync, torch.device("cuda", gpu)
     return sync, torch.device("cpu")
 
 
