@@ -214,22 +214,6 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
 
 
 # ----------------------------------------------------------------------------- evaluation
-def average_buffers(model: torch.nn.Module, sync) -> None:
-    """Average the floating-point buffers (BatchNorm's running statistics) over the ranks.
-    Each rank's statistics come from its own shard only; after this every rank evaluates, and
-    rank 0 checkpoints, one and the same model, so a resumed run continues exactly."""
-    buffers = [b for b in model.buffers() if b.is_floating_point()]
-    if sync.size == 1 or not buffers:
-        return
-    flat = torch.cat([b.detach().reshape(-1).double().cpu() for b in buffers])
-    flat = sync.allreduce_sum(flat) / sync.size
-    offset = 0
-    with torch.no_grad():
-        for b in buffers:
-            b.copy_(flat[offset:offset + b.numel()].view_as(b))
-            offset += b.numel()
-
-
 @dataclass
 class Evaluation:
     """The test set's figures after an epoch, the same on every rank."""
