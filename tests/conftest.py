@@ -196,7 +196,8 @@ def seconds_until_it_ends(proc: subprocess.Popen, act, timeout: float = 30) -> f
 # (`--durations`), and a worker that starts one last would run it alone while the other idles.
 # They go first, in this order; the rest follow in collection order.
 LONGEST_FIRST = ("test_slurm.py", "test_reliability.py", "test_wire_bytes.py", "test_preemption.py",
-                 "test_async_ps.py", "test_stopping.py", "test_bad_inputs.py", "test_sync_methods.py")
+                 "test_async_ps.py", "test_stopping.py", "test_bad_inputs.py", "test_sync_methods.py",
+                 "test_compression.py", "test_convergence.py")
 
 
 def pytest_collection_modifyitems(items):
