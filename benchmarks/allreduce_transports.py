@@ -32,8 +32,8 @@ import sys
 import time
 
 from testbed import jobs
-from hvd_cifar.launch.commands import ROOT
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
+from hvd_cifar.launch.commands import ROOT
 
 TRANSPORTS = ("mpi-allreduce", "horovod", "horovod-gloo", "ddp")
 VGG11_PARAMETERS = 9_231_114  # what one training step allreduces for vgg11 (36.9 MB of fp32)

@@ -29,8 +29,8 @@ from testbed import jobs, render_docs
 from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
-from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import run_bytes
+from hvd_cifar.runfolder.reader import load_run
 
 FIGURES = {"test_acc": Figure("final test acc", ".4f"), "bytes": Figure("analytic MB/rank over the run", ".1f", 1e6),
            "nic_tx_bytes": Figure("eth0 tx MB/rank over the run", ".1f", 1e6),

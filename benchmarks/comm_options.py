@@ -42,8 +42,8 @@ from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.launch.commands import ROOT
 from hvd_cifar.workload.models import build_model
 from testbed.netcluster import NetCluster
-from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import steady_epochs, steady_mean, steady_nic_mean
+from hvd_cifar.runfolder.reader import load_run
 
 OPTIONS = {  # name -> trainer flags
     "fp32": [],

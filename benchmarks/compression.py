@@ -55,8 +55,8 @@ from hvd_cifar.compress import cost
 from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
-from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import run_bytes, steady_mean, steady_nic_mean, time_to_target
+from hvd_cifar.runfolder.reader import load_run
 
 SCHEMES = {  # name -> trainer flags: each scheme at its defaults
     "none": [],

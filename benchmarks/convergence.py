@@ -22,9 +22,9 @@ import os
 import sys
 import time
 
+from hvd_cifar.analysis.summary import summarize, time_to_target
 from hvd_cifar.launch import commands
 from hvd_cifar.runfolder.reader import load_run
-from hvd_cifar.analysis.summary import summarize, time_to_target
 
 from testbed import jobs, render_docs
 from testbed.results import Figure, Results, add_options as add_results_options

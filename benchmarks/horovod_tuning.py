@@ -27,8 +27,8 @@ import time
 from testbed import jobs, render_docs
 from testbed.results import Figure, Results, add_options as add_results_options
 from testbed.netcluster import NetCluster
-from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import summarize
+from hvd_cifar.runfolder.reader import load_run
 
 # name -> the trainer flags that make it (every other key at its default).
 SETTINGS = {

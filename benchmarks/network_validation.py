@@ -24,8 +24,8 @@ import time
 from hvd_cifar.analysis import scaling
 
 from testbed import jobs
-from hvd_cifar.launch.commands import ROOT
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
+from hvd_cifar.launch.commands import ROOT
 
 # transport whose time is predicted -> (the np=2 transport whose fit predicts it, equation)
 CHECKS = {"mpi-allreduce": ("mpi-allreduce", "ring"), "horovod-mpi": ("horovod-mpi", "ring"),

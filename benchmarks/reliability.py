@@ -44,8 +44,8 @@ from pathlib import Path
 
 from testbed import drill
 from testbed.drill import BAD_INPUT_BOUND_S, BAD_INPUTS, KILL_BOUND_S, KILL_JOBS, PREEMPT_BOUND_S, PREEMPT_JOBS
-from hvd_cifar.core.files import write_json, write_text
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
+from hvd_cifar.core.files import write_json, write_text
 from testbed.results import Figure, Results, add_options as add_results_options
 
 FIGURES = {"seconds": Figure("seconds to exit", ".1f"), "passed": Figure("passed", ".0f"),

@@ -25,8 +25,8 @@ import time
 from hvd_cifar import predict
 
 from testbed import jobs
-from hvd_cifar.launch.commands import ROOT
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
+from hvd_cifar.launch.commands import ROOT
 
 # option label -> (train flags, predict's scenario keys: fp16, accumulation steps)
 OPTIONS = {"plain": ([], (False, 1)),

@@ -79,9 +79,9 @@ from testbed import jobs, render_docs
 from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
-from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import steady_epochs, steady_per_step, summarize as summarize_run
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
+from hvd_cifar.runfolder.reader import load_run
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
 # The side-by-side pass (--side-by-side): synchronous gather/scatter, ring allreduce (Horovod) and

@@ -22,8 +22,8 @@ from hvd_cifar.launch import commands
 
 from testbed import jobs, render_docs
 from testbed.results import Figure, Results, add_options as add_results_options
-from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import summarize
+from hvd_cifar.runfolder.reader import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {"step_time_s": Figure("step (ms)", ".1f", 1e-3), "ratio": Figure("on / off", ".3f")}

@@ -50,15 +50,15 @@ import re
 import shlex
 import sys
 
-from hvd_cifar.core import config as config_mod
-from hvd_cifar.launch.runners import Ended, LocalRunner, SlurmRunner
-from hvd_cifar.core.errors import ConfigError
-from hvd_cifar.core.errors import ReportError
 from hvd_cifar.analysis.plots import plot_scaling
 from hvd_cifar.analysis.run_tables import TARGET_CSV_COLUMNS, TARGET_NOTE, with_target_columns
-from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import MB, add_speedup, summarize
 from hvd_cifar.analysis.tabulate import Column, OneLineParser, markdown_table, num, write_csv
+from hvd_cifar.core import config as config_mod
+from hvd_cifar.core.errors import ConfigError
+from hvd_cifar.core.errors import ReportError
+from hvd_cifar.launch.runners import Ended, LocalRunner, SlurmRunner
+from hvd_cifar.runfolder.reader import load_run
 
 # Swept options: (bench flag / row key, trainer flag)
 SWEEP = (("model", "--model"), ("sync", "--sync"), ("batch_size", "--batch-size"),

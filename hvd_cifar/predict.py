@@ -23,13 +23,13 @@ import os
 import sys
 from dataclasses import replace
 
-from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
-from hvd_cifar.core.names import COMPRESSIONS, SCHEME_SYNC_METHODS
+from hvd_cifar.analysis.plots import plot_prediction
 from hvd_cifar.compress import cost
 from hvd_cifar.core import units
+from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
 from hvd_cifar.core.errors import PredictError, ReportError
 from hvd_cifar.core.files import RunError
-from hvd_cifar.analysis.plots import plot_prediction
+from hvd_cifar.core.names import COMPRESSIONS, SCHEME_SYNC_METHODS
 from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.scaling import (SCENARIO_KEYS, TRANSPORTS, Compute, Link, Network, Scenario, measure, predict,
                                profile, scheme_of, time_schemes)

@@ -35,11 +35,9 @@ import time
 import torch
 
 from hvd_cifar.analysis import scaling
-
-from hvd_cifar.core import lifecycle
-
-from hvd_cifar.runfolder import writer
 from hvd_cifar.analysis.tabulate import OneLineParser
+from hvd_cifar.core import lifecycle
+from hvd_cifar.runfolder import writer
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -30,10 +30,10 @@ import os
 import sys
 from typing import Any
 
-from hvd_cifar.core.errors import PredictError, ReportError
 from hvd_cifar.analysis.explain import explain
-from hvd_cifar.core.files import RunError, write_text
 from hvd_cifar.analysis.plots import plot_compare, plot_run, plot_scaling
+from hvd_cifar.core.errors import PredictError, ReportError
+from hvd_cifar.core.files import RunError, write_text
 from hvd_cifar.analysis.run_tables import (ASYNC_PS_COLUMNS, COMPARE_COLUMNS, EPOCH_COLUMNS, TARGET_CSV_COLUMNS, TARGET_NOTE,
                                   classification_table, confusion_table, epoch_rows, with_target_columns)
 from hvd_cifar.runfolder.reader import METRICS, Run, load_run

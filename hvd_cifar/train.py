@@ -35,9 +35,9 @@ from hvd_cifar.runfolder import lock, writer
 from hvd_cifar.sync import make as make_sync
 from hvd_cifar.sync.base import SyncMethod
 from hvd_cifar.trainer import exits, freezing, loop, metrics, preemption, resources
-from hvd_cifar.trainer.recording import checkpoint_and_record, finish
 from hvd_cifar.trainer.context import Training, make_state
 from hvd_cifar.trainer.ranks import before_loop, on_every_rank, on_main
+from hvd_cifar.trainer.recording import checkpoint_and_record, finish
 from hvd_cifar.trainer.restore import resume
 from hvd_cifar.workload import data
 from hvd_cifar.workload.epoch import SUMS, EpochResult, no_sums

@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hvd_cifar.launch import commands
-
 from hvd_cifar.core.names import RESOURCE_FIELDS
+from hvd_cifar.launch import commands
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable

@@ -15,9 +15,8 @@ import sys
 import horovod.torch as hvd
 
 from hvd_cifar import train
-
-from hvd_cifar.trainer import context
 from hvd_cifar.sync import horovod as horovod_sync
+from hvd_cifar.trainer import context
 
 COUNTED = ("init", "allreduce", "allreduce_async", "allreduce_async_", "grouped_allreduce_async",
            "broadcast_parameters", "broadcast_object", "allgather_object", "synchronize", "DistributedOptimizer")

@@ -12,8 +12,8 @@ import torch
 from conftest import md_table, read_metrics, run_train
 from hvd_cifar import report
 from hvd_cifar.core import config
-from hvd_cifar.trainer.freezing import AutoFreeze, decide
 from hvd_cifar.core.config import ConfigError
+from hvd_cifar.trainer.freezing import AutoFreeze, decide
 from hvd_cifar.workload.models import build_model, set_frozen_blocks
 
 

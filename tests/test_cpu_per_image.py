@@ -9,11 +9,11 @@ import torch
 
 from conftest import md_table, read_metrics, shown
 from hvd_cifar import report
-from hvd_cifar.trainer import metrics, resources
-from hvd_cifar.workload.epoch import EpochResult
+from hvd_cifar.analysis.summary import summarize
 from hvd_cifar.core.names import PHASES
 from hvd_cifar.runfolder.reader import load_run
-from hvd_cifar.analysis.summary import summarize
+from hvd_cifar.trainer import metrics, resources
+from hvd_cifar.workload.epoch import EpochResult
 from runfolders import epoch_record, write_run
 
 

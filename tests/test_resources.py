@@ -12,10 +12,10 @@ import torch
 
 from conftest import TINY, SharedRun, assert_png, md_table, read_metrics, run_train, shown
 from hvd_cifar import report
+from hvd_cifar.analysis.summary import per_name
 from hvd_cifar.core.names import PHASES
 from hvd_cifar.trainer import resources
 from hvd_cifar.workload import epoch
-from hvd_cifar.analysis.summary import per_name
 
 
 def test_each_rank_fills_its_own_slot_and_the_sum_holds_every_rank():

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from conftest import ROOT, read_metrics, run_train
-from hvd_cifar.runfolder import lock
 from hvd_cifar.core.files import RunError
+from hvd_cifar.runfolder import lock
 
 HOLD = ("import sys, time; from hvd_cifar.runfolder import lock; lock.hold(sys.argv[1]); "
         "print('held', flush=True); time.sleep(120)")

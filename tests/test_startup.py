@@ -8,17 +8,17 @@ import sys
 import torch
 
 from conftest import ROOT
-from hvd_cifar.workload import optim
 from hvd_cifar.core.config import Config
+from hvd_cifar.workload import optim
 from hvd_cifar.workload.models import build_model
 
 # A rank's start, in a fresh process: data, model, SGD, updates, checkpoint state, the report.
 A_RANKS_START = """
 import sys, torch
 from hvd_cifar import train
+from hvd_cifar.core.config import Config
 from hvd_cifar.runfolder import evaluation
 from hvd_cifar.workload import data, optim
-from hvd_cifar.core.config import Config
 from hvd_cifar.workload.models import build_model
 ds = data.load("digits", "")
 model = build_model("smallcnn", 10)

@@ -16,8 +16,8 @@ import pytest
 from conftest import NEEDS_NETNS, ROOT
 from hvd_cifar import predict
 from hvd_cifar.analysis import scaling
-from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.summary import summarize
+from hvd_cifar.runfolder.reader import load_run
 
 SCRIPT = ROOT / "benchmarks" / "step_validation.py"
 

@@ -13,11 +13,11 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from hvd_cifar.analysis.scaling import SCENARIO_KEYS
+from hvd_cifar.analysis.summary import MB, per_name, scaling_groups, setting, value
 from hvd_cifar.core.files import atomic_write
 from hvd_cifar.core.names import PHASES
 from hvd_cifar.runfolder.reader import Run
-from hvd_cifar.analysis.scaling import SCENARIO_KEYS
-from hvd_cifar.analysis.summary import MB, per_name, scaling_groups, setting, value
 
 TITLE_ROOM = 0.95  # share of a figure's width that its title may take
 

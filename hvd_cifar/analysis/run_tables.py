@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from hvd_cifar.core.names import PHASES
-from hvd_cifar.runfolder.reader import Run
 from hvd_cifar.analysis.summary import MB, value
 from hvd_cifar.analysis.tabulate import Column, fmt_number, markdown_table, num
+from hvd_cifar.core.names import PHASES
+from hvd_cifar.runfolder.reader import Run
 
 
 def target_cell(key: str, spec: str) -> Callable[[dict], str]:

@@ -21,14 +21,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from hvd_cifar.analysis.summary import setting, steady_epochs, value
 from hvd_cifar.compress import cost
 from hvd_cifar.core import wire
 from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
 from hvd_cifar.core.errors import PredictError
-from hvd_cifar.core.wire import allgather_bytes
 from hvd_cifar.core.names import PHASES
+from hvd_cifar.core.wire import allgather_bytes
 from hvd_cifar.runfolder.reader import Run
-from hvd_cifar.analysis.summary import setting, steady_epochs, value
 
 # The collective each sync method's gradients take, and the probe transports that time it (the
 # first the probe holds is used). A Horovod job uses MPI or Gloo as its launcher decided.

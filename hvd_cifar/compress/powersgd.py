@@ -34,9 +34,9 @@ import zlib
 import torch
 
 from hvd_cifar.compress.base import Collective, Scheme
-from hvd_cifar.core.config import MIN_COMPRESSION_RATE
 from hvd_cifar.compress.cost import matrix_shape, powersgd_payload
 from hvd_cifar.compress.flat import average_in_place, flatten, unflatten
+from hvd_cifar.core.config import MIN_COMPRESSION_RATE
 
 EPS = 1e-8  # a column of norm below this is left at zero, not divided by
 

@@ -37,9 +37,9 @@ import math
 import torch
 
 from hvd_cifar.compress.base import Collective, Scheme
-from hvd_cifar.core.wire import allgather_bytes, ring_allreduce_bytes
 from hvd_cifar.compress.cost import kept, topk_fraction_at, topk_parts
 from hvd_cifar.compress.flat import average_in_place, unflatten
+from hvd_cifar.core.wire import allgather_bytes, ring_allreduce_bytes
 
 
 class TopK(Scheme):

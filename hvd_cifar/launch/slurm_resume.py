@@ -33,9 +33,9 @@ from typing import Mapping
 
 from hvd_cifar.core import config as config_mod
 from hvd_cifar.core import slurm_job
-from hvd_cifar.runfolder import reader
 from hvd_cifar.core.errors import ConfigError, ReportError
 from hvd_cifar.core.files import RunError
+from hvd_cifar.runfolder import reader
 from hvd_cifar.runfolder.writer import CHECKPOINT, EVENTS, append_metrics
 
 

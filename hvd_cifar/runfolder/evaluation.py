@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from hvd_cifar.runfolder import reader
 from hvd_cifar.core.files import write_json
+from hvd_cifar.runfolder import reader
 
 EVAL = "eval.json"
 

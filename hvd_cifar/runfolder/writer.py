@@ -15,7 +15,6 @@ import time
 import torch
 
 from hvd_cifar.core import slurm_job
-
 from hvd_cifar.runfolder import reader
 from hvd_cifar.core.files import RunError, append_whole, atomic_write, write_error, write_json, write_text  # noqa: F401 (re-exported)
 

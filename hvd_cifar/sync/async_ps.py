@@ -42,10 +42,10 @@ import torch
 from hvd_cifar.core import stops
 from hvd_cifar.core.errors import ConfigError
 from hvd_cifar.core.names import PHASES
-from hvd_cifar.workload.epoch import EpochResult, progress_bar, zero_sums
-from hvd_cifar.workload.optim import LrSchedule
 from hvd_cifar.sync.base import SyncMethod
 from hvd_cifar.sync.mpi import MpiSync
+from hvd_cifar.workload.epoch import EpochResult, progress_bar, zero_sums
+from hvd_cifar.workload.optim import LrSchedule
 
 _PUSH = 21  # worker -> server: a gradient shard
 _PULL = 22  # server -> worker: the weight shard after applying it

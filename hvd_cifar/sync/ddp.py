@@ -28,12 +28,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from hvd_cifar import compress
-
-from hvd_cifar.sync import overlap
-from hvd_cifar.sync.schemes import SchemeHooks
 from hvd_cifar.core.lifecycle import launched_by_mpi
+from hvd_cifar.sync import overlap
 from hvd_cifar.sync import openmpi
 from hvd_cifar.sync.base import SyncMethod
+from hvd_cifar.sync.schemes import SchemeHooks
 
 
 def _launcher() -> tuple[int, int, int, int, Any]:

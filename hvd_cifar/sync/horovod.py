@@ -11,12 +11,11 @@ from typing import Any
 import horovod.torch as hvd
 
 from hvd_cifar import compress
-
-from hvd_cifar.sync import overlap
-from hvd_cifar.sync.schemes import SchemeHooks
 from hvd_cifar.core.errors import ConfigError
+from hvd_cifar.sync import overlap
 from hvd_cifar.sync import openmpi
 from hvd_cifar.sync.base import SyncMethod
+from hvd_cifar.sync.schemes import SchemeHooks
 
 
 def prepare_environment(elastic: bool, timeline: bool = False) -> None:

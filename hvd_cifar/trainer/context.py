@@ -10,15 +10,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hvd_cifar.core.config import Config
 from hvd_cifar.runfolder import writer, tensorboard
-
+from hvd_cifar.sync.base import SyncMethod
 from hvd_cifar.trainer import loop
 from hvd_cifar.trainer.freezing import AutoFreeze, ConfigFreezing
-
 from hvd_cifar.workload import data, optim
-from hvd_cifar.core.config import Config
 from hvd_cifar.workload.models import set_frozen_blocks
-from hvd_cifar.sync.base import SyncMethod
 
 
 @dataclass

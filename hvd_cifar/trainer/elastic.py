@@ -16,7 +16,6 @@ import torch
 from horovod.common.elastic import ObjectState
 
 from hvd_cifar.runfolder import writer
-
 from hvd_cifar.workload.epoch import no_sums
 
 

@@ -118,8 +118,10 @@ class TrainingState:
     ``totals`` (loss/correct/images summed before a reset)), and the hooks the loop calls.
 
     In a plain run the hooks keep count and, after each update, ask whether any rank was told
-    to stop (hvd_cifar/trainer/preemption.py). Elastic training (hvd_cifar/trainer/elastic.py) overrides them to
-    commit the state, fold running sums and write its events; the loop does not know."""
+    to stop (trainer/preemption.py); a method whose ranks share no update boundary to vote at
+    (``stops_by_vote`` False) ends the rank at a stop signal instead. Elastic training
+    (trainer/elastic.py) overrides the hooks to commit the state, fold running sums and write
+    its events; the loop does not know."""
 
     def __init__(self, sync, **values):
         self.__dict__.update(values)
@@ -142,7 +144,7 @@ class TrainingState:
         rank learns it here, after the same update), the epoch's sums so far go into ``totals``
         and Preempted ends the pass. Not after an epoch's last update: its evaluation and
         checkpoint follow, and the next chance to stop is in the next epoch."""
-        if not self.sync_method.stops_by_vote:
+        if self.stop_vote is None:
             stops.end_if_asked()
             return
         if more_steps and (asked := self.stop_vote.ranks_asked()):

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_cifar.trainer import resources
 from hvd_cifar.core.names import PER_IMAGE_FIELD, PHASES
+from hvd_cifar.trainer import resources
 
 
 @dataclass

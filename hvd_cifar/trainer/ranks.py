@@ -12,9 +12,9 @@ import signal
 import sys
 import time
 
-from hvd_cifar.workload.data import DataError
 from hvd_cifar.core.errors import ConfigError
 from hvd_cifar.core.files import RunError
+from hvd_cifar.workload.data import DataError
 
 USER_ERRORS = (ConfigError, DataError, RunError)
 SILENT_RANK_EXIT_DELAY_S = 5.0
