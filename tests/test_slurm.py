@@ -386,7 +386,7 @@ def test_a_lost_rank_or_node_ends_the_run_with_one_line_and_the_job_requeues_its
     assert slurm_runs["lost"][how]["requeued_s"] <= LOST_WITHIN_S, slurm_runs["lost"][how]
     info = slurm_runs["finished"][how]
     out = job_output(slurm_runs, how)
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, out)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", f"{info}\n{out}"
     lines = out.splitlines()
     assert [line for line in lines if "lost" in line] == [
         f"slurm.sbatch: job {job}: rank 1 on node {node} lost ({why}); requeued to resume {run} from its last "
