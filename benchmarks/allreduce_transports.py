@@ -18,8 +18,9 @@ so with the settings training runs use (Open MPI's yield and ring rules, Horovod
 
 Per transport: the fastest and the median of the timed iterations (the first is warm-up, left
 out) over --rounds rounds (rotated order), and the payload rate, 2(N-1)/N x bytes x 8 / time,
-which a ring at line rate brings to the link rate. Written to OUT/allreduce_transports.json
-and .md, then printed.
+which a ring at line rate brings to the link rate. Every job is a round of the results file
+benchmarks/results/allreduce_transports.json (``testbed.results``: --tag, --results); the
+table and the samples also go to OUT/allreduce_transports.json and .md, then printed.
 """
 from __future__ import annotations
 
@@ -32,11 +33,14 @@ import sys
 import time
 
 from testbed import jobs
+from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 from hvd_cifar.launch.commands import ROOT
 
 TRANSPORTS = ("mpi-allreduce", "horovod", "horovod-gloo", "ddp")
 VGG11_PARAMETERS = 9_231_114  # what one training step allreduces for vgg11 (36.9 MB of fp32)
+FIGURES = {"fastest_s": Figure("fastest (s)", ".3f"), "median_s": Figure("median (s)", ".3f"),
+           "gbit_s": Figure("payload Gbit/s (fastest)", ".3f")}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,6 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="jobs per transport; every timed iteration counts")
     p.add_argument("--only", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS))
     jobs.add_options(p, timeout=300)
+    add_results_options(p)
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-allreduce-%Y%m%d-%H%M%S")))
     args = p.parse_args(argv)
     if not 2 <= args.hosts <= 16:
@@ -136,14 +141,22 @@ def main(argv: list[str] | None = None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     span = jobs.Span()
+    results = Results("allreduce_transports", args, FIGURES, argv)
+    payload_bits = 2 * (args.hosts - 1) / args.hosts * args.elements * 4 * 8
     samples: dict[str, list[float]] = {m: [] for m in args.only}
     with NetCluster(args.hosts, rate=args.rate) as cluster:
         for k in range(args.rounds):
             for method in jobs.rotated(args.only, k):
-                got = run_one(cluster, method, args)
+                got = results.attempt(k + 1, method, lambda: run_one(cluster, method, args))
+                if got is None:
+                    continue
                 samples[method] += got["seconds"]
-                print(f"{method} round {k + 1}: fastest {min(got['seconds']):.3f} s", file=sys.stderr, flush=True)
-    payload_bits = 2 * (args.hosts - 1) / args.hosts * args.elements * 4 * 8
+                results.add(k + 1, method, {"fastest_s": min(got["seconds"]), "median_s": statistics.median(got["seconds"]),
+                                            "gbit_s": payload_bits / min(got["seconds"]) / 1e9}, samples_s=got["seconds"])
+    results.write()
+    samples = {m: s for m, s in samples.items() if s}
+    if not samples:
+        raise RuntimeError("every job failed; see the results file's rounds")
     rows = [{"method": m, "fastest_s": min(s), "median_s": statistics.median(s), "samples_s": s,
              "gbit_s": payload_bits / min(s) / 1e9} for m, s in samples.items()]
     text = table(rows, args, parse_rate(args.rate))
@@ -151,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                     args=vars(args))
     jobs.write_results(args.out, "allreduce_transports", {"meta": meta, "rows": rows}, text)
     print(f"\n{span.line()}")
-    return 0
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ transport with the np=2 probe's fit (gather/scatter: the mpi-p2p link and the ro
 sum cost, as predict uses them); measured: the np=3/4 probe's median. Only the network: the
 training step's compute is not in it (4 ranks on this machine's 2 cores would not have the
 compute an np=1 run measured; see docs/SCALING.md). Writes OUT/network_validation.json (every
-probe whole) and .md, then prints the table.
+probe whole) and .md, then prints the table; every row, as a configuration of one round, also
+goes to the results file benchmarks/results/network_validation.json (``testbed.results``: --tag,
+--results), a rate whose cluster or probes failed as a failed round with its reason.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import time
 from hvd_cifar.analysis import scaling
 
 from testbed import jobs
+from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 from hvd_cifar.launch.commands import ROOT
 
@@ -34,6 +37,8 @@ CHECKS = {"mpi-allreduce": ("mpi-allreduce", "ring"), "horovod-mpi": ("horovod-m
 COLUMNS = [Column("rate", "rate"), Column("transport", "transport"), Column("np", "np", numeric=True),
            num("message (MB)", "bytes", ".2f", 1e6), num("predicted (ms)", "predicted_s", ".1f", 1e-3),
            num("measured (ms, median)", "measured_s", ".1f", 1e-3), num("error (%)", "error_pct", "+.1f")]
+FIGURES = {"predicted_s": Figure("predicted (ms)", ".1f", 1e-3), "measured_s": Figure("measured (ms, median)", ".1f", 1e-3),
+           "error_pct": Figure("error (%)", "+.1f")}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,6 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-bytes", type=int, default=0, help="default: vgg11's fp32 gradient")
     p.add_argument("--report-from", type=int, default=1_000_000, help="table rows: sizes from this many bytes")
     jobs.add_options(p, timeout=900)
+    add_results_options(p)
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-netval-%Y%m%d-%H%M%S")))
     return p.parse_args(argv)
 
@@ -53,6 +59,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def run_probe(cluster, n: int, args, out: str) -> dict:
     return jobs.probe(cluster, n, out, iters=args.iters, timeout=args.timeout, max_bytes=args.max_bytes,
                       sizes=args.sizes, min_bytes=args.min_bytes)
+
+
+def config(row: dict) -> str:
+    """A row's name in the results file."""
+    return f"{row['rate']} {row['transport']} np={row['np']} {row['bytes'] / 1e6:.2f} MB"
+
+
+def measure(rate: str, args) -> list[dict]:
+    """The probes at np 2 and each of --nps on a fresh cluster shaped to ``rate``; the rows."""
+    from testbed.netcluster import NetCluster
+    with NetCluster(max(args.nps), rate=None if rate == "none" else rate) as cluster:
+        probes = {n: run_probe(cluster, n, args, os.path.join(args.out, f"probe-{rate}-np{n}.json"))
+                  for n in [2, *args.nps]}
+    return compare(rate, probes, args)
 
 
 def compare(rate: str, probes: dict[int, dict], args) -> list[dict]:
@@ -75,20 +95,21 @@ def compare(rate: str, probes: dict[int, dict], args) -> list[dict]:
 
 @jobs.one_line_errors("hvd_cifar")
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    from testbed.netcluster import NetCluster
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     span, rows = jobs.Span(), []
+    results = Results("network_validation", args, FIGURES, argv)
     for rate in args.rates:
-        with NetCluster(max(args.nps), rate=None if rate == "none" else rate) as cluster:
-            probes = {n: run_probe(cluster, n, args, os.path.join(args.out, f"probe-{rate}-np{n}.json"))
-                      for n in [2, *args.nps]}
-        rows += compare(rate, probes, args)
-        print(f"{rate}: done", file=sys.stderr, flush=True)
+        got = results.attempt(1, rate, lambda: measure(rate, args)) or []
+        for row in got:
+            results.add(1, config(row), {key: row[key] for key in FIGURES})
+        rows += got
+    results.write()
     meta = span.end(args=vars(args))
     jobs.write_results(args.out, "network_validation", {"meta": meta, "rows": rows}, markdown_table(COLUMNS, rows))
     print(f"\n{span.line()}")
-    return 0
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ plain, with fp16 and with 4 accumulation steps at each --nps, and each of those 
 put beside its prediction (predict's --measured). Every job runs --epochs whole epochs of --steps
 steps per rank; step times are the epochs after the first (hvd_cifar.report's rule). Writes
 OUT/step_validation.json and .md (the table), the runs, probes and predictions; prints the table.
+Every row is also a configuration of round 1 in the results file
+benchmarks/results/step_validation.json (``testbed.results``: --tag, --results); a rate whose
+cluster, job or prediction failed is a failed round with its reason.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import time
 from hvd_cifar import predict
 
 from testbed import jobs
+from testbed.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 from hvd_cifar.launch.commands import ROOT
 
@@ -48,6 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--probe-iters", type=int, default=3)
     p.add_argument("--probe-max-bytes", type=int, default=0, help="largest probe message (default: the probe's)")
     jobs.add_options(p, timeout=1200)
+    add_results_options(p)
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-stepval-%Y%m%d-%H%M%S")))
     args = p.parse_args(argv)
     if min(args.nps) < 3 or args.epochs < 2 or ("accum4" in args.options and args.steps % 4):
@@ -101,6 +106,15 @@ def option_label(r: dict) -> str:
     return "fp16" if r["fp16_allreduce"] else f"accum {r['accumulation_steps']}" if r["accumulation_steps"] > 1 else "plain"
 
 
+FIGURES = {"step_s": Figure("predicted step (ms)", ".1f", 1e-3),
+           "measured_step_s": Figure("measured step (ms)", ".1f", 1e-3), "error_pct": Figure("error (%)", "+.1f")}
+
+
+def config(r: dict) -> str:
+    """A row's name in the results file."""
+    return f"{r['rate']} {r['method']} {option_label(r)} np={r['np']}"
+
+
 COLUMNS = [Column("rate", "rate"), Column("sync", "method"), Column("option", "fp16_allreduce", row_fmt=option_label),
            Column("np", "np", numeric=True), num("predicted step (ms)", "step_s", ".1f", 1e-3),
            num("measured step (ms)", "measured_step_s", ".1f", 1e-3), num("error (%)", "error_pct", "+.1f")]
@@ -108,17 +122,23 @@ COLUMNS = [Column("rate", "rate"), Column("sync", "method"), Column("option", "f
 
 @jobs.one_line_errors("hvd_cifar")
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     span, rows = jobs.Span(), []
-    for rate in args.rates:  # a failed job, cluster or prediction is a RuntimeError: one line
-        rows += validate_rate(rate, args)
+    results = Results("step_validation", args, FIGURES, argv)
+    for rate in args.rates:  # a failed job, cluster or prediction: a failed round with its first line
+        got = results.attempt(1, rate, lambda: validate_rate(rate, args)) or []
+        for r in got:
+            results.add(1, config(r), {key: r[key] for key in FIGURES})
+        rows += got
+    results.write()
     meta = span.end(cores=os.cpu_count(), args=vars(args))
     within = sum(abs(r["error_pct"]) <= 15 for r in rows)
     summary = f"{within} of {len(rows)} predicted steps within 15 % of the measured ones"
     jobs.write_results(args.out, "step_validation", {"meta": meta, "rows": rows}, f"{markdown_table(COLUMNS, rows)}\n{summary}")
     print(span.line())
-    return 0
+    return 0 if all(r["ok"] for r in results.data["rounds"]) else 1
 
 
 if __name__ == "__main__":

@@ -164,14 +164,15 @@ class Results:
             self.add(round_no, config, figures)
         return figures
 
-    def derive(self, config: str, figure: str, compute: Callable[[dict[str, dict]], float]) -> None:
-        """A figure computed in every round from that round's figures (``compute`` gets config ->
-        figures of the round's jobs that did not fail); a round where it cannot be computed (a job
-        it needs failed) is a failed round of ``config``."""
+    def derive(self, config: str, figure: str, compute: Callable[[dict[str, dict]], float],
+               rounds: list[int] | None = None) -> None:
+        """A figure computed in every round (or in ``rounds``) from that round's figures
+        (``compute`` gets config -> figures of the round's jobs that did not fail); a round where it
+        cannot be computed (a job it needs failed) is a failed round of ``config``."""
         if figure not in self.data["figures"]:
             raise ValueError(f"results: figure {figure!r} is not declared")
-        rounds = sorted({r["round"] for r in self.data["rounds"] if not r.get("derived")})
-        for k in rounds:
+        every = sorted({r["round"] for r in self.data["rounds"] if not r.get("derived")})
+        for k in every if rounds is None else rounds:
             mine = [r for r in self.data["rounds"] if r["round"] == k and not r.get("derived")]
             ok = {r["config"]: r["figures"] for r in mine if r["ok"]}
             try:

@@ -35,7 +35,8 @@ def test_every_transport_times_a_real_allreduce(tmp_path):
     elements, iters = 200_000, 3
     result = subprocess.run([sys.executable, str(SCRIPT), "--hosts", "2", "--rate", "1gbit",
                              "--elements", str(elements), "--iters", str(iters), "--rounds", "1",
-                             "--out", str(tmp_path)], capture_output=True, text=True, timeout=540, cwd=ROOT)
+                             "--out", str(tmp_path), "--results", str(tmp_path / "results")],
+                            capture_output=True, text=True, timeout=540, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((tmp_path / "allreduce_transports.json").read_text())
     rows = {row["method"]: row for row in data["rows"]}
@@ -53,3 +54,10 @@ def test_every_transport_times_a_real_allreduce(tmp_path):
         shown(cells["payload Gbit/s (fastest)"], row["gbit_s"], 3)
         shown(cells["median / ddp median"], row["median_s"] / rows["ddp"]["median_s"], 2)
     assert table[-1]["median / ddp median"] == "1.00"
+    # The results file: every job a round with its figures, and their spread.
+    results = json.loads((tmp_path / "results" / "allreduce_transports.json").read_text())
+    assert [(r["round"], r["config"], r["ok"]) for r in results["rounds"]] == [(1, m, True) for m in rows]
+    for job in results["rounds"]:
+        assert job["samples_s"] == rows[job["config"]]["samples_s"]
+        assert job["figures"]["fastest_s"] == rows[job["config"]]["fastest_s"]
+        assert results["summary"][job["config"]]["gbit_s"]["n"] == 1

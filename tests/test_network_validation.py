@@ -20,7 +20,8 @@ SCRIPT = ROOT / "benchmarks" / "network_validation.py"
 @NEEDS_NETNS[1]
 def test_np2_fits_predict_np3_times_by_the_models_equations(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--rates", "1gbit", "--nps", "3", "--iters", "2", "--sizes", "3",
-                           "--max-bytes", "2000000", "--report-from", "4096", "--out", str(tmp_path)],
+                           "--max-bytes", "2000000", "--report-from", "4096", "--out", str(tmp_path),
+                           "--results", str(tmp_path / "results")],
                           cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((tmp_path / "network_validation.json").read_text())["rows"]
@@ -38,3 +39,8 @@ def test_np2_fits_predict_np3_times_by_the_models_equations(tmp_path):
         assert r["measured_s"] == measured["median_s"][measured["sizes_bytes"].index(r["bytes"])]
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_s"] / r["measured_s"] - 1))
     assert "| 1gbit | mpi-gather-scatter | 3 | 2.00 |" in proc.stdout
+    results = json.loads((tmp_path / "results" / "network_validation.json").read_text())
+    assert len(results["rounds"]) == len(rows) and all(r["ok"] for r in results["rounds"])
+    for r, job in zip(rows, results["rounds"]):
+        assert job["config"] == f"1gbit {r['transport']} np=3 {r['bytes'] / 1e6:.2f} MB"
+        assert job["figures"] == {k: r[k] for k in ("predicted_s", "measured_s", "error_pct")}

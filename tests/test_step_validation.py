@@ -28,7 +28,8 @@ SCRIPT = ROOT / "benchmarks" / "step_validation.py"
 def test_np3_steps_predicted_from_np1_and_np2_beside_the_trained_ones(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--rates", "1gbit", "--nps", "3", "--options", "plain",
                            "--model", "smallcnn", "--batch-size", "16", "--steps", "4", "--probe-iters", "2",
-                           "--probe-max-bytes", "1000000", "--out", str(tmp_path)],
+                           "--probe-max-bytes", "1000000", "--out", str(tmp_path),
+                           "--results", str(tmp_path / "results")],
                           cwd=ROOT, capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((tmp_path / "step_validation.json").read_text())["rows"]
@@ -56,3 +57,8 @@ def test_np3_steps_predicted_from_np1_and_np2_beside_the_trained_ones(tmp_path):
     assert rows[0]["compute_s"] == pytest.approx(share * (single.data_s + single.forward_s + single.backward_s
                                                           + single.other_s))
     assert "| 1gbit | mpi-gather-scatter | plain | 3 |" in proc.stdout
+    results = json.loads((tmp_path / "results" / "step_validation.json").read_text())
+    assert [(job["round"], job["config"], job["ok"]) for job in results["rounds"]] == [
+        (1, f"1gbit {r['method']} plain np=3", True) for r in rows]
+    for r, job in zip(rows, results["rounds"]):
+        assert job["figures"] == {k: r[k] for k in ("step_s", "measured_step_s", "error_pct")}
