@@ -80,6 +80,18 @@ def test_summary_is_median_min_max_n_of_the_rounds_that_did_not_fail(tmp_path):
     assert len(data["machine"]["load_average_before"]) == 3 and data["machine"]["load_average_after"]
 
 
+def test_a_figure_derived_in_named_rounds_only(tmp_path):
+    """A pass run once (round 1) beside rounds of others: its derived figure in round 1 alone,
+    not a failed round in each round it was not run in."""
+    r = Results("demo", argparse.Namespace(results=str(tmp_path)), {"x": Figure("x"), "ratio": Figure("r")})
+    for k in (1, 2, 3):
+        r.add(k, "a", {"x": float(k)})
+    r.add(1, "b", {"x": 4.0})
+    r.derive("b / a", "ratio", lambda by: by["b"]["x"] / by["a"]["x"], rounds=[1])
+    assert [(x["round"], x["config"], x["ok"]) for x in r.data["rounds"] if x.get("derived")] == [(1, "b / a", True)]
+    assert r.summarize()["b / a"]["ratio"] == {"median": 4.0, "min": 4.0, "max": 4.0, "n": 1}
+
+
 def test_a_job_that_fails_is_a_failed_round_with_its_first_line(tmp_path):
     r = Results("demo", argparse.Namespace(results=str(tmp_path)), {"x": Figure("x")})
 
