@@ -23,7 +23,7 @@ every scheme alike; the tables give ratios to ``none``, per round):
              epoch and wall time at which it reached the target, bytes over the run (analytic and
              eth0, mean over the hosts).
   bytes      at each of --rates: --bytes-steps steps per epoch for --bytes-epochs epochs, without
-             the schemes' warm-up (compression_warmup_steps 0): bytes per update and per epoch,
+             the schemes' warm-ups (compression_warmup_steps 0, topk_warmup_epochs 0): bytes per update and per epoch,
              analytic and on the wire, and the step time, over the epochs after the first.
   predict    per rate, the model (docs/SCALING.md) from the ``none`` bytes run at np, --bandwidth
              the rate, --shared-cores this machine's cores, each scheme asked for, the bytes runs
@@ -80,6 +80,7 @@ FIGURES = {
     "error_pct": Figure("prediction error (%)", "+.1f"),
     "step_of_none": Figure("step x none's", ".3f"),
     "tx_of_none": Figure("tx bytes x none's", ".3f"),
+    "analytic_of_none": Figure("analytic bytes x none's", ".4f"),
 }
 
 
@@ -174,7 +175,7 @@ def run_round(cluster, results: Results, k: int, args) -> None:
     prediction per rate from this round's ``none`` run."""
     acc_flags = ["--epochs", str(args.acc_epochs), "--target-acc", str(args.target_acc)]
     bytes_flags = ["--epochs", str(args.bytes_epochs), "--max-steps-per-epoch", str(args.bytes_steps),
-                   "--compression-warmup-steps", "0"]
+                   "--compression-warmup-steps", "0", "--topk-warmup-epochs", "0"]
     rows: dict[str, dict] = {rate: {} for rate in args.rates}
     for name in jobs.rotated(args.schemes, k - 1):
         if args.acc_epochs:
@@ -202,11 +203,12 @@ def run_round(cluster, results: Results, k: int, args) -> None:
 
 
 def derive_ratios(results: Results, args) -> None:
-    """Per round and rate, each scheme's step and eth0 bytes over none's."""
+    """Per round and rate, each scheme's step, eth0 bytes and analytic bytes over none's."""
     for rate in args.rates:
         for name in args.schemes:
             if name != "none":
-                for figure, key in (("step_of_none", "step_s"), ("tx_of_none", "tx_bytes")):
+                for figure, key in (("step_of_none", "step_s"), ("tx_of_none", "tx_bytes"),
+                                    ("analytic_of_none", "bytes_per_update")):
                     results.derive(f"{name} / none {rate}", figure, lambda r, n=name, key=key, rate=rate:
                                    r[f"{n} {rate}"][key] / r[f"none {rate}"][key])
 

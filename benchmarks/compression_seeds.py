@@ -151,6 +151,7 @@ def main(argv_: list[str] | None = None) -> int:
             if got is not None:
                 per_epoch = got.pop("test_acc_per_epoch")
                 results.add(k + 1, config(model, np, scheme), got, seed=seed, test_acc_per_epoch=per_epoch)
+            results.write()  # so far: a stopped benchmark keeps the runs it finished
     for model, np in sorted({(m, n) for m, n, _ in cells}):
         for scheme in args.schemes:
             if scheme != "none":
