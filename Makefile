@@ -12,7 +12,7 @@ demo: setup
 	launch/horovodrun.sh -np 2 -hostfile hostfiles/localhost --config configs/demo.yaml
 
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
+	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 # make bench - the headline benchmarks, about 45 minutes on 2 cores (as root: the bytes and
 # compression benchmarks start a cluster of network namespaces). Each writes its results file to
