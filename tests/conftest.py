@@ -190,9 +190,9 @@ def seconds_until_it_ends(proc: subprocess.Popen, act, timeout: float = 30) -> f
             proc.wait()
 
 
-# `make test` runs the files on two workers (pytest-xdist, `-n 2 --dist loadfile`, a file's
+# `make test` runs the files on three workers (pytest-xdist, `-n 3 --dist loadfile`, a file's
 # tests all on one worker, so that its module fixtures start once): these files take longest
-# (`--durations`), and a worker that starts one last would run it alone while the other idles.
+# (`--durations`), and a worker that starts one last would run it alone while the others idle.
 # They go first, in this order; the rest follow in collection order.
 LONGEST_FIRST = ("test_slurm.py", "test_reliability.py", "test_wire_bytes.py", "test_preemption.py",
                  "test_async_ps.py", "test_stopping.py", "test_bad_inputs.py", "test_sync_methods.py",
