@@ -118,6 +118,12 @@ def run_one(cluster, method: str, args) -> dict:
     return json.loads(lines[0].split("RESULT ", 1)[1])
 
 
+def timing(seconds: list[float], payload_bits: float) -> dict:
+    """The fastest and median of timed allreduces, and the payload rate of the fastest."""
+    return {"fastest_s": min(seconds), "median_s": statistics.median(seconds),
+            "gbit_s": payload_bits / min(seconds) / 1e9}
+
+
 def table(rows: list[dict], args, link_bits: float) -> str:
     mb = args.elements * 4 / 1e6
     ddp = next((r for r in rows if r["method"] == "ddp"), None)
@@ -151,14 +157,12 @@ def main(argv: list[str] | None = None) -> int:
                 if got is None:
                     continue
                 samples[method] += got["seconds"]
-                results.add(k + 1, method, {"fastest_s": min(got["seconds"]), "median_s": statistics.median(got["seconds"]),
-                                            "gbit_s": payload_bits / min(got["seconds"]) / 1e9}, samples_s=got["seconds"])
+                results.add(k + 1, method, timing(got["seconds"], payload_bits), samples_s=got["seconds"])
     results.write()
     samples = {m: s for m, s in samples.items() if s}
     if not samples:
         raise RuntimeError("every job failed; see the results file's rounds")
-    rows = [{"method": m, "fastest_s": min(s), "median_s": statistics.median(s), "samples_s": s,
-             "gbit_s": payload_bits / min(s) / 1e9} for m, s in samples.items()]
+    rows = [{"method": m, **timing(s, payload_bits), "samples_s": s} for m, s in samples.items()]
     text = table(rows, args, parse_rate(args.rate))
     meta = span.end(machine=f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}",
                     args=vars(args))

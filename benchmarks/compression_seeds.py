@@ -88,17 +88,24 @@ def config(model: str, np: int, scheme: str) -> str:
     return f"{model} np={np} {scheme}"
 
 
-def accuracy_run(args, runs: str, model: str, np: int, seed: int, scheme: str) -> dict:
-    """One training run as a user starts it; its figures (and its accuracy per epoch)."""
+def accuracy_run(args, runs: str, model: str, np: int, seed: int, scheme: str) -> tuple[dict, list[float]]:
+    """One training run as a user starts it; its figures, and its test accuracy per epoch."""
     name = f"{model}-np{np}-{scheme}-seed{seed}"
     flags = [*RUN_FLAGS, "--sync", args.sync, "--model", model, "--epochs", str(args.epochs), "--seed", str(seed),
              *SCHEMES[scheme], "--log-dir", runs, "--run-name", name]
     jobs.run(name, argv(args.launcher, np) + flags, log=os.path.join(runs, f"{name}.log"), timeout=args.timeout)
     records = read_metrics(os.path.join(runs, name)).records
     last = records[-1]
-    return {"final_test_acc": last["test_acc"], "analytic_bytes_per_update": last["comm_bytes_per_sync"],
-            "training_time_s": sum(r["epoch_time_s"] for r in records),
-            "test_acc_per_epoch": [r["test_acc"] for r in records]}
+    return ({"final_test_acc": last["test_acc"], "analytic_bytes_per_update": last["comm_bytes_per_sync"],
+             "training_time_s": sum(r["epoch_time_s"] for r in records)}, [r["test_acc"] for r in records])
+
+
+def accuracy_job(results: Results, args, runs: str, k: int, model: str, np: int, seed: int, scheme: str) -> None:
+    """One accuracy run as job of round ``k``: its figures, seed and accuracy per epoch, or a failed round."""
+    got = results.attempt(k, config(model, np, scheme), lambda: accuracy_run(args, runs, model, np, seed, scheme))
+    if got is not None:
+        figures, per_epoch = got
+        results.add(k, config(model, np, scheme), figures, seed=seed, test_acc_per_epoch=per_epoch)
 
 
 def bytes_run(cluster, args, out_dir: str, np: int, scheme: str) -> dict:
@@ -137,8 +144,7 @@ def main(argv_: list[str] | None = None) -> int:
     results = Results("compression_seeds", args, FIGURES, argv_)
     if args.time_one:
         for model in args.models:
-            results.measure(1, config(model, max(args.nps), "none"),
-                            lambda: accuracy_run(args, runs_dir, model, max(args.nps), args.seeds[0], "none"))
+            accuracy_job(results, args, runs_dir, 1, model, max(args.nps), args.seeds[0], "none")
         results.write()
         return 0
     cells = [] if args.bytes_only else planned(args)
@@ -146,11 +152,7 @@ def main(argv_: list[str] | None = None) -> int:
     for k, seed in enumerate(seeds):  # a round per seed, the order rotated from round to round
         order = jobs.rotated([(m, n, scheme) for m, n, s in cells if s == seed for scheme in args.schemes], k)
         for model, np, scheme in order:
-            got = results.attempt(k + 1, config(model, np, scheme),
-                                  lambda: accuracy_run(args, runs_dir, model, np, seed, scheme))
-            if got is not None:
-                per_epoch = got.pop("test_acc_per_epoch")
-                results.add(k + 1, config(model, np, scheme), got, seed=seed, test_acc_per_epoch=per_epoch)
+            accuracy_job(results, args, runs_dir, k + 1, model, np, seed, scheme)
             results.write()  # so far: a stopped benchmark keeps the runs it finished
     for model, np in sorted({(m, n) for m, n, _ in cells}):
         for scheme in args.schemes:

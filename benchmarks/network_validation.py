@@ -101,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     span, rows = jobs.Span(), []
     results = Results("network_validation", args, FIGURES, argv)
     for rate in args.rates:
-        got = results.attempt(1, rate, lambda: measure(rate, args)) or []
-        for row in got:
-            results.add(1, config(row), {key: row[key] for key in FIGURES})
-        rows += got
+        rows += results.measure_rows(1, rate, lambda: measure(rate, args), config)
     results.write()
     meta = span.end(args=vars(args))
     jobs.write_results(args.out, "network_validation", {"meta": meta, "rows": rows}, markdown_table(COLUMNS, rows))

@@ -128,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     span, rows = jobs.Span(), []
     results = Results("step_validation", args, FIGURES, argv)
     for rate in args.rates:  # a failed job, cluster or prediction: a failed round with its first line
-        got = results.attempt(1, rate, lambda: validate_rate(rate, args)) or []
-        for r in got:
-            results.add(1, config(r), {key: r[key] for key in FIGURES})
-        rows += got
+        rows += results.measure_rows(1, rate, lambda: validate_rate(rate, args), config)
     results.write()
     meta = span.end(cores=os.cpu_count(), args=vars(args))
     within = sum(abs(r["error_pct"]) <= 15 for r in rows)

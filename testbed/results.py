@@ -164,6 +164,16 @@ class Results:
             self.add(round_no, config, figures)
         return figures
 
+    def measure_rows(self, round_no: int, label: str, job: Callable[[], list[dict]],
+                     config_of: Callable[[dict], str]) -> list[dict]:
+        """``attempt`` a job that returns rows (``label`` names it if it fails): each row becomes
+        configuration ``config_of(row)`` of the round, with the declared figures it holds; the
+        rows, or [] when the job failed."""
+        rows = self.attempt(round_no, label, job) or []
+        for row in rows:
+            self.add(round_no, config_of(row), {k: row[k] for k in self.data["figures"] if k in row})
+        return rows
+
     def derive(self, config: str, figure: str, compute: Callable[[dict[str, dict]], float],
                rounds: list[int] | None = None) -> None:
         """A figure computed in every round (or in ``rounds``) from that round's figures

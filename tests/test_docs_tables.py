@@ -92,6 +92,18 @@ def test_a_figure_derived_in_named_rounds_only(tmp_path):
     assert r.summarize()["b / a"]["ratio"] == {"median": 4.0, "min": 4.0, "max": 4.0, "n": 1}
 
 
+def test_a_job_of_rows_makes_a_configuration_of_each_row_and_fails_as_one_round(tmp_path):
+    r = Results("demo", argparse.Namespace(results=str(tmp_path)), {"x": Figure("x"), "y": Figure("y")})
+    rows = [{"name": "a", "x": 1.0, "y": 2.0, "other": "kept out"}, {"name": "b", "x": 3.0}]
+    assert r.measure_rows(1, "1gbit", lambda: rows, lambda row: f"1gbit {row['name']}") == rows
+
+    def broken():
+        raise RuntimeError("1gbit: the cluster did not start")
+    assert r.measure_rows(2, "1gbit", broken, lambda row: row["name"]) == []
+    assert [(x["round"], x["config"], x["ok"], x["figures"]) for x in r.data["rounds"]] == [
+        (1, "1gbit a", True, {"x": 1.0, "y": 2.0}), (1, "1gbit b", True, {"x": 3.0}), (2, "1gbit", False, {})]
+
+
 def test_a_job_that_fails_is_a_failed_round_with_its_first_line(tmp_path):
     r = Results("demo", argparse.Namespace(results=str(tmp_path)), {"x": Figure("x")})
 
