@@ -202,3 +202,24 @@ LONGEST_FIRST = ("test_slurm.py", "test_reliability.py", "test_wire_bytes.py", "
 def pytest_collection_modifyitems(items):
     place = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: place.get(item.path.name, len(place)))  # stable: each file's own order stays
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With HVD_TEST_CPU_LOG=FILE, append each test's CPU seconds (this process and every process
+    it started and waited for: launchers, ranks) to FILE: where the suite's CPU goes, which wall
+    times under several workers do not show."""
+    path = os.environ.get("HVD_TEST_CPU_LOG")
+    if not path:
+        yield
+        return
+    import resource
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    start, began = cpu(), time.monotonic()
+    yield
+    with open(path, "a") as log:
+        log.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu() - start, 2),
+                              "wall_s": round(time.monotonic() - began, 2)}) + "\n")
