@@ -190,7 +190,7 @@ def test_a_resumed_dgc_goes_on_as_the_unbroken_one(tmp_path):
 
 
 @pytest.mark.parametrize("flags, key", [  # top-k's and PowerSGD's keys
-    (["--compression", "topk", "--no-topk-momentum-correction"], "topk_momentum_masking"),
+    (["--compression", "topk", "--topk-momentum-masking", "--no-topk-momentum-correction"], "topk_momentum_masking"),
     (["--compression", "topk", "--grad-clip", "0"], "topk_local_clip"),
     (["--compression", "topk", "--freeze", "auto"], "freeze"),
     (["--compression", "topk", "--topk-warmup-epochs", "-1"], "topk_warmup_epochs"),

@@ -40,12 +40,12 @@ def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sg
     """Mean seconds of the scheme's synchronize() and after_step() (fp16: the casts) over
     ``updates`` updates (after one untimed: PowerSGD draws its first Q there) on random gradients
     of ``shapes``, with ``threads`` torch threads (0: as this process has them); 0 for none."""
-    # Every technique on, as the defaults have them; the values of momentum, weight decay and the
-    # clip threshold change what is computed, not how long it takes.
+    # Every technique as the defaults have it; the values of momentum, weight decay and the clip
+    # threshold change what is computed, not how long it takes.
     cfg = SimpleNamespace(compression=compression, local_sgd_steps=local_sgd_steps, powersgd_rank=powersgd_rank,
                           powersgd_min_compression_rate=MIN_COMPRESSION_RATE, powersgd_error_feedback=True,
                           powersgd_warm_start=True, topk_fraction=topk_fraction, topk_warmup_epochs=0,
-                          topk_momentum_correction=True, topk_momentum_masking=True, topk_local_clip=True,
+                          topk_momentum_correction=True, topk_momentum_masking=False, topk_local_clip=True,
                           grad_clip=1.0, compression_warmup_steps=0)
     scheme = make(cfg, Alone())
     if scheme is None and compression != "fp16":
