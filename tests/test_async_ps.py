@@ -221,7 +221,7 @@ def test_a_killed_server_or_worker_ends_the_job(tmp_path, launcher, victim, sign
 # ----------------------------------------------------------------------------- bytes at the NICs
 TOLERANCE = 0.05  # measured / analytic within 1 +- 5 %, as tests/test_wire_bytes.py
 STEPS = 4
-CLUSTER_TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", "2", "--max-steps-per-epoch", str(STEPS),
+CLUSTER_TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", "1", "--max-steps-per-epoch", str(STEPS),
                  "--batch-size", "8", "--warmup-epochs", "0", "--checkpoint-every", "0", "--no-progress",
                  "--threads-per-rank", "1", "--nic", "eth0", *PS]
 

@@ -40,7 +40,7 @@ pytestmark = [
 TOLERANCE = 0.05          # measured / analytic within 1 +- 5 %
 STEPS = 4                 # per epoch: 4 syncs at k=1, 1 sync at k=4
 FREEZE = 6                # of vgg11's 8 blocks: about half the parameters, a saving well above noise
-TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", "2", "--max-steps-per-epoch", str(STEPS),
+TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", "1", "--max-steps-per-epoch", str(STEPS),
          "--batch-size", "8", "--lr", "0.01", "--warmup-epochs", "0", "--checkpoint-every", "0",
          "--progress", "false", "--threads-per-rank", "1",  # 2 cores: one thread per rank
          "--nic", "eth0"]                                     # the host's link on the cluster
