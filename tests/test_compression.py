@@ -365,7 +365,12 @@ def scaling_case():
     ({"compression": "powersgd", "powersgd_rank": 1}, 1, 96, 1.5 * 96 / 1000, 1.5 * 96),  # the head's only
     # top-k f=0.5: 36 + 20 entries of the matrices, values and int32 indices, two allgathers of
     # (N-1) parts; the biases' 14 fp32 whole in a ring
-    ({"compression": "topk", "topk_fraction": 0.5}, 0, 504, (3 * 448 + 1.5 * 56) / 1000, 3 * 448 + 1.5 * 56),
+    ({"compression": "topk", "topk_fraction": 0.5, "topk_min_entries": 0}, 0, 504, (3 * 448 + 1.5 * 56) / 1000,
+     3 * 448 + 1.5 * 56),
+    # ... and with topk_min_entries 50, the 40-entry linear goes whole with the biases: 36 entries
+    # gathered, 54 fp32 in the ring
+    ({"compression": "topk", "topk_fraction": 0.5, "topk_min_entries": 50}, 0, 504, (3 * 288 + 1.5 * 216) / 1000,
+     3 * 288 + 1.5 * 216),
     # local SGD H=4: the 126-parameter model in one ring every 4th update
     ({"local_sgd_steps": 4}, 0, 504 / 4, 1.5 * 504 / 1000 / 4, 1.5 * 504 / 4),
 ])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from test_compression import FakeCollective, World, on_ranks, param
-from hvd_cifar.compress.cost import topk_fraction_at
+from hvd_cifar.compress.cost import topk_fraction_at, topk_parts
 from hvd_cifar.compress.topk import TopK
 
 
@@ -58,8 +58,8 @@ def test_momentum_masking_clears_the_velocity_of_what_was_sent():
 def test_the_optimizers_momentum_is_not_applied_a_second_time(nesterov):
     """Everything sent (fraction 1), no masking, 2 ranks: the ranks' mean velocity step is the
     velocity step of the mean gradient, so the weights must follow torch's SGD with momentum,
-    nesterov and weight decay on the averaged gradients, clipped at 1 (the ranks clip theirs at
-    1 / sqrt(2), below every norm here, so that the example clips alike). Red with the
+    nesterov and weight decay on the averaged gradients (every norm here is below the ranks'
+    threshold, 1 x sqrt(2), and the mean's below 1, so that nothing clips). Red with the
     optimizer's momentum or weight decay left in the optimizer's groups (applied twice), and with
     the dense warm-up's two updates not stepping the velocity."""
     gen = torch.Generator().manual_seed(0)
@@ -91,10 +91,11 @@ def test_the_optimizers_momentum_is_not_applied_a_second_time(nesterov):
 
 
 def test_local_clipping_scales_each_ranks_gradient_before_accumulating_and_the_update_is_applied_as_sent():
-    """Two ranks, grad_clip 1: each clips its own gradient at 1 / sqrt(2) first. Rank 0's [3, 4]
-    (norm 5) becomes [0.42, 0.57]; rank 1's [0, 0.1] stays. Everything sent, no momentum: the
-    update is their mean. The loop's clip of the averaged update (here a factor 0.1 in its place)
-    is undone before the step: DGC clips before aggregation only."""
+    """Two ranks, grad_clip 1: each clips its own gradient at 1 x sqrt(2) first (the threshold
+    that holds the mean of two independent gradients at about 1). Rank 0's [3, 4] (norm 5)
+    becomes [0.85, 1.13]; rank 1's [0, 0.1] stays. Everything sent, no momentum: the update is
+    their mean. The loop's clip of the averaged update (here a factor 0.1 in its place) is undone
+    before the step: DGC clips before aggregation only."""
     grads = [torch.tensor([3.0, 4.0]), torch.tensor([0.0, 0.1])]
 
     def work(collective, rank):
@@ -108,7 +109,7 @@ def test_local_clipping_scales_each_ranks_gradient_before_accumulating_and_the_u
         return sent, p.grad
 
     (sent, restored), _ = on_ranks(2, work)
-    clipped = grads[0] * (1 / math.sqrt(2)) / (5 + 1e-6)  # torch's clip: max_norm / (norm + 1e-6)
+    clipped = grads[0] * math.sqrt(2) / (5 + 1e-6)  # torch's clip: max_norm / (norm + 1e-6)
     assert torch.allclose(sent, (clipped + grads[1]) / 2, atol=1e-6)
     assert torch.equal(restored, sent)
 
@@ -144,6 +145,28 @@ def test_vectors_are_averaged_whole_with_their_velocity_and_matrices_sent_sparse
     assert torch.equal(w0, w1) and torch.equal(b0, b1)
     assert torch.equal(w0, torch.tensor([[2.0, 0.0], [-1.0, 0.0]])) and torch.equal(b0, torch.tensor([2.0, 2.0]))
     assert torch.equal(velocity, biases[0]) and names == ["topk.whole", "topk.values", "topk.indices"]
+
+
+def test_matrices_under_min_entries_are_averaged_whole_with_the_vectors():
+    """topk_min_entries 5: a 2 x 2 weight (4 entries) goes whole into the allreduce, beside the
+    bias, and keeps no residual; a 2 x 3 weight (6 entries) is still sent sparse. The analytic
+    bytes count the small matrix as whole fp32 too. Red with the matrices all sent sparse (the
+    small weight's mean would be its largest entries only)."""
+    small = [torch.tensor([[4.0, 1.0], [2.0, 3.0]]), torch.tensor([[0.0, 2.0], [1.0, 1.0]])]
+    large = [torch.tensor([[5.0, 0.0, 0.0], [0.0, 0.0, 1.0]]), torch.tensor([[0.0, 0.0, 0.0], [-3.0, 0.0, 0.0]])]
+
+    def work(collective, rank):
+        scheme = TopK(collective, 0.1, min_entries=5)  # k = 1 of 6
+        s, l = param("s", small[rank]), param("l", large[rank])
+        scheme.track([s, l])
+        scheme.synchronize()
+        return s[1].grad, l[1].grad, sorted(scheme.errors), collective.names, scheme.payload_bytes([s, l])
+
+    (s0, l0, errors, names, payload), _ = on_ranks(2, work)
+    assert torch.equal(s0, (small[0] + small[1]) / 2)
+    assert torch.equal(l0, torch.tensor([[2.5, 0.0, 0.0], [-1.5, 0.0, 0.0]]))
+    assert errors == ["l"] and names == ["topk.whole", "topk.values", "topk.indices"]
+    assert payload == 4 * 4 + 1 * (4 + 4) == sum(topk_parts([(2, 2), (2, 3)], 0.1, 5))
 
 
 def test_the_epoch_loop_gives_the_scheme_its_epoch():
@@ -194,6 +217,7 @@ def test_a_resumed_dgc_goes_on_as_the_unbroken_one(tmp_path):
     (["--compression", "topk", "--grad-clip", "0"], "topk_local_clip"),
     (["--compression", "topk", "--freeze", "auto"], "freeze"),
     (["--compression", "topk", "--topk-warmup-epochs", "-1"], "topk_warmup_epochs"),
+    (["--compression", "topk", "--topk-min-entries", "-1"], "topk_min_entries"),
     (["--compression", "powersgd", "--powersgd-min-compression-rate", "0.5"], "powersgd_min_compression_rate"),
     (["--compression", "powersgd", "--powersgd-warm-start", "maybe"], "powersgd_warm_start"),
 ])

@@ -12,13 +12,12 @@ does not grow with the number of ranks, except top-k's scatter of the N ranks' p
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import torch
 
 from hvd_cifar.compress import make
 from hvd_cifar.compress.base import Collective
-from hvd_cifar.core.config import MIN_COMPRESSION_RATE, POWERSGD_RANK, TOPK_FRACTION
+from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION, TOPK_MIN_ENTRIES, Config
 
 
 class Alone(Collective):
@@ -35,18 +34,16 @@ class Alone(Collective):
 
 
 def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sgd_steps: int = 1,
-                       powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION, threads: int = 0,
-                       updates: int = 8) -> float:
+                       powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION,
+                       topk_min_entries: int = TOPK_MIN_ENTRIES, threads: int = 0, updates: int = 8) -> float:
     """Mean seconds of the scheme's synchronize() and after_step() (fp16: the casts) over
     ``updates`` updates (after one untimed: PowerSGD draws its first Q there) on random gradients
     of ``shapes``, with ``threads`` torch threads (0: as this process has them); 0 for none."""
-    # Every technique as the defaults have it; the values of momentum, weight decay and the clip
-    # threshold change what is computed, not how long it takes.
-    cfg = SimpleNamespace(compression=compression, local_sgd_steps=local_sgd_steps, powersgd_rank=powersgd_rank,
-                          powersgd_min_compression_rate=MIN_COMPRESSION_RATE, powersgd_error_feedback=True,
-                          powersgd_warm_start=True, topk_fraction=topk_fraction, topk_warmup_epochs=0,
-                          topk_momentum_correction=True, topk_momentum_masking=False, topk_local_clip=True,
-                          grad_clip=1.0, compression_warmup_steps=0)
+    # Every technique as the defaults have it, past the warm-ups; the values of momentum, weight
+    # decay and the clip threshold change what is computed, not how long it takes.
+    cfg = Config(compression=compression, local_sgd_steps=local_sgd_steps, powersgd_rank=powersgd_rank,
+                 topk_fraction=topk_fraction, topk_min_entries=topk_min_entries, topk_warmup_epochs=0,
+                 compression_warmup_steps=0)
     scheme = make(cfg, Alone())
     if scheme is None and compression != "fp16":
         return 0.0

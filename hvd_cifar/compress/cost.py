@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from hvd_cifar.core.config import MIN_COMPRESSION_RATE, POWERSGD_RANK, TOPK_FRACTION, WARMUP_START_FRACTION
+from hvd_cifar.core.config import (MIN_COMPRESSION_RATE, POWERSGD_RANK, TOPK_FRACTION, TOPK_MIN_ENTRIES,
+                                   WARMUP_START_FRACTION)
 from hvd_cifar.core.wire import FP32_BYTES, INDEX_BYTES, allgather_bytes
 
 
@@ -52,16 +53,24 @@ def topk_fraction_at(epoch: int, fraction: float, warmup_epochs: float) -> float
     return WARMUP_START_FRACTION * (fraction / WARMUP_START_FRACTION) ** (epoch / warmup_epochs)
 
 
-def topk_parts(shapes: list[tuple[int, ...]], fraction: float) -> tuple[int, int]:
+def topk_sparse(shape: tuple[int, ...], min_entries: int = TOPK_MIN_ENTRIES) -> bool:
+    """Whether top-k sends a gradient of ``shape`` sparse: a matrix of at least ``min_entries``
+    entries. Vectors (biases, BatchNorm's) and smaller matrices are averaged whole."""
+    return len(shape) > 1 and math.prod(shape) >= min_entries
+
+
+def topk_parts(shapes: list[tuple[int, ...]], fraction: float,
+               min_entries: int = TOPK_MIN_ENTRIES) -> tuple[int, int]:
     """Bytes of one rank's top-k update: (what it contributes to the allgathers, fp32 values and
-    int32 indices of the kept entries of every matrix-shaped gradient; the vectors, biases and
-    BatchNorm's, averaged whole in fp32)."""
-    sparse = sum(kept(math.prod(s), fraction) for s in shapes if len(s) > 1) * (FP32_BYTES + INDEX_BYTES)
-    return sparse, sum(math.prod(s) for s in shapes if len(s) <= 1) * FP32_BYTES
+    int32 indices of the kept entries of every gradient sent sparse; the rest averaged whole in
+    fp32)."""
+    sparse = [tuple(s) for s in shapes if topk_sparse(tuple(s), min_entries)]
+    whole = sum(math.prod(s) for s in shapes if not topk_sparse(tuple(s), min_entries))
+    return sum(kept(math.prod(s), fraction) for s in sparse) * (FP32_BYTES + INDEX_BYTES), whole * FP32_BYTES
 
 
-def topk_payload(shapes: list[tuple[int, ...]], fraction: float) -> int:
-    return sum(topk_parts(shapes, fraction))
+def topk_payload(shapes: list[tuple[int, ...]], fraction: float, min_entries: int = TOPK_MIN_ENTRIES) -> int:
+    return sum(topk_parts(shapes, fraction, min_entries))
 
 
 def localsgd_payload(numel: int, every: int) -> int:
@@ -70,7 +79,8 @@ def localsgd_payload(numel: int, every: int) -> int:
 
 
 def collectives(compression: str, local_sgd_steps: int, shapes: list[tuple[int, ...]],
-                powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION) -> list[tuple[str, int, float]] | None:
+                powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION,
+                topk_min_entries: int = TOPK_MIN_ENTRIES) -> list[tuple[str, int, float]] | None:
     """One update's collectives under a scheme, as (kind, bytes, share): ``allreduce`` (bytes:
     the buffer) or ``allgather`` (bytes: one rank's part), run in ``share`` of the updates (local
     SGD: 1/H). None without a scheme (the sync method's own allreduce, fp16 or not)."""
@@ -79,8 +89,8 @@ def collectives(compression: str, local_sgd_steps: int, shapes: list[tuple[int, 
     if compression == "powersgd":
         return [("allreduce", part, 1.0) for part in powersgd_parts(shapes, powersgd_rank) if part]
     if compression == "topk":
-        entries = sum(kept(math.prod(s), topk_fraction) for s in shapes if len(s) > 1)
-        whole = topk_parts(shapes, topk_fraction)[1]
+        sparse, whole = topk_parts(shapes, topk_fraction, topk_min_entries)
+        entries = sparse // (FP32_BYTES + INDEX_BYTES)
         return [("allgather", entries * FP32_BYTES, 1.0), ("allgather", entries * INDEX_BYTES, 1.0),
                 *([("allreduce", whole, 1.0)] if whole else [])]
     return None
@@ -94,8 +104,11 @@ def allgather_s(n: int, contribution: int, link) -> float:
     return link.per_op_s + (n - 1) * link.alpha_s + allgather_bytes(n, contribution) / link.beta_bytes_per_s
 
 
-def label(compression: str, local_sgd_steps: int = 1, powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION) -> str:
-    """A scheme and its setting in a table's cell: none, fp16, powersgd r=2, topk f=0.001, local SGD H=4."""
+def label(compression: str, local_sgd_steps: int = 1, powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION,
+          topk_min_entries: int = TOPK_MIN_ENTRIES) -> str:
+    """A scheme and its setting in a table's cell: none, fp16, powersgd r=2, topk f=0.001 (with
+    ``min=N`` when topk_min_entries is not the default), local SGD H=4."""
     if local_sgd_steps > 1:
         return f"local SGD H={local_sgd_steps}"
-    return {"powersgd": f"powersgd r={powersgd_rank}", "topk": f"topk f={topk_fraction:g}"}.get(compression, compression)
+    topk = f"topk f={topk_fraction:g}" + (f" min={topk_min_entries}" if topk_min_entries != TOPK_MIN_ENTRIES else "")
+    return {"powersgd": f"powersgd r={powersgd_rank}", "topk": topk}.get(compression, compression)

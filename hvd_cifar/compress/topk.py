@@ -1,10 +1,9 @@
 """Top-k sparsification as Deep Gradient Compression runs it (Lin, Han, Mao, Wang and Dally, ICLR
 2018): each rank sends, per gradient tensor, only the entries of its accumulated update largest in
-magnitude, and keeps the rest for later. The four techniques of the paper, each a config key; all
-but masking on by default (in runs of a few hundred updates, clearing the velocity of what was
-sent cost more accuracy than the stale momentum it avoids):
+magnitude, and keeps the rest for later. The four techniques of the paper, each a config key and
+on by default:
 
-    topk_local_clip             each rank clips its own gradient, at grad_clip / sqrt(N), before
+    topk_local_clip             each rank clips its own gradient, at grad_clip x sqrt(N), before
                                 accumulating it (the averaged update is not clipped again)
     topk_momentum_correction    the velocity u, not the raw gradient, is accumulated in the
                                 residual; the optimizer then steps without its own momentum and
@@ -16,7 +15,7 @@ sent cost more accuracy than the stale momentum it avoids):
 Per matrix-shaped gradient G of n entries, with momentum m and weight decay wd of its optimizer
 group, k = max(1, ceil(f_epoch x n)):
 
-    G = G x min(1, grad_clip / sqrt(N) / |all of this rank's G|)    local clipping
+    G = G x min(1, grad_clip x sqrt(N) / |all of this rank's G|)    local clipping
     g = G + wd x w;  u = m u + g;  d = g + m u (nesterov) or u       momentum correction
     V = V + d                    V: what this rank has not sent yet (without correction: V + G)
     I = the k indices of the largest |V|;  sent = V[I];  V[I] = 0;  u[I] = 0 (masking)
@@ -24,9 +23,16 @@ group, k = max(1, ceil(f_epoch x n)):
     update = zeros(n); update[I_r] += sent_r for every rank r; update /= ranks   the same everywhere
     w = w - lr x update          the optimizer, momentum 0 and weight decay 0 (with correction)
 
+The paper scales a threshold on the *sum* of N gradients by N^(-1/2): N independent gradients of
+norm c sum to a norm of about c sqrt(N). Here the update is their *mean*, of norm about c / sqrt(N),
+so the threshold that holds the mean at grad_clip, as the loop clips it without compression, is
+grad_clip x sqrt(N) per rank (grad_clip / sqrt(N) held each rank N times lower, and cost accuracy).
+
 Ranks choose different indices, so the pieces are gathered, not summed. Biases and BatchNorm's
 weights (vectors) go the same way to d, then d is averaged whole in one allreduce, as the paper's
-code sends only the matrices sparse (their bytes are a sliver of the model's). The first
+code sends only the matrices sparse (their bytes are a sliver of the model's); so do matrices of
+fewer than ``topk_min_entries`` entries (a first convolution, a small classifier: sent sparse, a
+handful of entries an update, they lagged behind and cost accuracy). The first
 ``compression_warmup_steps`` updates average d whole (no residual is kept; the velocity is).
 Residuals, velocities, the count of updates and the epoch (the warm-up's place) are part of the
 checkpoint (``state_dict``).
@@ -38,7 +44,7 @@ import math
 import torch
 
 from hvd_cifar.compress.base import Collective, Scheme
-from hvd_cifar.compress.cost import kept, topk_fraction_at, topk_parts
+from hvd_cifar.compress.cost import kept, topk_fraction_at, topk_parts, topk_sparse
 from hvd_cifar.compress.flat import average_in_place, unflatten
 from hvd_cifar.core.wire import allgather_bytes, ring_allreduce_bytes
 
@@ -47,13 +53,15 @@ class TopK(Scheme):
     name = "topk"
 
     def __init__(self, collective: Collective, fraction: float, warmup_steps: int = 0, warmup_epochs: float = 0,
-                 momentum_correction: bool = False, momentum_masking: bool = False, clip: float = 0.0):
+                 momentum_correction: bool = False, momentum_masking: bool = False, clip: float = 0.0,
+                 min_entries: int = 0):
         super().__init__(collective, warmup_steps)
         self.fraction = fraction                    # share sent once the warm-up is over
         self.warmup_epochs = warmup_epochs          # epochs over which the share falls to it
         self.momentum_correction = momentum_correction
         self.momentum_masking = momentum_masking
-        self.clip = clip / math.sqrt(collective.size)  # each rank's own threshold; 0: no clipping here
+        self.clip = clip * math.sqrt(collective.size)  # each rank's own threshold; 0: no clipping here
+        self.min_entries = min_entries              # smaller matrices are averaged whole
         self.errors: dict[str, torch.Tensor] = {}      # parameter name -> V (flat), this rank's
         self.velocities: dict[str, torch.Tensor] = {}  # parameter name -> u (flat), this rank's
         self.hyper: dict[str, tuple[float, bool, float]] = {}  # name -> (momentum, nesterov, weight decay)
@@ -92,7 +100,7 @@ class TopK(Scheme):
         else:
             # Biases and BatchNorm's vectors are averaged whole (few bytes; sparse, they would
             # barely move), the matrices sparsified, as the paper's code registers only those.
-            sparse = [i for i, (_, p) in enumerate(params) if p.ndim > 1]
+            sparse = [i for i, (_, p) in enumerate(params) if topk_sparse(tuple(p.shape), self.min_entries)]
             average_in_place(self.collective, [s for i, s in enumerate(steps) if i not in sparse], "topk.whole")
             if sparse:
                 self.exchange([params[i] for i in sparse], [steps[i] for i in sparse])
@@ -156,7 +164,7 @@ class TopK(Scheme):
         self.errors, self.velocities = dict(state["errors"]), dict(state["velocities"])
 
     def payload_bytes(self, named_parameters) -> int:
-        parts = topk_parts([tuple(p.shape) for _, p in named_parameters], self.fraction)
+        parts = topk_parts([tuple(p.shape) for _, p in named_parameters], self.fraction, self.min_entries)
         self.parts[sum(parts)] = parts
         return sum(parts)
 
@@ -169,4 +177,4 @@ class TopK(Scheme):
 def create(cfg, collective: Collective) -> TopK:
     return TopK(collective, cfg.topk_fraction, cfg.compression_warmup_steps, cfg.topk_warmup_epochs,
                 cfg.topk_momentum_correction, cfg.topk_momentum_masking,
-                cfg.grad_clip if cfg.topk_local_clip else 0.0)
+                cfg.grad_clip if cfg.topk_local_clip else 0.0, cfg.topk_min_entries)

@@ -39,9 +39,9 @@ MODEL_LR = {"vgg11": 0.02, "vgg13": 0.02, "vgg16": 0.02, "vgg19": 0.02, "resnet1
 MODELS = tuple(MODEL_LR)
 # The compression schemes' settings by default, which the scaling model and predict share.
 POWERSGD_RANK = 2         # PowerSGD's columns of P and Q
-TOPK_FRACTION = 0.004     # top-k's share sent after its warm-up (99.6 % sparsity): the largest that still sends
-                          # 50x fewer bytes than a ring allreduce at 4 ranks; DGC's 0.001 lagged too far behind
-                          # in runs of a few hundred updates (docs/COMM_OPTIONS.md)
+TOPK_FRACTION = 0.004     # top-k's share sent after its warm-up (99.6 % sparsity): 50x fewer bytes than a ring
+                          # allreduce at 4 ranks, and DGC's 0.001 lagged in runs of a few hundred updates
+TOPK_MIN_ENTRIES = 4096   # top-k averages a smaller matrix whole, as it does the vectors (docs/COMM_OPTIONS.md)
 WARMUP_START_FRACTION = 0.25  # top-k's share in its sparsity warm-up's first epoch (DGC: 75 % sparsity)
 # PowerSGD sends a matrix whole unless r·(rows + cols) times this is below rows·cols (PyTorch's
 # PowerSGDState.min_compression_rate, whose default it is).
@@ -89,10 +89,11 @@ class Config:
     powersgd_error_feedback: bool = True  # powersgd: what the approximation left out is added to the next update's gradient
     powersgd_warm_start: bool = True   # powersgd: each update's power step starts from the last update's Q (false: a new random Q)
     topk_fraction: float = TOPK_FRACTION  # topk: share of each gradient's entries a rank sends after the warm-up, in (0, 1]
+    topk_min_entries: int = TOPK_MIN_ENTRIES  # topk: a matrix of fewer entries is averaged whole, like the vectors
     topk_warmup_epochs: float = 4.0    # topk: epochs over which the share sent falls from 0.25 to topk_fraction; 0 = none
     topk_momentum_correction: bool = True  # topk: accumulate the velocity, not the gradient; the optimizer steps without momentum
-    topk_momentum_masking: bool = False  # topk: clear the velocity of the entries sent (needs topk_momentum_correction); off: it cost accuracy in short runs
-    topk_local_clip: bool = True       # topk: each rank clips its gradient at grad_clip / sqrt(ranks) before accumulating it
+    topk_momentum_masking: bool = True  # topk: clear the velocity of the entries sent (needs topk_momentum_correction)
+    topk_local_clip: bool = True       # topk: each rank clips its gradient at grad_clip x sqrt(ranks) before accumulating it
     compression_warmup_steps: int = 20  # powersgd, topk: first updates averaged uncompressed (PowerSGD's start iteration)
     local_sgd_steps: int = 1           # > 1: no gradient averaging; the models are averaged every this many updates
     accumulation_steps: int = 1        # local forward/backward passes per synchronisation
@@ -138,7 +139,7 @@ class Config:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
         non_negative = ("warmup_epochs", "momentum", "weight_decay", "grad_clip", "seed",
                         "threads_per_rank", "max_steps_per_epoch", "checkpoint_every", "stop_after",
-                        "compression_warmup_steps", "topk_warmup_epochs")
+                        "compression_warmup_steps", "topk_warmup_epochs", "topk_min_entries")
         for key in non_negative:
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
@@ -274,7 +275,7 @@ def validate_topk(cfg: Config) -> None:
         raise ConfigError("topk_momentum_masking: clears the velocity that topk_momentum_correction accumulates, "
                           "and that is off (give --no-topk-momentum-masking too, or leave the correction on)")
     if cfg.topk_local_clip and not cfg.grad_clip:
-        raise ConfigError("topk_local_clip: clips each rank's gradient at grad_clip / sqrt(ranks), and grad_clip is 0 "
+        raise ConfigError("topk_local_clip: clips each rank's gradient at grad_clip x sqrt(ranks), and grad_clip is 0 "
                           "(give grad_clip > 0, or --no-topk-local-clip)")
     if cfg.topk_momentum_correction and cfg.freeze == "auto":
         raise ConfigError("freeze: auto measures averaged gradients, and with topk_momentum_correction the ranks "
