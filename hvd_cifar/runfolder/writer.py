@@ -1,7 +1,9 @@
 """The run folder: logs/RUN_NAME/ with config.yaml, metrics.jsonl, meta.json, events.jsonl, rank
 logs and checkpoint_last.pt (eval.json: hvd_cifar.runfolder.evaluation). Files are written whole or not at
 all (temp + rename). The trainer hands this module its objects; what goes into each file, the
-checkpoint's contents included, is composed here."""
+checkpoint's contents included, is composed here. torch is imported only where a checkpoint or
+a model is touched: the writers of the text files (hvd_cifar.launch.slurm_resume, at every start
+of a Slurm job) start without it."""
 from __future__ import annotations
 
 import datetime as dt
@@ -11,12 +13,14 @@ import platform
 import subprocess
 import sys
 import time
-
-import torch
+from typing import TYPE_CHECKING
 
 from hvd_cifar.core import slurm_job
 from hvd_cifar.runfolder import reader
 from hvd_cifar.core.files import RunError, append_whole, atomic_write, write_error, write_json, write_text  # noqa: F401 (re-exported)
+
+if TYPE_CHECKING:
+    import torch
 
 CHECKPOINT = "checkpoint_last.pt"
 METRICS = reader.METRICS
@@ -205,6 +209,7 @@ def state_dict_mismatch(expected: dict, got: dict) -> str:
 
 
 def save_checkpoint(run_dir: str, state: dict) -> None:
+    import torch
     atomic_write(os.path.join(run_dir, CHECKPOINT), lambda f: torch.save(state, f))
 
 
@@ -251,6 +256,7 @@ def restore_rank_buffers(model: torch.nn.Module, resume_at: dict | None, rank: i
     if not saved or len(saved) != world_size:
         return
     own = saved[rank]
+    import torch
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(own[name])
@@ -285,6 +291,7 @@ def load_checkpoint(run_dir: str, identity: dict) -> dict:
     path = os.path.join(run_dir, CHECKPOINT)
     if not os.path.exists(path):
         raise RunError(f"resume: {run_dir} has no {CHECKPOINT} (no epoch finished yet?)")
+    import torch
     try:
         # weights_only: a checkpoint is data; never run pickled code from a file.
         state = torch.load(path, map_location="cpu", weights_only=True)
