@@ -38,7 +38,7 @@ DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
 MODEL_LR = {"vgg11": 0.02, "vgg13": 0.02, "vgg16": 0.02, "vgg19": 0.02, "resnet18": 0.02, "smallcnn": 0.05}
 MODELS = tuple(MODEL_LR)
 # The compression schemes' settings by default, which the scaling model and predict share.
-POWERSGD_RANK = 2         # PowerSGD's columns of P and Q
+POWERSGD_RANK = 4         # PowerSGD's columns of P and Q (rank 2 lost accuracy at 4 ranks in runs of 66 updates)
 TOPK_FRACTION = 0.004     # top-k's share sent after its warm-up (99.6 % sparsity): 50x fewer bytes than a ring
                           # allreduce at 4 ranks, and DGC's 0.001 lagged in runs of a few hundred updates
 TOPK_MIN_ENTRIES = 4096   # top-k averages a smaller matrix whole, as it does the vectors (docs/COMM_OPTIONS.md)
