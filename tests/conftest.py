@@ -5,6 +5,7 @@ import csv
 import ctypes
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -105,15 +106,38 @@ class SharedRun:
 _SHARED: dict = {}
 
 
-def shared(key: str, start) -> SharedRun:
-    """``start()`` once per session for ``key``; a failure is remembered, so that every test
-    that reads the run fails with it and none starts it again."""
+def _shared_dir(tmp_path_factory) -> Path:
+    """A folder every worker of this session sees: under xdist each worker's basetemp is
+    ``<session's basetemp>/popen-gwN``, so their parent; without xdist the basetemp itself."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def shared(key: str, start, tmp_path_factory) -> SharedRun:
+    """``start()`` once per session for ``key``, whichever of the session's workers (xdist) asks
+    first; the others wait for it and read the same run (the files of several test modules, each
+    on its own worker, read one run instead of starting one each: a 2-rank run is ~10 CPU-s of
+    start-up). A failure is remembered, so that every test that reads the run fails with it and
+    none starts it again."""
+    from filelock import FileLock  # torch's own dependency
+
     done = _SHARED
     if key not in done:
-        try:
-            done[key] = start()
-        except AssertionError as exc:
-            done[key] = f"the shared run {key!r} failed: {exc}"
+        folder = _shared_dir(tmp_path_factory)
+        with FileLock(str(folder / f"{key}.lock")):
+            saved = folder / f"{key}.pickle"
+            if saved.exists():
+                kept = pickle.loads(saved.read_bytes())
+                done[key] = kept if isinstance(kept, str) else SharedRun(*kept)
+            else:
+                try:
+                    done[key] = start()
+                except AssertionError as exc:
+                    done[key] = f"the shared run {key!r} failed: {exc}"
+                kept = done[key] if isinstance(done[key], str) else (done[key].proc, done[key].run)
+                saved.write_bytes(pickle.dumps(kept))
     if isinstance(done[key], str):
         pytest.fail(done[key])
     return done[key]
@@ -130,7 +154,28 @@ def tiny_run(tmp_path_factory):
             proc = run_train(["--config", TINY, "--log-dir", str(logs), "--run-name", "run"], launcher=launcher,
                              np=1 if launcher == "single" else 2)
             return SharedRun(proc, logs / "run")
-        return shared(f"tiny-{launcher}", start)
+        return shared(f"tiny-{launcher}", start, tmp_path_factory)
+    return get
+
+
+# 3 epochs of 12 steps in updates of 2 micro-batches, one thread per rank: the training that
+# tests/test_preemption.py stops mid-update (a stop asked for mid-update waits for its end) and
+# tests/test_reliability.py kills mid-checkpoint, each against the same run never interrupted.
+STOP_FLAGS = ["--config", TINY, "--epochs", "3", "--max-steps-per-epoch", "12", "--accumulation-steps", "2",
+              "--threads-per-rank", "1"]
+
+
+@pytest.fixture(scope="session")
+def straight_run(tmp_path_factory):
+    """``straight_run(sync)``: STOP_FLAGS straight through by 2 ranks under mpirun with that sync
+    method, run folder ``.../straight``; once per session (shared), whichever test asks first."""
+    def get(sync: str = "horovod") -> Path:
+        def start() -> SharedRun:
+            logs = tmp_path_factory.mktemp(f"straight-{sync}")
+            proc = run_train([*STOP_FLAGS, "--sync", sync, "--log-dir", str(logs), "--run-name", "straight"],
+                             launcher="mpirun", np=2)
+            return SharedRun(proc, logs / "straight")
+        return shared(f"straight-{sync}", start, tmp_path_factory).run
     return get
 
 
@@ -228,3 +273,82 @@ def pytest_runtest_protocol(item, nextitem):
     with open(path, "a") as log:
         log.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu() - start, 2),
                               "wall_s": round(time.monotonic() - began, 2)}) + "\n")
+
+
+# ----------------------------------------------------------------------------- jobs two files read
+def shared_job(key: str, argv, tmp_path_factory, env: dict[str, str] | None = None) -> SharedRun:
+    """``argv(logs)``, the whole command of a job whose run folder is ``logs/run``, run once per
+    session for ``key`` (``shared``), in run_train's environment; it must exit 0."""
+    def start() -> SharedRun:
+        logs = tmp_path_factory.mktemp(f"job-{key}") / "logs"
+        full = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
+        proc = subprocess.run(argv(logs), cwd=ROOT, env=full, text=True, capture_output=True, timeout=300)
+        if proc.returncode != 0:
+            raise AssertionError(f"{key} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
+                                 f"stderr:\n{proc.stderr[-4000:]}")
+        return SharedRun(proc, logs / "run")
+    return shared(key, start, tmp_path_factory)
+
+
+# launch/mpirun.sh and launch/horovodrun.sh, each given a hostfile with a comment and a blank line
+# (test_launch.py: the script reads it and 2 ranks train), each starting a training another file
+# checks: mpirun.sh the run of test_comm_options.py's frozen blocks, horovodrun.sh the run of
+# test_horovod_tuning.py's tuning keys. One job each instead of two (~10 CPU-s of start-up).
+SCRIPT_HOSTFILE = "# one machine\n\nlocalhost slots=2\n"
+SCRIPT_JOBS = {
+    "launch/mpirun.sh": ["--config", TINY, "--freeze", "2", "--epochs", "1"],
+    "launch/horovodrun.sh": ["--config", TINY, "--epochs", "1", "--max-steps-per-epoch", "4", "--no-tensorboard",
+                             "--horovod-cycle-time-ms", "7", "--horovod-fusion-threshold-mb", "16",
+                             "--horovod-autotune", "true"],
+}
+
+
+@pytest.fixture(scope="session")
+def script_run(tmp_path_factory):
+    """``script_run(script)``: ``script -np 2 -hostfile HOSTS`` (SCRIPT_HOSTFILE) of the trainer
+    with SCRIPT_JOBS[script], run folder ``.../logs/run``; once per session (shared)."""
+    def get(script: str) -> SharedRun:
+        def argv(logs: Path) -> list[str]:
+            hosts = logs.parent / "hosts"
+            hosts.write_text(SCRIPT_HOSTFILE)
+            return [str(ROOT / script), "-np", "2", "-hostfile", str(hosts), *SCRIPT_JOBS[script],
+                    "--log-dir", str(logs), "--run-name", "run"]
+        return shared_job(f"script-{Path(script).stem}", argv, tmp_path_factory)
+    return get
+
+
+# tests/test_sync_methods.py's training (2 ranks of smallcnn on the digits, 4 epochs of 5 steps in
+# updates of 2 micro-batches, one thread per rank, freeze: auto with a threshold no relative change
+# reaches: every block freezes at the start of epoch 2, so every method re-wraps the model mid-run),
+# each sync method's run under mpirun shared with tests/test_autofreeze.py (every averaging method
+# freezes alike) and tests/test_overlap.py (mpi-gather-scatter exposes all its time).
+AUTO_FREEZE = ["--freeze", "auto", "--freeze-auto-threshold", "100"]
+SYNC_FLAGS = ["--config", TINY, "--model", "smallcnn", "--epochs", "4", "--max-steps-per-epoch", "5",
+              "--accumulation-steps", "2", *AUTO_FREEZE, "--threads-per-rank", "1", "--checkpoint-every", "0"]
+
+
+@pytest.fixture(scope="session")
+def sync_run(tmp_path_factory):
+    """``sync_run(method)``: SYNC_FLAGS with ``--sync method`` by 2 ranks under mpirun, run folder
+    ``.../logs/run``; once per session (shared), whichever test asks first."""
+    def get(method: str) -> SharedRun:
+        def argv(logs: Path) -> list[str]:
+            return [*launch_argv("mpirun", 2), *SYNC_FLAGS, "--sync", method, "--log-dir", str(logs), "--run-name", "run"]
+        return shared_job(f"sync-{method}", argv, tmp_path_factory)
+    return get
+
+
+# configs/tiny.yaml for one epoch in one process, the progress bar on and TensorBoard off: the run
+# that tests/test_output.py reads the progress lines of and tests/test_tensorboard.py the run
+# folder of (neither setting touches what the other checks).
+ONE_EPOCH_FLAGS = ["--config", TINY, "--epochs", "1", "--progress", "true", "--no-tensorboard"]
+
+
+@pytest.fixture(scope="session")
+def one_epoch_run(tmp_path_factory) -> SharedRun:
+    """ONE_EPOCH_FLAGS by one process, run folder ``.../logs/run``; once per session (shared)."""
+    def start() -> SharedRun:
+        logs = tmp_path_factory.mktemp("one-epoch") / "logs"
+        proc = run_train([*ONE_EPOCH_FLAGS, "--log-dir", str(logs), "--run-name", "run"])
+        return SharedRun(proc, logs / "run")
+    return shared("one-epoch", start, tmp_path_factory)

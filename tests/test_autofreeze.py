@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import md_table, read_metrics, run_train
+from conftest import AUTO_FREEZE, md_table, read_metrics, run_train
 from hvd_cifar import report
 from hvd_cifar.core import config
 from hvd_cifar.core.config import ConfigError
@@ -131,7 +131,7 @@ def test_auto_round_trips_through_config_yaml(tmp_path):
 # ----------------------------------------------------------------------------- real runs
 # smallcnn's three blocks with a threshold no relative change reaches: every block freezes at
 # the first decision, at the start of epoch 2 (epochs 0 and 1 measured).
-AUTO = ["--config", "configs/tiny.yaml", "--freeze", "auto", "--freeze-auto-threshold", "100", "--epochs", "4"]
+AUTO = ["--config", "configs/tiny.yaml", *AUTO_FREEZE, "--epochs", "4"]
 
 
 def events(run) -> list[dict]:
@@ -166,21 +166,24 @@ def test_resume_keeps_the_measure_history_and_what_is_frozen(tmp_path):
     freezes at the start of epoch 2 as the unbroken run does, which it can only do with the
     history restored. Stopped after epoch 2 (all frozen): the resumed epoch 3 starts frozen.
     One process: what is saved and restored is the same at every size (2 ranks under horovodrun:
-    the test above)."""
-    for stop in (2, 3):
-        name = f"stop{stop}"
-        run_train([*AUTO, "--log-dir", str(tmp_path), "--run-name", name, "--stop-after", str(stop)])
-        run_train(["--resume", str(tmp_path / name), "--stop-after", "0"])
+    the test above). One run stopped at both places (3 starts instead of 4): stopped after
+    epoch 1, resumed until it stops after epoch 2, resumed to the end."""
+    name = "stops"
+    run_train([*AUTO, "--log-dir", str(tmp_path), "--run-name", name, "--stop-after", "2"])
+    for stop in (3, 0):
+        run_train(["--resume", str(tmp_path / name), "--stop-after", str(stop)])
         records = read_metrics(tmp_path / name)
-        assert [r["frozen_blocks"] for r in records] == [0, 0, 3, 3], name
-        assert [(e["epoch"], e["frozen_blocks"]) for e in events(tmp_path / name)] == [(2, 3)], name
+        assert [r["frozen_blocks"] for r in records] == [0, 0, 3, 3][:stop or 4], (name, stop)
+        assert [(e["epoch"], e["frozen_blocks"]) for e in events(tmp_path / name)] == [(2, 3)], (name, stop)
 
 
 @pytest.mark.parametrize("sync", ["ddp", "mpi-allreduce", "mpi-gather-scatter"])
-def test_every_averaging_method_freezes_alike(tmp_path, sync):
+def test_every_averaging_method_freezes_alike(sync_run, sync):
     """The measure is read from whatever the method leaves in .grad after synchronize."""
-    run_train([*AUTO, "--sync", sync, "--log-dir", str(tmp_path), "--run-name", sync], launcher="mpirun", np=2)
-    records = read_metrics(tmp_path / sync)
+    # The 2-rank mpirun run of tests/test_sync_methods.py (conftest.SYNC_FLAGS): freeze: auto at
+    # this threshold over 4 epochs, as AUTO, in 5 steps an epoch in updates of 2 micro-batches.
+    run = sync_run(sync).run
+    records = read_metrics(run)
     assert [r["frozen_blocks"] for r in records] == [0, 0, 3, 3]
     assert records[2]["comm_bytes_per_sync"] < records[1]["comm_bytes_per_sync"]
-    assert json.loads((tmp_path / sync / "eval.json").read_text())["parameters_identical_across_ranks"]
+    assert json.loads((run / "eval.json").read_text())["parameters_identical_across_ranks"]

@@ -49,12 +49,13 @@ def test_options_under_two_ranks(tmp_path, tiny_run, launcher):
         assert json.loads((run / "eval.json").read_text())["parameters_identical_across_ranks"]
 
 
-def test_frozen_blocks_do_not_change(tmp_path):
-    run_train(["--config", "configs/tiny.yaml", "--freeze", "2", "--epochs", "1", "--log-dir", str(tmp_path),
-               "--run-name", "f"], launcher="mpirun", np=2)
+def test_frozen_blocks_do_not_change(script_run):
+    # --freeze 2 --epochs 1 by 2 ranks, started by launch/mpirun.sh (conftest.SCRIPT_JOBS): the
+    # job test_launch.py's hostfile test reads too
+    run = script_run("launch/mpirun.sh").run
     torch.manual_seed(0)  # the trainer's seed: the same initial weights
     init = build_model("smallcnn", 10).state_dict()
-    final = final_weights(tmp_path / "f")
+    final = final_weights(run)
     for key in init:
         block = int(key.split(".")[1]) if key.startswith("features.") else None
         if key.endswith("num_batches_tracked"):
@@ -63,7 +64,7 @@ def test_frozen_blocks_do_not_change(tmp_path):
             assert torch.equal(final[key], init[key]), key           # weights and BN statistics
         elif key.endswith("weight"):
             assert not torch.equal(final[key], init[key]), key
-    [record] = read_metrics(tmp_path / "f")
+    [record] = read_metrics(run)
     frozen_params = sum(v.numel() for k, v in init.items()
                         if k.startswith(("features.0.", "features.1.")) and "running" not in k
                         and "num_batches" not in k)

@@ -41,17 +41,18 @@ def test_a_key_beats_the_launchers_variable_which_beats_the_default(tiny_args, t
     assert "HOROVOD_AUTOTUNE" not in settings
 
 
-def test_two_ranks_run_with_the_keys_and_keep_horovods_autotune_log(tiny_args, tmp_path):
-    run_train([*tiny_args, "--epochs", "1", "--max-steps-per-epoch", "4", "--no-tensorboard",
-               "--horovod-cycle-time-ms", "7", "--horovod-fusion-threshold-mb", "16",
-               "--horovod-autotune", "true"], launcher="horovodrun", np=2)
-    settings = meta(tmp_path)["comm_settings"]
+def test_two_ranks_run_with_the_keys_and_keep_horovods_autotune_log(script_run):
+    # 1 epoch of 4 steps by 2 ranks under horovodrun, --horovod-cycle-time-ms 7
+    # --horovod-fusion-threshold-mb 16 --horovod-autotune true (conftest.SCRIPT_JOBS), started by
+    # launch/horovodrun.sh: the job test_launch.py's hostfile test reads too
+    run = script_run("launch/horovodrun.sh").run
+    settings = json.loads((run / "meta.json").read_text())["comm_settings"]
     assert settings["HOROVOD_CYCLE_TIME"] == "7"
     assert settings["HOROVOD_FUSION_THRESHOLD"] == str(16 * 2**20)  # MiB, as horovodrun's --fusion-threshold-mb
     assert settings["HOROVOD_AUTOTUNE"] == "1"
     # Horovod's autotuner wrote its log (its own CSV header proves it read both variables at
     # hvd.init()); rank 0 copied it into the run folder and removed the temporary file.
-    header = (tmp_path / "logs" / "run" / "autotune.csv").read_text().splitlines()[0].split(",")
+    header = (run / "autotune.csv").read_text().splitlines()[0].split(",")
     assert {"cycle_time_ms", "tensor_fusion_threshold", "score"} <= set(header), header
     assert not os.path.exists(settings["HOROVOD_AUTOTUNE_LOG"])
 

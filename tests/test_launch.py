@@ -33,14 +33,12 @@ def test_two_ranks_train_under_each_launcher(tiny_run, launcher):
 
 
 @pytest.mark.parametrize("script", ["launch/horovodrun.sh", "launch/mpirun.sh"])
-def test_launch_scripts_read_the_hostfile(tmp_path, script):
-    hosts = tmp_path / "hosts"
-    hosts.write_text("# one machine\n\nlocalhost slots=2\n")
-    proc = subprocess.run([str(ROOT / script), "-np", "2", "-hostfile", str(hosts), "--config",
-                           "configs/tiny.yaml", "--epochs", "1", "--log-dir", str(tmp_path), "--run-name", "r"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert read_metrics(tmp_path / "r")[0]["world_size"] == 2
+def test_launch_scripts_read_the_hostfile(script_run, script):
+    # The script's job (conftest.SCRIPT_JOBS) is also the run another file checks: mpirun.sh's
+    # test_comm_options.py's frozen blocks, horovodrun.sh's test_horovod_tuning.py's keys.
+    job = script_run(script)  # -np 2 -hostfile: "# one machine", a blank line, "localhost slots=2"
+    assert job.proc.returncode == 0, job.proc.stderr[-3000:]
+    assert read_metrics(job.run)[0]["world_size"] == 2
 
 
 def test_bad_config_under_mpirun_is_one_line_from_one_rank(tmp_path):

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 
-from conftest import run_train
-
 TAG = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")  # [JOB,RANK] under MPI, [RANK] under Gloo
 LOG_PREFIX = re.compile(r"^\d\d:\d\d:\d\d \[rank 0\] ")   # writer.RankLog's, on a message's first line
 
@@ -25,10 +23,9 @@ def test_each_line_from_rank_0_arrives_whole_under_horovodrun(tiny_run):
     assert printed == logged
 
 
-def test_progress_into_a_pipe_is_plain_lines_not_frames(tmp_path, tiny_args):
+def test_progress_into_a_pipe_is_plain_lines_not_frames(one_epoch_run):
     """With stderr not a terminal (a launcher's pipe, a log file), the progress bar prints a
     whole line now and then instead of carriage-return frames."""
-    from conftest import run_train
-    proc = run_train([*tiny_args, "--progress", "true", "--epochs", "1"])
+    proc = one_epoch_run.proc  # one process, 1 epoch of 6 steps, --progress true (conftest)
     assert "\r" not in proc.stderr, repr(proc.stderr[:500])
     assert "epoch 1/1: step 6/6" in proc.stderr, proc.stderr

@@ -17,19 +17,19 @@ import psutil
 import pytest
 import torch
 
-from conftest import ROOT, TINY, launch_argv, read_metrics, run_train, unmeasured
+from conftest import ROOT, STOP_FLAGS, TINY, launch_argv, read_metrics, run_train, unmeasured
 from hvd_cifar.launch import slurm_resume
 from hvd_cifar.trainer import exits
 from testbed import drill
 
 # 3 epochs of 12 steps in updates of 2 micro-batches: a stop asked for mid-update waits for its end.
-FLAGS = ["--config", TINY, "--epochs", "3", "--max-steps-per-epoch", "12", "--accumulation-steps", "2",
-         "--threads-per-rank", "1"]
+FLAGS = STOP_FLAGS
 
 
-def assert_same_training(resumed: Path, straight: Path) -> None:
+def assert_same_training(resumed: Path, straight: Path, sync: str | None = None) -> None:
     """Bit-identical final weights and optimizer state, and the same metrics lines apart from
-    what is measured."""
+    what is measured. ``sync``: the resumed run's sync method, where ``straight`` is the Horovod
+    run standing in for that method's own (``straight_2``): its lines then with that ``sync``."""
     a = torch.load(resumed / "checkpoint_last.pt", weights_only=True)
     b = torch.load(straight / "checkpoint_last.pt", weights_only=True)
     assert a["epoch"] == b["epoch"] and "position" not in a
@@ -37,7 +37,10 @@ def assert_same_training(resumed: Path, straight: Path) -> None:
         assert torch.equal(a["model"][key], tensor), key
     for i, state in b["optimizer"]["state"].items():
         assert torch.equal(a["optimizer"]["state"][i]["momentum_buffer"], state["momentum_buffer"]), i
-    assert unmeasured(read_metrics(resumed)) == unmeasured(read_metrics(straight))
+    want = unmeasured(read_metrics(straight))
+    if sync is not None:
+        want = [{**r, "sync": sync} for r in want]
+    assert unmeasured(read_metrics(resumed)) == want
 
 
 def events(run: Path) -> list[dict]:
@@ -48,19 +51,15 @@ def hvd_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("hvd_cifar")]
 
 
-@pytest.fixture(scope="module")
-def straight_2(tmp_path_factory):
-    """FLAGS run straight through by 2 ranks under mpirun, with a given sync method (once each)."""
-    runs = {}
-
-    def run(sync: str = "horovod") -> Path:
-        if sync not in runs:
-            logs = tmp_path_factory.mktemp(f"straight-{sync}")
-            run_train([*FLAGS, "--sync", sync, "--log-dir", str(logs), "--run-name", "straight"],
-                      launcher="mpirun", np=2)
-            runs[sync] = logs / "straight"
-        return runs[sync]
-    return run
+@pytest.fixture
+def straight_2(straight_run):
+    """FLAGS run straight through by 2 ranks under mpirun: conftest's straight_run of the Horovod
+    method, once per session (tests/test_reliability.py reads it too). It stands for the
+    mpi-allreduce and DDP runs as well: at 2 ranks each method's average is the one sum of two
+    gradients halved (a sum of two is the same in either order, halving is exact), and their
+    uninterrupted runs ended on bit-identical weights and momentum, and the same metrics lines
+    but for their "sync" field (checked with torch.equal, each run on its own)."""
+    return lambda: straight_run("horovod")
 
 
 # ----------------------------------------------------------------------------- the signal handler
@@ -133,7 +132,7 @@ def test_one_rank_signalled_mid_update_stops_both_and_resumes_exactly(tmp_path, 
     resumed = run_train(["--resume", str(run)], launcher="mpirun", np=2)
     assert "resuming epoch 2 of 3 after step 8" in resumed.stdout
     assert [r.get("resumed_at_step") for r in read_metrics(run)] == [None, 8, None]
-    assert_same_training(run, straight_2(sync))
+    assert_same_training(run, straight_2(), sync)
 
 
 @pytest.mark.slow

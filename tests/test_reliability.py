@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, TINY, launch_argv, read_metrics, run_train, seconds_until_it_ends, unmeasured
+from conftest import ROOT, STOP_FLAGS, TINY, launch_argv, read_metrics, run_train, seconds_until_it_ends, unmeasured
 from testbed import drill
 
 
@@ -53,14 +53,16 @@ original, writer.save_checkpoint = writer.save_checkpoint, save_checkpoint
 
 
 @pytest.mark.slow
-def test_a_job_killed_while_writing_a_checkpoint_keeps_the_last_good_one(tmp_path):
+def test_a_job_killed_while_writing_a_checkpoint_keeps_the_last_good_one(tmp_path, straight_run):
     """A 2-rank mpirun job whose rank 0 is killed half-way through writing its epoch-2
     checkpoint: the job ends, the epoch-1 checkpoint is intact, and resuming from it ends on
-    the same weights and metrics as a run that was never interrupted."""
+    the same weights and metrics as a run that was never interrupted. The training is
+    conftest's STOP_FLAGS (a checkpoint after each of 3 epochs), so that the run never
+    interrupted is the session's straight_run, which tests/test_preemption.py reads too."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(KILL_MID_WRITE)
-    flags = ["--config", TINY, "--epochs", "3", "--checkpoint-every", "1", "--log-dir", str(tmp_path)]
+    flags = [*STOP_FLAGS, "--checkpoint-every", "1", "--log-dir", str(tmp_path)]
     env = dict(os.environ, PYTHONPATH=f"{hook}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
     start = time.monotonic()
     proc = subprocess.run([*launch_argv("mpirun", 2), *flags, "--run-name", "killed"], cwd=ROOT, env=env,
@@ -71,14 +73,14 @@ def test_a_job_killed_while_writing_a_checkpoint_keeps_the_last_good_one(tmp_pat
     assert torch.load(run / "checkpoint_last.pt", weights_only=True)["epoch"] == 1
 
     run_train(["--resume", str(run)], launcher="mpirun", np=2)
-    run_train([*flags, "--run-name", "straight"], launcher="mpirun", np=2)
+    straight_dir = straight_run("horovod")  # STOP_FLAGS under mpirun, never interrupted
     assert not (run / stale).exists()
     resumed = torch.load(run / "checkpoint_last.pt", weights_only=True)
-    straight = torch.load(tmp_path / "straight" / "checkpoint_last.pt", weights_only=True)
+    straight = torch.load(straight_dir / "checkpoint_last.pt", weights_only=True)
     assert resumed["epoch"] == straight["epoch"] == 3
     for key, tensor in straight["model"].items():
         assert torch.equal(resumed["model"][key], tensor), key
-    assert unmeasured(read_metrics(run)) == unmeasured(read_metrics(tmp_path / "straight"))
+    assert unmeasured(read_metrics(run)) == unmeasured(read_metrics(straight_dir))
 
 
 def test_a_torn_last_metrics_line_is_not_a_record(tmp_path):
@@ -105,11 +107,10 @@ def test_batch_times_ranks_larger_than_the_data_set(tmp_path, tiny_args):
     assert ours == ["hvd_cifar: error: batch_size: 800 x 2 ranks is larger than the 1437 training images"]
 
 
-def test_corrupt_checkpoint_is_one_line(tmp_path, tiny_args):
-    run_train([*tiny_args, "--epochs", "1", "--max-steps-per-epoch", "1"])
-    run = tmp_path / "logs" / "run"
+def test_corrupt_checkpoint_is_one_line(tmp_path, tiny_run):
+    run = tiny_run().copy_to(tmp_path)  # the session's one-process run of 2 epochs, checkpoint and all
     (run / "checkpoint_last.pt").write_bytes(b"this is not a checkpoint")
-    proc = run_train(["--resume", str(run), "--epochs", "2"], check=False)
+    proc = run_train(["--resume", str(run), "--epochs", "3"], check=False)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1

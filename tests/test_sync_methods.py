@@ -4,9 +4,13 @@
 
 Every run trains smallcnn on the digits from the same seed for 2 epochs of 5 steps, with
 gradient accumulation in groups of 2 (so each epoch ends on a group of 1) and the first
-feature block frozen from epoch 1 on (so every method re-wraps the model mid-run). In fp32,
-averaging two ranks' gradients is exact whatever the method ((a+b)/2 = a/2+b/2), so every
-method must land on the same weights and losses as Horovod under mpirun, the reference.
+feature block frozen from epoch 1 on (so every method re-wraps the model mid-run); the fp32
+runs under mpirun (test_same_weights_and_losses_under_mpirun) are conftest.sync_run's instead,
+which tests/test_autofreeze.py and tests/test_overlap.py read too (one job each instead of
+two): the same training for 4 epochs, every feature block frozen by freeze: auto from epoch 2
+on (a re-wrap too). In fp32, averaging two ranks' gradients is exact whatever the method
+((a+b)/2 = a/2+b/2), so every method must land on the same weights and losses as Horovod
+under mpirun, the reference.
 With fp16 gradients on the wire the methods round differently: close to the reference, not
 equal to it.
 """
@@ -17,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import read_metrics, run_train
+from conftest import SYNC_FLAGS, read_metrics, run_train
 from hvd_cifar.workload.models import build_model, set_frozen_blocks
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")
@@ -28,6 +32,12 @@ FREEZE = {0: 0, 1: 1}                # epoch -> frozen feature blocks
 TRAIN_FLAGS = ["--config", "configs/tiny.yaml", "--model", "smallcnn", "--epochs", "2",
                "--max-steps-per-epoch", str(STEPS), "--accumulation-steps", str(GROUP),
                "--freeze-schedule", "{1: 1}", "--threads-per-rank", "1", "--checkpoint-every", "0"]
+# conftest.SYNC_FLAGS (the shared mpirun runs): these steps and groups, 4 epochs, freeze: auto at
+# a threshold no change reaches, every block frozen from epoch 2 on. (Not the fp16 runs' flags:
+# 2 more unfrozen epochs of fp16 rounding move their losses beyond the 1e-3 they are held to.)
+AUTO_FREEZE = {0: 0, 1: 0, 2: 3, 3: 3}
+assert SYNC_FLAGS[SYNC_FLAGS.index("--max-steps-per-epoch") + 1] == str(STEPS)
+assert SYNC_FLAGS[SYNC_FLAGS.index("--accumulation-steps") + 1] == str(GROUP)
 
 pytestmark = pytest.mark.slow
 
@@ -72,16 +82,18 @@ def analytic_bytes_per_sync(method: str, payload: int, n: int = RANKS) -> int:
     return (n - 1) * payload if method == "mpi-gather-scatter" else round(2 * (n - 1) / n * payload)
 
 
-def check_accounting(method: str, records: list[dict], fp16: bool) -> None:
-    assert [r["epoch"] for r in records] == [0, 1]
+def check_accounting(method: str, records: list[dict], fp16: bool, freeze: dict = FREEZE) -> None:
+    assert [r["epoch"] for r in records] == list(freeze)
+    assert [r["frozen_blocks"] for r in records] == list(freeze.values())
     for r in records:
-        payload = trainable_bytes(FREEZE[r["epoch"]], 2 if fp16 else 4)
+        payload = trainable_bytes(freeze[r["epoch"]], 2 if fp16 else 4)
         assert r["comm_bytes_per_sync"] == analytic_bytes_per_sync(method, payload), r
         assert r["syncs"] == SYNCS_PER_EPOCH
         assert r["comm_bytes_per_rank"] == r["comm_bytes_per_sync"] * SYNCS_PER_EPOCH
         assert r["sync"] == method and r["world_size"] == RANKS and r["fp16_allreduce"] == fp16
-    # freezing a block must shrink what crosses the wire
-    assert records[1]["comm_bytes_per_sync"] < records[0]["comm_bytes_per_sync"]
+    # freezing blocks must shrink what crosses the wire (at the epoch that froze them)
+    first = next(e for e in freeze if freeze[e] > 0)
+    assert records[first]["comm_bytes_per_sync"] < records[first - 1]["comm_bytes_per_sync"]
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +103,13 @@ def reference(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_same_weights_and_losses_under_mpirun(method, reference, tmp_path):
-    # Horovod under mpirun is the reference run itself: for it, only the accounting is news.
-    run_dir = reference if method == "horovod" else train("mpirun", method, tmp_path)
+def test_same_weights_and_losses_under_mpirun(method, sync_run):
+    # conftest.sync_run: SYNC_FLAGS by 2 ranks under mpirun, the runs tests/test_autofreeze.py
+    # and tests/test_overlap.py read too. Horovod's is the reference here: for it, only the
+    # accounting is news.
+    reference, run_dir = sync_run("horovod").run, sync_run(method).run
     records, expected = read_metrics(run_dir), read_metrics(reference)
-    check_accounting(method, records, fp16=False)
+    check_accounting(method, records, fp16=False, freeze=AUTO_FREEZE)
     for got, want in zip(records, expected):
         for key in ("train_loss", "test_loss"):
             assert got[key] == pytest.approx(want[key], rel=1e-5), (key, got["epoch"])

@@ -102,9 +102,8 @@ def test_a_resumed_run_appends_and_hides_the_epochs_it_reruns(tmp_path, tiny_arg
     assert_board_matches_metrics(run)
 
 
-def test_tensorboard_off_writes_no_event_files(tmp_path, tiny_args):
-    run_train([*tiny_args, "--epochs", "1", "--max-steps-per-epoch", "1", "--no-tensorboard"])
-    run = tmp_path / "logs" / "run"
+def test_tensorboard_off_writes_no_event_files(one_epoch_run):
+    run = one_epoch_run.run  # one process, 1 epoch, --no-tensorboard (conftest)
     assert (run / "metrics.jsonl").exists() and not event_files(run)
 
 

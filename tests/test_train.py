@@ -47,27 +47,37 @@ def test_existing_run_name_is_never_overwritten(tmp_path, tiny_args):
         f"resume it with --resume {tmp_path}/logs/run"]
 
 
-def test_default_run_names_are_unique(tmp_path):
-    args = ["--config", "configs/tiny.yaml", "--log-dir", str(tmp_path), "--epochs", "1",
-            "--max-steps-per-epoch", "1"]
-    run_train(args)
-    run_train(args)
-    assert len([p for p in tmp_path.iterdir() if (p / "metrics.jsonl").exists()]) == 2
+RESUME_COMMON = ["--config", "configs/tiny.yaml", "--max-steps-per-epoch", "3", "--epochs", "4", "--warmup-epochs", "1"]
 
 
-def test_resume_is_exact(tmp_path):
+@pytest.fixture(scope="module")
+def straight_and_halves(tmp_path_factory):
+    """Two runs of one training in one log folder, neither named (--run-name left out): E
+    epochs straight, and E/2 epochs then stopped (the halves, which test_resume_is_exact
+    resumes). Their folders: (straight, halves)."""
+    logs = tmp_path_factory.mktemp("unnamed")
+    run_train([*RESUME_COMMON, "--log-dir", str(logs)])
+    [straight] = list(logs.iterdir())
+    run_train([*RESUME_COMMON, "--log-dir", str(logs), "--stop-after", "2"])
+    [halves] = [p for p in logs.iterdir() if p != straight]
+    return logs, straight, halves
+
+
+def test_default_run_names_are_unique(straight_and_halves):
+    # Two runs of one config with no --run-name in one log folder (test_resume_is_exact's
+    # straight run and halves, one after the other): two folders, one per run.
+    logs, _, _ = straight_and_halves
+    assert len([p for p in logs.iterdir() if (p / "metrics.jsonl").exists()]) == 2
+
+
+def test_resume_is_exact(straight_and_halves):
     """E epochs straight == E/2 epochs, stop, resume for the rest: same weights, same metrics."""
-    common = ["--config", "configs/tiny.yaml", "--max-steps-per-epoch", "3", "--epochs", "4",
-              "--warmup-epochs", "1"]
-    run_train([*common, "--log-dir", str(tmp_path / "a"), "--run-name", "straight"])
-    run_train([*common, "--log-dir", str(tmp_path / "b"), "--run-name", "halves", "--stop-after", "2"])
-    halves = tmp_path / "b" / "halves"
+    _, straight, halves = straight_and_halves
     assert [r["epoch"] for r in read_metrics(halves)] == [0, 1]
     assert not (halves / "eval.json").exists()
     proc = run_train(["--resume", str(halves), "--stop-after", "0"])
     assert "resuming after epoch 2 of 4" in proc.stdout
 
-    straight = tmp_path / "a" / "straight"
     a = torch.load(straight / "checkpoint_last.pt", weights_only=True)["model"]
     b = torch.load(halves / "checkpoint_last.pt", weights_only=True)["model"]
     assert a.keys() == b.keys()

@@ -49,10 +49,16 @@ TRAIN = ["--model", "vgg11", "--dataset", "digits", "--epochs", "1", "--max-step
 JOBS = {
     "gloo-np2": (2, "gloo", []),
     "mpirun-np4": (4, "mpirun", []),
-    "gather-scatter-np4": (4, "mpirun", ["--sync", "mpi-gather-scatter"]),
-    "fp16": (2, "gloo", ["--fp16-allreduce", "true"]),
-    "accum4": (2, "gloo", ["--accumulation-steps", "4"]),
-    "freeze": (2, "gloo", ["--freeze", str(FREEZE)]),
+    # 3 ranks, not 4, still part gather-scatter from a ring and the root from the others: the root
+    # moves N-1 = 2 buffers each way and every other host 1, where a ring moves 2(N-1)/N = 1.33 on
+    # every host (both off by a third or more, far outside 5 %), and N or N-2 buffers at the root
+    # would be 3 or 1. One VGG-11 rank fewer on the 2 cores (its start-up, its share of the steps).
+    "gather-scatter-np3": (3, "mpirun", ["--sync", "mpi-gather-scatter"]),
+    # fp16, accumulation and freezing in one job: each leaves its own mark (2 bytes a parameter,
+    # one sync per 4 steps, the frozen share's parameters not sent), and the wire must carry their
+    # product. 4 x the steps, so that its 4 syncs move a quarter of the reference's bytes each.
+    "options": (2, "gloo", ["--fp16-allreduce", "true", "--accumulation-steps", "4", "--freeze", str(FREEZE),
+                            "--max-steps-per-epoch", str(4 * STEPS)]),
 }
 
 
@@ -146,43 +152,37 @@ def test_measured_bytes_match_ring_allreduce(job, cluster, name):
     _check_against_analytic(name, records, np, cluster.hostnames[:np])
 
 
-def test_fp16_allreduce_halves_the_bytes(job, cluster):
-    fp16, fp32 = job("fp16"), job("gloo-np2")
-    _check_against_analytic("fp16", fp16, 2, cluster.hostnames[:2])
-    for direction in ("tx", "rx"):
-        ratio = measured(fp16, direction) / measured(fp32, direction)
-        assert ratio <= 0.52, f"fp16 / fp32 measured {direction} bytes = {ratio:.4f}"
-
-
-def test_accumulation_syncs_once_per_k_steps(job, cluster):
-    k4, k1 = job("accum4"), job("gloo-np2")
-    assert [r["syncs"] for r in k4] == [STEPS // 4] * len(k4)
-    assert [r["steps"] for r in k4] == [r["steps"] for r in k1]
-    _check_against_analytic("accum4", k4, 2, cluster.hostnames[:2])
-    for direction in ("tx", "rx"):
-        ratio = measured(k4, direction) / measured(k1, direction)
-        assert ratio <= 0.27, f"k=4 / k=1 measured {direction} bytes per epoch = {ratio:.4f}"
-
-
-def test_freezing_saves_the_frozen_share(job, cluster):
-    frozen, base = job("freeze"), job("gloo-np2")
-    _check_against_analytic("freeze", frozen, 2, cluster.hostnames[:2])
-    # The frozen share from the model itself, not from what the trainer recorded.
+def frozen_share() -> float:
+    """The share of vgg11's parameters in its first FREEZE blocks, from the model itself."""
     model = build_model("vgg11", 10)
     total = sum(p.numel() for p in model.parameters())
     set_frozen_blocks(model, FREEZE)
-    share = 1 - sum(p.numel() for p in model.parameters() if p.requires_grad) / total
-    assert frozen[0]["trainable_params"] == round(total * (1 - share))
+    return 1 - sum(p.numel() for p in model.parameters() if p.requires_grad) / total
+
+
+def test_fp16_accumulation_and_freezing_each_save_what_they_claim(job, cluster):
+    options, base = job("options"), job("gloo-np2")
+    _check_against_analytic("options", options, 2, cluster.hostnames[:2])  # 2 B a trainable parameter
+    assert all(r["fp16_allreduce"] for r in options)
+    # accumulation: one sync per 4 steps
+    assert [r["syncs"] for r in options] == [r["steps"] // 4 for r in options] == [STEPS] * len(options)
+    assert [r["steps"] for r in options] == [4 * r["steps"] for r in base]
+    # freezing: the trainable count is the model's own, and about half of it
+    share = frozen_share()
+    assert options[0]["trainable_params"] == round(base[0]["trainable_params"] * (1 - share))
     assert 0.3 < share < 0.7  # a saving large enough to tell apart from overheads
+    # the wire: as many syncs as the reference, each of half the bytes (fp16) of the unfrozen share
     for direction in ("tx", "rx"):
-        saving = 1 - measured(frozen, direction) / measured(base, direction)
-        assert abs(saving - share) <= TOLERANCE * share, (
-            f"freeze {FREEZE}: measured {direction} saving {saving:.4f} vs frozen parameter share {share:.4f}")
+        ratio = measured(options, direction) / measured(base, direction)
+        claimed = 0.5 * (1 - share)
+        assert abs(ratio / claimed - 1) <= TOLERANCE, (
+            f"fp16 + freeze {FREEZE} + k=4 over 4x the steps: measured {direction} bytes {ratio:.4f} x the "
+            f"reference's, claimed 0.5 x {1 - share:.4f} = {claimed:.4f}")
 
 
 def test_gather_scatter_root_moves_n_minus_1_buffers_each_way(job, cluster):
-    np = JOBS["gather-scatter-np4"][0]
-    records = job("gather-scatter-np4")
+    np = JOBS["gather-scatter-np3"][0]
+    records = job("gather-scatter-np3")
     root, *others = cluster.hostnames[:np]
     for r in records:
         buffer = r["trainable_params"] * 4
