@@ -13,7 +13,7 @@ from hvd_cifar.compress import cost
 from hvd_cifar.compress.localsgd import LocalSGD
 from hvd_cifar.compress.powersgd import PowerSGD, orthonormalise
 from hvd_cifar.compress.topk import TopK
-from hvd_cifar.core.config import TOPK_FRACTION
+from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
 
 
 class World:
@@ -298,7 +298,7 @@ def expected_bytes(name, shapes, syncs):
     tensor in the sparsity warm-up's first epoch, and TOPK_FRACTION after it."""
     fp32 = sum(torch.Size(s).numel() for s in shapes) * 4
     if name == "horovod-powersgd":
-        compressed = cost.powersgd_payload(shapes, 2)
+        compressed = cost.powersgd_payload(shapes, POWERSGD_RANK)
         return compressed, 2 * fp32 + (syncs - 2) * compressed
     if name == "ddp-topk":
         return cost.topk_payload(shapes, TOPK_FRACTION), syncs * cost.topk_payload(shapes, 0.25)

@@ -61,6 +61,8 @@ if "HOROVOD_HOSTNAME" in os.environ:  # a worker (not horovodrun's driver)
         if pause:
             with open(os.environ["PACE_FILE"] + ".paced", "a") as seen:  # which workers the hook reached
                 seen.write(f"{os.getpid()}\\n")
+            with open(os.environ["PACE_FILE"] + ".at", "a") as at:  # where the workers are: epoch, step
+                at.write(f"{self.epoch} {step}\\n")
             time.sleep(pause)
     elastic.ElasticState.after_step = after_step
 """
@@ -87,6 +89,14 @@ def wait_for(what: str, predicate, job: subprocess.Popen, timeout: float) -> Non
             raise AssertionError(f"the job ended (exit {job.returncode}) while waiting for {what}")
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def past(at: Path, epoch: int, step: int) -> bool:
+    """Whether a worker has reported (the pace hook) a step of ``epoch`` at or after ``step``."""
+    if not at.exists():
+        return False
+    done = [tuple(map(int, line.split())) for line in at.read_text().splitlines() if len(line.split()) == 2]
+    return any(e > epoch or (e == epoch and s >= step) for e, s in done)
 
 
 def trainer_pids(cluster: NetCluster, host: int) -> list[int]:
@@ -124,8 +134,9 @@ def test_kill_add_and_retire_workers_mid_run(tmp_path):
                                           "HOROVOD_GLOO_TIMEOUT_SECONDS": "20"},
                             stdout=output, stderr=subprocess.STDOUT)
         try:
-            wait_for("the first epoch", lambda: len(read_jsonl(metrics)) >= 1, job, 240)
-            time.sleep(1.5)  # into the second epoch (a step is about 0.3 s), between commits
+            # Into the second epoch, past its first commit (however slowly the machine runs): the
+            # kill then rolls back into epoch 1, and epoch 0 stays the 3 ranks' own.
+            wait_for("epoch 1 past its first commit", lambda: past(Path(f"{pace}.at"), 1, COMMIT_EVERY + 1), job, 240)
             victims = trainer_pids(cluster, 2)
             assert len(victims) == 1, f"host 2 runs {victims}"
             os.kill(victims[0], signal.SIGKILL)
