@@ -32,7 +32,7 @@ APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client opens
 
 log() { printf '[install] %s\n' "$*"; }
 
-# --- horovod: the wheel, built from source with seven fixes ----------------------------------
+# --- horovod: the wheel, built from source with eight fixes ----------------------------------
 # horovod_wheel PYTHON SUFFIX builds Horovod from its source distribution, with the fixes below,
 # against the torch installed in PYTHON's environment, unless the wheel cache already holds that
 # build; it prints the wheel's path. The build's options come from the caller's environment as
@@ -43,7 +43,7 @@ log() { printf '[install] %s\n' "$*"; }
 # for a machine that cannot reach PyPI. HOROVOD_FIXES names the set of fixes below: a new fix
 # bumps it, which rebuilds the cached wheel and reinstalls horovod in a venv that has an older
 # build (stamp file).
-HOROVOD_FIXES=7
+HOROVOD_FIXES=8
 horovod_wheel() {
   local py="$1" suffix="$2" torch_version py_tag wheel_dir build src
   read -r torch_version py_tag < <("$py" -c 'import sys, torch; print(torch.__version__.split("+")[0], "%d%d" % sys.version_info[:2])')
@@ -125,6 +125,38 @@ patch("horovod/common/operations.cc",
       "    if (process_set_id == 0) {\n"
       "      state.last_cycle_start = std::chrono::steady_clock::now();\n"
       "      state.mark_cycles_in_timeline =\n")
+
+# Fix 8: horovodrun asks whether Horovod was built with MPI or Gloo at every launch, in a forked
+# child that imports each framework's extension, torch with it: about 2.5 CPU-seconds of a
+# launch that itself does nothing with torch. The extension's library answers both questions
+# itself (horovod_mpi_built, horovod_gloo_built), loaded with ctypes in a fraction of that; any
+# other question, or a library that does not load, goes the old way.
+patch("horovod/common/util.py",
+      "def _check_extension_lambda(ext_base_name, fn, fn_desc, verbose):\n",
+      "def _built_in_library(ext_base_name, fn_desc):\n"
+      "    symbol = {'built with MPI': 'horovod_mpi_built', 'built with Gloo': 'horovod_gloo_built'}.get(fn_desc)\n"
+      "    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ext_base_name)\n"
+      "    if symbol is None or not os.path.isdir(folder):\n"
+      "        return None\n"
+      "    import ctypes\n"
+      "    import importlib.machinery\n"
+      "    for name in sorted(os.listdir(folder)):\n"
+      "        if name.startswith('mpi_lib') and name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):\n"
+      "            try:\n"
+      "                return bool(getattr(ctypes.CDLL(os.path.join(folder, name)), symbol)())\n"
+      "            except (OSError, AttributeError):\n"
+      "                return None\n"
+      "    return None\n"
+      "\n"
+      "\n"
+      "def _check_extension_lambda(ext_base_name, fn, fn_desc, verbose):\n")
+patch("horovod/common/util.py",
+      "            ext = importlib.import_module('.' + ext_base_name, 'horovod')\n"
+      "            result = fn(ext)\n",
+      "            result = _built_in_library(ext_base_name, fn_desc)\n"
+      "            if result is None:\n"
+      "                ext = importlib.import_module('.' + ext_base_name, 'horovod')\n"
+      "                result = fn(ext)\n")
 PYEOF
     # Fix 3: use the system cmake (3.25; pip's cmake 4 rejects gloo's cmake_minimum_required)
     # and build without isolation so the extension compiles against the torch installed above

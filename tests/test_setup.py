@@ -29,6 +29,17 @@ def test_horovod_build_has_pytorch_mpi_and_gloo():
         assert re.search(rf"\[X\] {feature}", out), out
 
 
+def test_horovodruns_build_check_asks_the_library_not_torch():
+    """Fix 8 (scripts/install.sh): horovodrun's question whether Horovod was built with MPI and
+    Gloo, asked at every launch, is answered by the torch extension's library through ctypes, in
+    a process that never imports torch (it imported torch, 2.5 CPU-s, at every launch)."""
+    probe = ("import sys\nfrom horovod.common import util\n"
+             "print(util._built_in_library('torch', 'built with MPI'), util._built_in_library('torch', 'built with Gloo'),"
+             " util._built_in_library('torch', 'built with NCCL'), 'torch' in sys.modules)")
+    out = subprocess.run([str(BIN / "python"), "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "True", "None", "False"], out.stdout + out.stderr
+
+
 def test_install_script_explains_each_horovod_fix():
     script = (ROOT / "scripts" / "install.sh").read_text()
     for fix in ("Fix 1", "Fix 2", "Fix 3"):
