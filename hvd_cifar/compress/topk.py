@@ -26,7 +26,7 @@ group, k = max(1, ceil(f_epoch x n)):
 The paper scales a threshold on the *sum* of N gradients by N^(-1/2): N independent gradients of
 norm c sum to a norm of about c sqrt(N). Here the update is their *mean*, of norm about c / sqrt(N),
 so the threshold that holds the mean at grad_clip, as the loop clips it without compression, is
-grad_clip x sqrt(N) per rank (grad_clip / sqrt(N) held each rank N times lower, and cost accuracy).
+grad_clip x sqrt(N) per rank.
 
 Ranks choose different indices, so the pieces are gathered, not summed. Biases and BatchNorm's
 weights (vectors) go the same way to d, then d is averaged whole in one allreduce, as the paper's
