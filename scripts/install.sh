@@ -32,7 +32,7 @@ APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client opens
 
 log() { printf '[install] %s\n' "$*"; }
 
-# --- horovod: the wheel, built from source with eight fixes ----------------------------------
+# --- horovod: the wheel, built from source with nine fixes ----------------------------------
 # horovod_wheel PYTHON SUFFIX builds Horovod from its source distribution, with the fixes below,
 # against the torch installed in PYTHON's environment, unless the wheel cache already holds that
 # build; it prints the wheel's path. The build's options come from the caller's environment as
@@ -43,7 +43,7 @@ log() { printf '[install] %s\n' "$*"; }
 # for a machine that cannot reach PyPI. HOROVOD_FIXES names the set of fixes below: a new fix
 # bumps it, which rebuilds the cached wheel and reinstalls horovod in a venv that has an older
 # build (stamp file).
-HOROVOD_FIXES=8
+HOROVOD_FIXES=9
 horovod_wheel() {
   local py="$1" suffix="$2" torch_version py_tag wheel_dir build src
   read -r torch_version py_tag < <("$py" -c 'import sys, torch; print(torch.__version__.split("+")[0], "%d%d" % sys.version_info[:2])')
@@ -157,6 +157,54 @@ patch("horovod/common/util.py",
       "            if result is None:\n"
       "                ext = importlib.import_module('.' + ext_base_name, 'horovod')\n"
       "                result = fn(ext)\n")
+
+# Fix 9: a rank waiting for its collectives (synchronize(), which DistributedOptimizer calls at
+# every step, and every blocking allreduce and broadcast) polled its handle in a loop of
+# sched_yield: while a peer was late, it burned a whole core. With more ranks than cores a late
+# peer is one not yet scheduled, so the spin took the CPU it was waiting for (measured: 9.5
+# CPU-s in 10 s of a peer held at a step, docs/INSTALL.md). The wait now sleeps on a condition
+# variable that the background thread's completion callback signals.
+patch("horovod/torch/handle_manager.h",
+      "#include <atomic>\n",
+      "#include <atomic>\n#include <chrono>\n#include <condition_variable>\n")
+patch("horovod/torch/handle_manager.h",
+      "  bool PollHandle(int handle);\n",
+      "  bool PollHandle(int handle);\n  void WaitHandle(int handle);\n")
+patch("horovod/torch/handle_manager.h",
+      "  std::mutex mutex_;\n",
+      "  std::mutex mutex_;\n  std::condition_variable done_;\n")
+patch("horovod/torch/handle_manager.cc",
+      "  results_[handle] = std::make_shared<Status>(status);\n}\n",
+      "  results_[handle] = std::make_shared<Status>(status);\n  done_.notify_all();\n}\n\n"
+      "void HandleManager::WaitHandle(int handle) {\n"
+      "  std::unique_lock<std::mutex> lock(mutex_);\n"
+      "  while (true) {\n"
+      "    auto it = results_.find(handle);\n"
+      "    if (it == results_.end()) {\n"
+      "      throw std::invalid_argument(\"Handle \" + std::to_string(handle) +\n"
+      "                                  \" was not created or has been cleared.\");\n"
+      "    }\n"
+      "    if (it->second != nullptr) {\n"
+      "      return;\n"
+      "    }\n"
+      "    done_.wait_for(lock, std::chrono::milliseconds(50));\n"
+      "  }\n"
+      "}\n")
+patch("horovod/torch/handle_manager.cc",
+      "  results_.clear();\n  last_handle_ = 0;\n",
+      "  results_.clear();\n  last_handle_ = 0;\n  done_.notify_all();\n")
+patch("horovod/torch/mpi_ops_v2.cc",
+      "  while (true) {\n"
+      "    if (handle_manager.PollHandle(handle)) break;\n"
+      "    {\n"
+      "      py::gil_scoped_release release_python_gil;\n"
+      "      std::this_thread::yield();\n"
+      "    }\n"
+      "  }\n",
+      "  {\n"
+      "    py::gil_scoped_release release_python_gil;\n"
+      "    handle_manager.WaitHandle(handle);\n"
+      "  }\n")
 PYEOF
     # Fix 3: use the system cmake (3.25; pip's cmake 4 rejects gloo's cmake_minimum_required)
     # and build without isolation so the extension compiles against the torch installed above

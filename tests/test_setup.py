@@ -40,6 +40,43 @@ def test_horovodruns_build_check_asks_the_library_not_torch():
     assert out.stdout.split() == ["True", "True", "None", "False"], out.stdout + out.stderr
 
 
+# Rank 0 stops for HOLD_S after its third step; rank 1 measures its fourth step, wall time and
+# its main thread's CPU: the step that needs rank 0's part of the allreduce.
+HELD_PEER = """
+import json, os, time
+from hvd_cifar.core import lifecycle
+from hvd_cifar.trainer import loop
+HOLD_S = 2.0
+_after_step, mark = loop.TrainingState.after_step, []
+def after_step(self, step, images):
+    _after_step(self, step, images)
+    rank, at = lifecycle.launch_rank(), (self.epoch, step)
+    if rank == 0 and at == (0, 3):
+        time.sleep(HOLD_S)
+    if rank == 1 and at in ((0, 3), (0, 4)):
+        mark.append((time.monotonic(), time.thread_time()))
+        if len(mark) == 2:
+            with open(os.path.join(os.environ["WAITS_DIR"], "rank1.json"), "w") as f:
+                json.dump([mark[1][0] - mark[0][0], mark[1][1] - mark[0][1]], f)
+loop.TrainingState.after_step = after_step
+"""
+
+
+def test_a_rank_waiting_for_a_late_peer_sleeps_instead_of_spinning(tmp_path):
+    """Fix 9 (scripts/install.sh): while rank 0 is held for 2 s, rank 1's next step waits for
+    rank 0's part of a collective. That wait sleeps: the step costs a fraction of its wall time
+    in CPU (Horovod 0.28.1 polled with sched_yield, a whole core for the whole wait)."""
+    from conftest import TINY, run_train
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HELD_PEER)
+    run_train(["--config", TINY, "--epochs", "1", "--log-dir", str(tmp_path), "--checkpoint-every", "0"],
+              launcher="mpirun", np=2, env={"PYTHONPATH": f"{hook}:{os.environ.get('PYTHONPATH', '')}", "WAITS_DIR": str(tmp_path)})
+    wall, cpu = json.loads((tmp_path / "rank1.json").read_text())  # rank 1's step that waited
+    assert wall >= 1.5, wall
+    assert cpu < 0.2 * wall, f"rank 1 spent {cpu:.2f} CPU-s of a {wall:.2f} s wait"
+
+
 def test_install_script_explains_each_horovod_fix():
     script = (ROOT / "scripts" / "install.sh").read_text()
     for fix in ("Fix 1", "Fix 2", "Fix 3"):
