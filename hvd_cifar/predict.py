@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
     plot_prediction(rows, measured, os.path.join(out, "predict.png"), f"{c.model}, compute from {os.path.basename(os.path.normpath(args.run))} "
          f"(np={c.world_size}); network: {sources}")
     head = (f"compute from {args.run} (np={c.world_size}, {c.sync}): {c.step_s * 1e3:.2f} ms/step measured, "
-            f"hidden fraction {'not recorded (0)' if c.hidden_fraction is None else f'{c.hidden_fraction:.2f}'}"
+            f"hidden fraction {'not recorded (modelled from the order backward makes the gradients ready)' if c.hidden_fraction is None else f'{c.hidden_fraction:.2f}'}"
             f"{f' (from {args.overlap_from})' if args.overlap_from else ''}; "
             f"network: {sources}"
             f"{f'; all ranks on {args.shared_cores} cores, {c.threads_per_rank} thread(s) each' if args.shared_cores else ''}\n")

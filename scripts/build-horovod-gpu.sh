@@ -86,7 +86,7 @@ else
     log "CUDA toolkit $torch_cuda from PyPI: ${packages[*]} -> $toolkit"
     PIP_CONFIG_FILE=/dev/null "$PY" -m pip install -q --no-deps --only-binary=:all: --target "$toolkit" "${packages[@]}" >&2
   fi
-  # Fix 8: the wheels lay the toolkit out as nvidia/cuXX/{bin,include,lib}, while nvcc.profile
+  # GPU fix 1: the wheels lay the toolkit out as nvidia/cuXX/{bin,include,lib}, while nvcc.profile
   # looks for its libraries in lib64 and its headers under targets/x86_64-linux (as a
   # /usr/local/cuda does), and CMake's FindCUDAToolkit wants an unversioned libcudart.so (the
   # wheel has only libcudart.so.13): without these links nvcc cannot link (-lcudart_static not
@@ -111,7 +111,7 @@ if [ -z "${HOROVOD_NCCL_HOME:-}" ]; then
       PIP_CONFIG_FILE=/dev/null "$PY" -m pip install -q --no-deps --only-binary=:all: \
         --target "$CACHE/nccl-cu$cuda_major" "nvidia-nccl-cu$cuda_major" >&2
   fi
-  # Fix 9: the nvidia-nccl wheel ships libnccl.so.2 only, and Horovod's FindNCCL looks for
+  # GPU fix 2: the nvidia-nccl wheel ships libnccl.so.2 only, and Horovod's FindNCCL looks for
   # libnccl.so (or the static library, which the wheel lacks). A folder of links gives it that
   # name; the library records the soname libnccl.so.2, which is torch's own NCCL, already
   # loaded by `import torch` when horovod.torch loads.

@@ -158,10 +158,13 @@ def tiny_run(tmp_path_factory):
     return get
 
 
-# 3 epochs of 12 steps in updates of 2 micro-batches, one thread per rank: the training that
-# tests/test_preemption.py stops mid-update (a stop asked for mid-update waits for its end) and
-# tests/test_reliability.py kills mid-checkpoint, each against the same run never interrupted.
+# 3 epochs of 12 steps of STOP_BATCH images in updates of 2 micro-batches, one thread per rank:
+# the training that tests/test_preemption.py stops mid-update (a stop asked for mid-update waits
+# for its end) and tests/test_reliability.py kills mid-checkpoint, each against the same run never
+# interrupted. Half tiny.yaml's batch: the Slurm and preemption jobs train it about twenty times.
+STOP_BATCH = 16
 STOP_FLAGS = ["--config", TINY, "--epochs", "3", "--max-steps-per-epoch", "12", "--accumulation-steps", "2",
+              "--batch-size", str(STOP_BATCH),
               "--threads-per-rank", "1"]
 
 

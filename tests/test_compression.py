@@ -410,13 +410,13 @@ def test_a_schemes_own_compute_is_timed_on_the_models_shapes_and_paid_once_per_u
 
 
 def test_a_scheme_pays_below_the_bandwidth_where_its_saved_bytes_outweigh_its_compute():
-    """Plain: 504 B in a ring at N = 4 (1.5 x 504 / β, none of it hidden here); PowerSGD r=1:
+    """Plain: 504 B in a ring at N = 4 (1.5 x 504 / β, a hidden fraction of 0); PowerSGD r=1:
     200 B (1.5 x 200 / β) plus 0.1 s of its own compute: the two steps are equal at
     β = 1.5 x 304 / 0.1 B/s, and PowerSGD is the shorter below it (red without its compute: it
     would pay on every link)."""
     scaling, prof, c, net = scaling_case()
     from dataclasses import replace
-    c = replace(c, hidden_fraction=None)
+    c = replace(c, hidden_fraction=0.0)
     plain = scaling.Scenario("horovod", False, 1, 0)
     powersgd = scaling.Scenario("horovod", False, 1, 0, compression="powersgd", powersgd_rank=1, scheme_s=0.1)
     beta = scaling.break_even_bandwidth(c, prof, net, plain, powersgd, 4)

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import ROOT, STOP_FLAGS, TINY, launch_argv, read_metrics, run_train, unmeasured
+from conftest import ROOT, STOP_BATCH, STOP_FLAGS, TINY, launch_argv, read_metrics, run_train, unmeasured
 from hvd_cifar.launch import slurm_resume
 from hvd_cifar.trainer import exits
 from testbed import drill
@@ -106,7 +106,7 @@ def test_one_rank_signalled_mid_update_stops_both_and_resumes_exactly(tmp_path, 
     """SIGUSR1 to rank 1 alone after step 4 of epoch 1 (the first micro-batch of an update): the
     vote started after that update (step 5) carries it, and is read after the next one, so both
     ranks stop after step 7; exit 4, one line, one event; the checkpoint holds epoch 1, step 8,
-    8 x 32 x 2 images and the epoch's sums so far; --resume then ends on the uninterrupted run's
+    8 x STOP_BATCH x 2 images and the epoch's sums so far; --resume then ends on the uninterrupted run's
     weights and metrics."""
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -122,11 +122,11 @@ def test_one_rank_signalled_mid_update_stops_both_and_resumes_exactly(tmp_path, 
         f"checkpoint saved; continue with --resume {run}"]
     [event] = events(run)
     assert {k: event[k] for k in ("event", "signal", "epoch", "step", "position", "ranks_asked", "world_size")} == {
-        "event": "preempted", "signal": "", "epoch": 1, "step": 8, "position": 8 * 32 * 2, "ranks_asked": 1,
+        "event": "preempted", "signal": "", "epoch": 1, "step": 8, "position": 8 * STOP_BATCH * 2, "ranks_asked": 1,
         "world_size": 2}  # "signal": what rank 0 got (nothing)
     ckpt = torch.load(run / "checkpoint_last.pt", weights_only=True)
-    assert ckpt["epoch"] == 1 and ckpt["position"]["step"] == 8 and ckpt["position"]["position"] == 512
-    assert ckpt["position"]["totals"][2] == 512  # images trained in the epoch so far, over both ranks
+    assert ckpt["epoch"] == 1 and ckpt["position"]["step"] == 8 and ckpt["position"]["position"] == 8 * STOP_BATCH * 2
+    assert ckpt["position"]["totals"][2] == 8 * STOP_BATCH * 2  # images trained in the epoch so far, over both ranks
     assert [r["epoch"] for r in read_metrics(run)] == [0]
 
     resumed = run_train(["--resume", str(run)], launcher="mpirun", np=2)

@@ -23,10 +23,12 @@ def test_install_script_is_idempotent_and_fast_the_second_time():
 
 
 def test_horovod_build_has_pytorch_mpi_and_gloo():
-    out = subprocess.run([str(BIN / "horovodrun"), "--check-build"], capture_output=True, text=True,
-                         timeout=120).stdout
-    for feature in ("PyTorch", "MPI", "Gloo"):
-        assert re.search(rf"\[X\] {feature}", out), out
+    """What `horovodrun --check-build` (which scripts/install.sh runs after installing Horovod)
+    lists, asked of the PyTorch extension itself in one process: it loads, with MPI and Gloo.
+    (--check-build imports torch once per question, about 12 CPU-seconds.)"""
+    probe = "import horovod.torch as hvd; print(hvd.mpi_built(), hvd.gloo_built())"
+    out = subprocess.run([str(BIN / "python"), "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
 
 
 def test_horovodruns_build_check_asks_the_library_not_torch():

@@ -122,6 +122,17 @@ def exposed_s(comm: float, hidden_fraction: float, backward_s: float) -> float:
     return comm - min(hidden_fraction * comm, backward_s)
 
 
+def overlap_exposed_s(pieces: list[tuple[float, float]], comm: float, backward_s: float) -> float:
+    """The wait when no hidden fraction was measured: ``pieces`` (share of backward, share of the
+    bytes) in the order backward makes them ready; each one's allreduce starts once it is ready
+    and the link is free, and takes its share of ``comm``; what is left after backward is exposed."""
+    ready = link_free = 0.0
+    for backward_share, byte_share in pieces:
+        ready += backward_s * backward_share
+        link_free = max(ready, link_free) + comm * byte_share
+    return max(link_free - backward_s, 0.0)
+
+
 def fit_line(sizes: list[float], seconds: list[float]) -> tuple[float, float]:
     """t = a + b·S: the slope by least squares over all sizes (the large messages, which
     gradients are, weigh most), the intercept from the smallest message, t_0 - b·S_0, at least 0.
@@ -238,6 +249,15 @@ class Profile:
         backward costs about twice its forward, so the share follows forward multiply-adds."""
         total = sum(self.block_macs) + self.head_macs
         return 1 - sum(self.block_macs[:frozen]) / total
+
+    def ready_order(self, frozen: int) -> list[tuple[float, float]]:
+        """The trainable parts in the order backward finishes their gradients (the head, then the
+        blocks from the last to the first trainable one), each as (share of the remaining
+        backward, by forward multiply-adds; share of the gradient bytes)."""
+        parts = [(self.head_macs, self.head_params),
+                 *zip(self.block_macs[frozen:][::-1], self.block_params[frozen:][::-1])]
+        macs, params = sum(m for m, _ in parts) or 1, sum(p for _, p in parts) or 1
+        return [(m / macs, p / params) for m, p in parts]
 
     def trainable_shapes(self, frozen: int) -> list[tuple[int, ...]]:
         """The shapes of the parameters that still train with ``frozen`` blocks frozen."""
@@ -363,9 +383,13 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
                    for kind, size, share in plan)
         wire = sum(share * (ring_wire_bytes(n, size) if kind == "allreduce" else allgather_bytes(n, size))
                    for kind, size, share in plan)
-    # A scheme communicates after backward: nothing of it hides.
-    hidden = (c.hidden_fraction or 0.0) if s.method in OVERLAPS and plan is None else 0.0
-    exposed = exposed_s(comm, hidden, backward)
+    # A scheme communicates after backward: nothing of it hides. Unmeasured, what hides follows
+    # from the order backward makes the gradients ready.
+    if s.method not in OVERLAPS or plan is not None:
+        exposed = comm
+    else:
+        exposed = (overlap_exposed_s(prof.ready_order(s.freeze), comm, backward) if c.hidden_fraction is None
+                   else exposed_s(comm, c.hidden_fraction, backward))
     compute = slower * (c.data_s + c.forward_s + c.other_s) + backward
     # Its own arithmetic once per update (a scheme's; fp16's casts, which one rank alone does not
     # do): timed with cores to itself, so shared as at n.
