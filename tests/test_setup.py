@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import BIN, ROOT
+from conftest import BIN, ROOT, TINY, run_train
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
@@ -68,14 +68,14 @@ def test_a_rank_waiting_for_a_late_peer_sleeps_instead_of_spinning(tmp_path):
     """Fix 9 (scripts/install.sh): while rank 0 is held for 2 s, rank 1's next step waits for
     rank 0's part of a collective. That wait sleeps: the step costs a fraction of its wall time
     in CPU (Horovod 0.28.1 polled with sched_yield, a whole core for the whole wait)."""
-    from conftest import TINY, run_train
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(HELD_PEER)
+    env = {"PYTHONPATH": f"{hook}:{os.environ.get('PYTHONPATH', '')}", "WAITS_DIR": str(tmp_path)}
     run_train(["--config", TINY, "--epochs", "1", "--log-dir", str(tmp_path), "--checkpoint-every", "0"],
-              launcher="mpirun", np=2, env={"PYTHONPATH": f"{hook}:{os.environ.get('PYTHONPATH', '')}", "WAITS_DIR": str(tmp_path)})
+              launcher="mpirun", np=2, env=env)
     wall, cpu = json.loads((tmp_path / "rank1.json").read_text())  # rank 1's step that waited
-    assert wall >= 1.5, wall
+    assert wall >= 1.0, wall  # it waited for the hold (less only by how far rank 1 was behind)
     assert cpu < 0.2 * wall, f"rank 1 spent {cpu:.2f} CPU-s of a {wall:.2f} s wait"
 
 
