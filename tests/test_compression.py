@@ -210,6 +210,36 @@ def test_local_sgd_averages_exactly_every_h_updates_and_at_the_epoch_end():
     assert averages == 3 and torch.equal(final0, final1)  # the 7th update: averaged at the epoch's end
 
 
+def test_local_sgd_averages_the_gradients_through_its_warm_up_then_steps_each_ranks_own():
+    """Post-local SGD: for the first warmup_steps updates every rank steps on the ranks' mean
+    gradient (the models stay one, with no model average); after them on its own gradient, the
+    models averaged every h updates counted from the switch."""
+    warmup, h, updates = 2, 2, 6
+
+    def work(collective, rank):
+        scheme = LocalSGD(collective, every=h, warmup_steps=warmup)
+        name, p = param("w", torch.zeros(2))
+        scheme.track([(name, p)])
+        stepped, equal_after = [], []
+        for update in range(updates):
+            p.grad = torch.tensor([1.0, -1.0]) * (rank + 1) * (update + 1)  # each rank's own gradient
+            scheme.synchronize()
+            stepped.append(p.grad.clone())
+            with torch.no_grad():
+                p -= p.grad
+            scheme.after_step()
+            equal_after.append(bool(collective.allgather(p.detach().clone(), "check").view(2, 2).diff(dim=0).abs().sum() == 0))
+        return stepped, equal_after, scheme.averages
+
+    (stepped0, equal0, averages), (stepped1, _, _) = on_ranks(2, work)
+    for update in range(updates):
+        own0, own1 = (torch.tensor([1.0, -1.0]) * (r + 1) * (update + 1) for r in (0, 1))
+        expected = ((own0 + own1) / 2, (own0 + own1) / 2) if update < warmup else (own0, own1)
+        assert torch.equal(stepped0[update], expected[0]) and torch.equal(stepped1[update], expected[1]), update
+    assert equal0 == [True, True, False, True, False, True]
+    assert averages == 2  # after updates 4 and 6: the warm-up's two are not counted
+
+
 def test_local_sgd_payload_is_the_model_amortised():
     scheme = LocalSGD(FakeCollective(World(2), 0), every=4)
     assert scheme.payload_bytes([param("w", torch.zeros(10, 10)), param("b", torch.zeros(10))]) == 110 * 4 / 4
@@ -218,7 +248,7 @@ def test_local_sgd_payload_is_the_model_amortised():
 # ----------------------------------------------------------------------------- checkpointed state
 SCHEMES = {"powersgd": lambda c: PowerSGD(c, rank=1, warmup_steps=1),
            "topk": lambda c: TopK(c, fraction=0.25, warmup_steps=1),
-           "localsgd": lambda c: LocalSGD(c, every=3)}
+           "localsgd": lambda c: LocalSGD(c, every=3, warmup_steps=1)}
 
 
 @pytest.mark.parametrize("name", SCHEMES)
@@ -248,7 +278,7 @@ def test_a_scheme_taken_back_from_its_saved_state_goes_on_as_the_unbroken_one(tm
         assert torch.equal(update(unbroken, p, g), update(resumed, q, g))
     assert resumed.state_dict().keys() == unbroken.state_dict().keys()
     if name == "localsgd":  # one rank: the average changes nothing, so count the averages
-        assert (resumed.averages, resumed.since_average) == (unbroken.averages, unbroken.since_average) == (1, 2)
+        assert (resumed.averages, resumed.since_average) == (unbroken.averages, unbroken.since_average) == (1, 1)
 
 
 def test_local_sgd_stopped_between_averages_keeps_each_ranks_own_parameters():
@@ -288,7 +318,8 @@ RUNS = {  # name: (launcher, flags); warm-up 2 of the epoch's 6 updates for Powe
     # sparsity warm-up (25 %), epoch 2 at topk_fraction; velocities and residuals across the stop
     "horovod-topk": ("horovodrun", ["--sync", "horovod", "--compression", "topk", "--compression-warmup-steps", "2",
                                     "--topk-warmup-epochs", "1"]),
-    "ddp-localsgd": ("mpirun", ["--sync", "ddp", "--local-sgd-steps", "4"]),
+    # local SGD after 2 updates of averaged gradients (post-local SGD's switch-over)
+    "ddp-localsgd": ("mpirun", ["--sync", "ddp", "--local-sgd-steps", "4", "--compression-warmup-steps", "2"]),
 }
 
 
@@ -304,7 +335,7 @@ def expected_bytes(name, shapes, syncs):
         return cost.topk_payload(shapes, TOPK_FRACTION), syncs * cost.topk_payload(shapes, 0.25)
     if name == "horovod-topk":
         return cost.topk_payload(shapes, TOPK_FRACTION), 2 * fp32 + (syncs - 2) * cost.topk_payload(shapes, 0.25)
-    return round(fp32 / 4), 2 * fp32  # averaged after update 4 and at the epoch's end (6)
+    return round(fp32 / 4), 3 * fp32  # gradients averaged in updates 1 and 2, the models after update 6
 
 
 def weights(run_dir):

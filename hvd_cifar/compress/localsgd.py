@@ -1,6 +1,9 @@
-"""Local SGD, or periodic model averaging (Stich 2019; Lin et al.'s post-local SGD without its
-switch-over): every rank steps on its own gradients, and every ``local_sgd_steps`` updates the
-ranks average their models' trainable parameters, in one allreduce.
+"""Local SGD, or periodic model averaging, started after a phase of plain data-parallel SGD
+(Lin et al.'s post-local SGD; PyTorch's ``PostLocalSGDState.start_localSGD_iter``): the first
+``compression_warmup_steps`` updates average the gradients whole, so the ranks keep one model
+and one momentum while the loss falls fastest; after them every rank steps on its own gradients,
+and every ``local_sgd_steps`` updates the ranks average their models' trainable parameters, in
+one allreduce.
 
 Momentum buffers stay each rank's own (not averaged): averaging them would double the bytes, and
 each rank's buffer follows its own gradients. BatchNorm's running statistics are averaged at
@@ -24,16 +27,18 @@ class LocalSGD(Scheme):
     name = "localsgd"
     averages_gradients = False  # each rank's gradients are its own: a divergence is seen alone
 
-    def __init__(self, collective: Collective, every: int):
-        super().__init__(collective)
+    def __init__(self, collective: Collective, every: int, warmup_steps: int = 0):
+        super().__init__(collective, warmup_steps)
         self.every = every
         self.since_average = 0  # updates since the models were last averaged
         self.averages = 0       # model averages so far (this process)
 
     def synchronize(self) -> None:
-        self.updates += 1  # the gradients stay this rank's own
+        self.begin_update()  # in the warm-up it averages the gradients; after it they stay this rank's own
 
     def after_step(self) -> None:
+        if self.updates <= self.warmup_steps:  # a warm-up update: the models are still one
+            return
         self.since_average += 1
         if self.since_average >= self.every:
             self.average()
@@ -67,4 +72,4 @@ class LocalSGD(Scheme):
 
 
 def create(cfg, collective: Collective) -> LocalSGD:
-    return LocalSGD(collective, cfg.local_sgd_steps)
+    return LocalSGD(collective, cfg.local_sgd_steps, cfg.compression_warmup_steps)

@@ -94,7 +94,7 @@ class Config:
     topk_momentum_correction: bool = True  # topk: accumulate the velocity, not the gradient; the optimizer steps without momentum
     topk_momentum_masking: bool = True  # topk: clear the velocity of the entries sent (needs topk_momentum_correction)
     topk_local_clip: bool = True       # topk: each rank clips its gradient at grad_clip x sqrt(ranks) before accumulating it
-    compression_warmup_steps: int = 20  # powersgd, topk: first updates averaged uncompressed (PowerSGD's start iteration)
+    compression_warmup_steps: int = 20  # powersgd, topk, local SGD: first updates average the gradients whole (PowerSGD's start iteration, post-local SGD's switch-over)
     local_sgd_steps: int = 1           # > 1: no gradient averaging; the models are averaged every this many updates
     accumulation_steps: int = 1        # local forward/backward passes per synchronisation
     freeze: int | str = 0              # leading feature blocks that do not train, or auto (hvd_cifar/trainer/freezing.py)
