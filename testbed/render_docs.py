@@ -19,7 +19,8 @@ quoting):
   show=failed    only the rounds that failed, each with its reason (or a line saying none did).
   show=checks    one row per ``check="CONFIG:FIGURE>=TARGET"`` (or <=), repeatable: the
                  figure's median, spread and n, and the verdict of testbed.results.verdict over
-                 all of its rounds: met, not met, or within noise.
+                 all of its rounds: met, not met, or within noise. ``FIGURE.mean`` judges the
+                 mean of the rounds instead (a target set on a mean): met or not met.
   figures=a,b    the figures shown, of those the rows have (default: every declared one they have).
   configs=a,b    the configurations shown, in this order; match=REGEX: those it finds (re.search).
 
@@ -34,6 +35,7 @@ import json
 import os
 import re
 import shlex
+import statistics
 import sys
 
 from testbed.results import RESULTS_DIR, ROOT, verdict
@@ -41,7 +43,7 @@ from testbed.results import RESULTS_DIR, ROOT, verdict
 # A marker is a line of its own; the text may quote the syntax inline without starting a block.
 BLOCK = re.compile(r"(?P<open>^<!-- results: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(?P<close>^<!-- /results -->)",
                    re.S | re.M)
-CHECK = re.compile(r"^(?P<config>.+):(?P<figure>\w+)\s*(?P<op>>=|<=)\s*(?P<target>[-+0-9.eE]+)$")
+CHECK = re.compile(r"^(?P<config>.+):(?P<figure>\w+)(?P<mean>\.mean)?\s*(?P<op>>=|<=)\s*(?P<target>[-+0-9.eE]+)$")
 SYMBOL = {">=": "≥", "<=": "≤"}
 
 
@@ -151,29 +153,59 @@ def failed_list(data: dict, options: dict) -> list[str]:
     return failures(data, configs)[1:] or [f"None of the {ok} rounds failed."]
 
 
+def mean_of_rounds(data: dict, config: str, key: str) -> dict | None:
+    """The mean, min, max and n of ``key`` over the rounds of ``config`` that did not fail."""
+    values = [r["figures"][key] for r in data["rounds"] if r["config"] == config and r["ok"] and key in r["figures"]]
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def mean_verdict(spread: dict | None, op: str, target: float) -> str:
+    if not spread:
+        return "no rounds"
+    return "met" if (spread["mean"] >= target if op == ">=" else spread["mean"] <= target) else "not met"
+
+
 def checks_table(data: dict, options: dict) -> list[str]:
-    rows, checked = [], []
+    rows, checked, means = [], [], False
     for check in options["check"]:
         m = CHECK.match(check)
         if not m:
-            raise ValueError(f"check {check!r} is not CONFIG:FIGURE>=TARGET or <=TARGET")
+            raise ValueError(f"check {check!r} is not CONFIG:FIGURE>=TARGET, CONFIG:FIGURE.mean>=TARGET or <=TARGET")
         config, key, op, target = m["config"], m["figure"], m["op"], float(m["target"])
         checked.append(config)
-        spread = data["summary"].get(config, {}).get(key)
         figure = figure_of(data, key)
+        if m["mean"]:
+            means = True
+            spread = mean_of_rounds(data, config, key)
+            shown_spread = {**spread, "median": spread["mean"]} if spread else None
+            rows.append([f"{config}: {figure['label']}, mean of the rounds", f"{SYMBOL[op]} {target:g}",
+                         cell(shown_spread, figure), str(spread["n"] if spread else 0),
+                         f"**{mean_verdict(spread, op, target)}**"])
+            continue
+        spread = data["summary"].get(config, {}).get(key)
         rows.append([f"{config}: {figure['label']}", f"{SYMBOL[op]} {target:g}", cell(spread, figure),
                      str(spread["n"] if spread else 0), f"**{verdict(spread or {}, op, target)}**"])
-    return table(["figure", "target", "median (min–max)", "rounds", "verdict"], rows, numeric_from=2) + \
+    middle = "median or mean (min–max)" if means else "median (min–max)"
+    return table(["figure", "target", middle, "rounds", "verdict"], rows, numeric_from=2) + \
         failures(data, checked)
 
 
-def provenance(data: dict, name: str) -> str:
+def provenance(data: dict, name: str, options: dict | None = None) -> str:
     m = data["machine"]
     before, after = m["load_average_before"][0], (m["load_average_after"] or [float("nan")])[0]
     dirty = ", with uncommitted changes" if data.get("dirty") else ""
     return (f"From `benchmarks/results/{name}`: `{shlex.join(data['command'])}`, commit {data['commit']}{dirty}, "
             f"{data['started_utc']} to {data['finished_utc'][11:]}; {m['cpu_model']}, {m['cores']} cores, "
-            f"load average {before:.2f} before and {after:.2f} after. Cells: median (min–max) over the rounds.")
+            f"load average {before:.2f} before and {after:.2f} after. Cells: {cells_are(options or {})} over the rounds.")
+
+
+def cells_are(options: dict) -> str:
+    means = [c for c in options.get("check", []) if (m := CHECK.match(c)) and m["mean"]]
+    if not means:
+        return "median (min–max)"
+    return "mean (min–max)" if len(means) == len(options["check"]) else "median, or mean where the row says, (min–max)"
 
 
 def render_block(spec: str, results_dir: str) -> str:
@@ -188,7 +220,7 @@ def render_block(spec: str, results_dir: str) -> str:
     makers = {"table": summary_table, "rounds": rounds_table, "checks": checks_table, "failed": failed_list}
     if show not in makers:
         raise ValueError(f"results marker {spec!r}: show={show} (table, rounds, checks or failed)")
-    return "\n".join([*makers[show](data, options), "", provenance(data, name)]) + "\n"
+    return "\n".join([*makers[show](data, options), "", provenance(data, name, options)]) + "\n"
 
 
 def render(text: str, results_dir: str = RESULTS_DIR) -> str:
