@@ -1,7 +1,7 @@
 """Local SGD, or periodic model averaging, started after a phase of plain data-parallel SGD
 (Lin et al.'s post-local SGD; PyTorch's ``PostLocalSGDState.start_localSGD_iter``): the first
 ``compression_warmup_steps`` updates average the gradients whole, so the ranks keep one model
-and one momentum while the loss falls fastest; after them every rank steps on its own gradients,
+and one momentum through the start of training; after them every rank steps on its own gradients,
 and every ``local_sgd_steps`` updates the ranks average their models' trainable parameters, in
 one allreduce.
 
