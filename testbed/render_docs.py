@@ -168,7 +168,7 @@ def mean_verdict(spread: dict | None, op: str, target: float) -> str:
 
 
 def checks_table(data: dict, options: dict) -> list[str]:
-    rows, checked, means = [], [], False
+    rows, checked = [], []
     for check in options["check"]:
         m = CHECK.match(check)
         if not m:
@@ -177,7 +177,6 @@ def checks_table(data: dict, options: dict) -> list[str]:
         checked.append(config)
         figure = figure_of(data, key)
         if m["mean"]:
-            means = True
             spread = mean_of_rounds(data, config, key)
             shown_spread = {**spread, "median": spread["mean"]} if spread else None
             rows.append([f"{config}: {figure['label']}, mean of the rounds", f"{SYMBOL[op]} {target:g}",
@@ -187,8 +186,7 @@ def checks_table(data: dict, options: dict) -> list[str]:
         spread = data["summary"].get(config, {}).get(key)
         rows.append([f"{config}: {figure['label']}", f"{SYMBOL[op]} {target:g}", cell(spread, figure),
                      str(spread["n"] if spread else 0), f"**{verdict(spread or {}, op, target)}**"])
-    middle = "median or mean (min–max)" if means else "median (min–max)"
-    return table(["figure", "target", middle, "rounds", "verdict"], rows, numeric_from=2) + \
+    return table(["figure", "target", cells_are(options), "rounds", "verdict"], rows, numeric_from=2) + \
         failures(data, checked)
 
 
@@ -202,6 +200,7 @@ def provenance(data: dict, name: str, options: dict | None = None) -> str:
 
 
 def cells_are(options: dict) -> str:
+    """What a block's cells are: medians, means (checks on ``FIGURE.mean``) or both."""
     means = [c for c in options.get("check", []) if (m := CHECK.match(c)) and m["mean"]]
     if not means:
         return "median (min–max)"

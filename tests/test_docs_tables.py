@@ -160,14 +160,14 @@ def test_a_check_on_the_mean_judges_the_mean_of_the_rounds_not_their_spread(tmp_
     doc = ("<!-- results: demo-t.json show=checks check=\"a / b:ratio.mean>=1\" check=\"a / b:ratio.mean<=1\" "
            "check=\"a / b:ratio>=1\" -->\n<!-- /results -->\n")
     new = render_docs.render(doc, str(tmp_path))
-    assert "| figure | target | median or mean (min–max) | rounds | verdict |" in new
+    assert "| figure | target | median, or mean where the row says, (min–max) | rounds | verdict |" in new
     # ratios 2.0, 0.9, 0.4: mean 1.1, median 0.9
     assert "| a / b: a / b, mean of the rounds | ≥ 1 | 1.100 (0.400–2.000) | 3 | **met** |" in new
     assert "| a / b: a / b, mean of the rounds | ≤ 1 | 1.100 (0.400–2.000) | 3 | **not met** |" in new
     assert "| a / b: a / b | ≥ 1 | 0.900 (0.400–2.000) | 3 | **within noise** |" in new
     assert "Cells: median, or mean where the row says, (min–max) over the rounds." in new
     only_means = render_docs.render(doc.replace(' check="a / b:ratio>=1"', ""), str(tmp_path))
-    assert "Cells: mean (min–max) over the rounds." in only_means
+    assert "Cells: mean (min–max) over the rounds." in only_means and "| mean (min–max) |" in only_means
 
 
 def test_a_missing_results_file_renders_as_a_command_not_a_number(tmp_path):
