@@ -116,12 +116,12 @@ def table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> li
     return lines + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
 
 
-def failures(data: dict, configs: list[str]) -> list[str]:
+def failures(data: dict, configs: list[str], of: str = "medians") -> list[str]:
     """The failed rounds of ``configs``, each with its reason; nothing when none failed."""
     failed = [r for r in data["rounds"] if not r["ok"] and r["config"] in configs]
     if not failed:
         return []
-    return ["", "Failed rounds (left out of the medians):", "",
+    return ["", f"Failed rounds (left out of the {of}):", "",
             *[f"- {r['config']}, round {r['round']}: {r['reason']}" for r in failed]]
 
 
@@ -179,15 +179,18 @@ def checks_table(data: dict, options: dict) -> list[str]:
         if m["mean"]:
             spread = mean_of_rounds(data, config, key)
             shown_spread = {**spread, "median": spread["mean"]} if spread else None
+            ok = sum(1 for r in data["rounds"] if r["config"] == config and r["ok"])
             rows.append([f"{config}: {figure['label']}, mean of the rounds", f"{SYMBOL[op]} {target:g}",
-                         cell(shown_spread, figure), str(spread["n"] if spread else 0),
+                         cell(shown_spread, figure, ok), str(spread["n"] if spread else 0),
                          f"**{mean_verdict(spread, op, target)}**"])
             continue
         spread = data["summary"].get(config, {}).get(key)
         rows.append([f"{config}: {figure['label']}", f"{SYMBOL[op]} {target:g}", cell(spread, figure),
                      str(spread["n"] if spread else 0), f"**{verdict(spread or {}, op, target)}**"])
-    return table(["figure", "target", cells_are(options), "rounds", "verdict"], rows, numeric_from=2) + \
-        failures(data, checked)
+    cells = cells_are(options)
+    of = {"median (min–max)": "medians", "mean (min–max)": "means"}.get(cells, "medians and means")
+    return table(["figure", "target", cells, "rounds", "verdict"], rows, numeric_from=2) + \
+        failures(data, checked, of)
 
 
 def provenance(data: dict, name: str, options: dict | None = None) -> str:

@@ -168,6 +168,10 @@ def test_a_check_on_the_mean_judges_the_mean_of_the_rounds_not_their_spread(tmp_
     assert "Cells: median, or mean where the row says, (min–max) over the rounds." in new
     only_means = render_docs.render(doc.replace(' check="a / b:ratio>=1"', ""), str(tmp_path))
     assert "Cells: mean (min–max) over the rounds." in only_means and "| mean (min–max) |" in only_means
+    made(tmp_path, [(1, "a", 100.0), (1, "b", 50.0), (2, "a", 90.0), (2, "b", "exit status 1")])
+    failed = render_docs.render(doc, str(tmp_path))
+    assert "| a / b: a / b, mean of the rounds | ≥ 1 | 2.000 | 1 | **met** |" in failed
+    assert "Failed rounds (left out of the medians and means):" in failed
 
 
 def test_a_missing_results_file_renders_as_a_command_not_a_number(tmp_path):

@@ -3,7 +3,7 @@ feedback beside it, written against the two collectives of ``Collective``.
 
     compression: powersgd   powersgd.py: low-rank P/Q of each matrix-shaped gradient (Vogels et al. 2019)
     compression: topk       topk.py: the largest fraction of each gradient, values and indices gathered
-    local_sgd_steps: H > 1  localsgd.py: no gradient averaging; the models are averaged every H updates
+    local_sgd_steps: H > 1  localsgd.py: after a warm-up of averaged gradients, the models averaged every H updates
 
 A sync method (``horovod``, ``ddp``) that is given a scheme stops averaging gradients its own way
 and hands each update to the scheme instead: ``synchronize()`` after the update's last backward,

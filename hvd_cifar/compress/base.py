@@ -40,7 +40,7 @@ class Scheme:
 
     name = "base"
     # Whether every rank holds the same gradients after synchronize() (so that a divergence is
-    # seen by all at once, and freeze: auto may measure them); local SGD: no.
+    # seen by all at once, and freeze: auto may measure them); local SGD: not after its warm-up.
     averages_gradients = True
 
     def __init__(self, collective: Collective, warmup_steps: int = 0):
@@ -58,6 +58,10 @@ class Scheme:
     def synchronize(self) -> None:
         """After the update's last backward: leave in every ``.grad`` what the update applies."""
         raise NotImplementedError
+
+    def shares_gradients(self) -> bool:
+        """Whether the update synchronize() last made left the same gradients on every rank."""
+        return self.averages_gradients
 
     def begin_update(self) -> list | None:
         """Count this update and return the (name, parameter) pairs that hold a gradient; in the

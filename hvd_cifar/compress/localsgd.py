@@ -25,7 +25,7 @@ from hvd_cifar.compress.flat import average_in_place
 
 class LocalSGD(Scheme):
     name = "localsgd"
-    averages_gradients = False  # each rank's gradients are its own: a divergence is seen alone
+    averages_gradients = False  # after the warm-up each rank's gradients are its own: a divergence is seen alone
 
     def __init__(self, collective: Collective, every: int, warmup_steps: int = 0):
         super().__init__(collective, warmup_steps)
@@ -36,8 +36,11 @@ class LocalSGD(Scheme):
     def synchronize(self) -> None:
         self.begin_update()  # in the warm-up it averages the gradients; after it they stay this rank's own
 
+    def shares_gradients(self) -> bool:
+        return self.updates <= self.warmup_steps  # a warm-up update averaged them
+
     def after_step(self) -> None:
-        if self.updates <= self.warmup_steps:  # a warm-up update: the models are still one
+        if self.shares_gradients():  # a warm-up update: the models are still one
             return
         self.since_average += 1
         if self.since_average >= self.every:

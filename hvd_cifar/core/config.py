@@ -95,7 +95,7 @@ class Config:
     topk_momentum_masking: bool = True  # topk: clear the velocity of the entries sent (needs topk_momentum_correction)
     topk_local_clip: bool = True       # topk: each rank clips its gradient at grad_clip x sqrt(ranks) before accumulating it
     compression_warmup_steps: int = 20  # powersgd, topk, local SGD: first updates average the gradients whole (PowerSGD's start iteration, post-local SGD's switch-over)
-    local_sgd_steps: int = 1           # > 1: no gradient averaging; the models are averaged every this many updates
+    local_sgd_steps: int = 1           # > 1: after compression_warmup_steps updates, no gradient averaging; the models are averaged every this many updates
     accumulation_steps: int = 1        # local forward/backward passes per synchronisation
     freeze: int | str = 0              # leading feature blocks that do not train, or auto (hvd_cifar/trainer/freezing.py)
     freeze_auto_threshold: float = 0.2  # freeze: auto: a block freezes once its mean gradient norm changes by less than this from one epoch to the next (relative)
@@ -266,7 +266,7 @@ def validate_compression(cfg: Config) -> None:
         validate_topk(cfg)
     if cfg.freeze == "auto" and cfg.local_sgd_steps > 1:
         raise ConfigError(f"{what}: not with freeze: auto, which measures averaged gradients "
-                          f"(local SGD averages none; a constant freeze works)")
+                          f"(local SGD averages none after its warm-up; a constant freeze works)")
 
 
 def validate_topk(cfg: Config) -> None:

@@ -17,8 +17,11 @@ class SchemeHooks:
 
     def use(self, scheme: Scheme) -> None:
         self.scheme = scheme
-        # Local SGD: each rank checks its own gradients, which no other rank sees.
-        self.diverges_together = scheme.averages_gradients
+
+    @property
+    def diverges_together(self) -> bool:
+        """Local SGD after its warm-up: each rank checks its own gradients, which no other rank sees."""
+        return self.scheme.shares_gradients()
 
     def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
         self.scheme.track(named_parameters, optimizer)
