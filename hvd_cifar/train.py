@@ -220,7 +220,7 @@ def run(cfg: Config) -> tuple[SyncMethod, preemption.Preempted | None]:
     try:
         sync.run_elastic(lambda state: train(training, state))(state)
     except loop.Diverged as exc:  # every rank raised it at the same update, or this one alone
-        exc.alone = not sync.diverges_together
+        exc.alone = not (exc.shared or sync.diverges_together)
         if training.is_main or exc.alone:
             writer.append_metrics(training.run_dir, exc.event(sync.rank if exc.alone else None), writer.EVENTS)
         raise

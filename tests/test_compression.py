@@ -376,16 +376,19 @@ def test_two_ranks_agree_record_their_bytes_and_resume_onto_the_unbroken_runs_we
         assert torch.equal(straight[key], resumed[key]), key
 
 
-def test_local_sgd_diverging_in_its_warm_up_ends_with_one_line_as_every_rank_saw_it(tmp_path):
-    """In the warm-up every rank steps on the same averaged gradients, so all see a divergence at
-    the same update: one line from rank 0 and one event without a rank, as under plain
-    averaging (red while local SGD counted every divergence as one rank's own: a line per rank)."""
+@pytest.mark.parametrize("warmup, lr, what", [("1000", "1e30", "non-finite gradients"), ("0", "1000", "chance level")])
+def test_local_sgd_diverging_where_every_rank_sees_it_ends_with_one_line(tmp_path, warmup, lr, what):
+    """Where every rank sees the divergence alike, local SGD ends as plain averaging does: one
+    line from rank 0 and one event without a rank. In the warm-up the ranks step on the same
+    averaged gradients; after it, the epoch's training loss is reduced over the ranks (red while
+    local SGD counted every divergence as one rank's own: a line per rank, each naming itself)."""
     proc = run_train(["--config", "configs/tiny.yaml", "--epochs", "2", "--log-dir", str(tmp_path), "--run-name", "run",
-                      "--sync", "ddp", "--local-sgd-steps", "4", "--compression-warmup-steps", "1000", "--lr", "1e30"],
+                      "--sync", "ddp", "--local-sgd-steps", "4", "--compression-warmup-steps", warmup, "--lr", lr],
                      launcher="mpirun", np=2, check=False)
     assert proc.returncode == 3, proc.stderr[-3000:]
     ours = [line for line in proc.stderr.splitlines() if "hvd_cifar:" in line]
     assert len(ours) == 1 and ours[0].startswith("hvd_cifar: diverged:") and " on rank " not in ours[0], proc.stderr[-3000:]
+    assert what in ours[0]
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events].count("diverged") == 1 and events[-1].get("rank") is None
 

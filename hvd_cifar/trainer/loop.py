@@ -68,10 +68,11 @@ class Diverged(RuntimeError):
     """Training produced non-finite numbers; raised on every rank at the same update (or, for
     the epoch's reduced loss, at the same epoch end), so that all stop together."""
 
-    def __init__(self, what: str, epoch: int, step: int, lr: float):
+    def __init__(self, what: str, epoch: int, step: int, lr: float, shared: bool = False):
         super().__init__(f"{what} at epoch {epoch + 1}, step {step + 1} (lr {lr:.4g})")
         self.what, self.epoch, self.step, self.lr = what, epoch, step, lr
         self.alone = False  # raised on this rank only (SyncMethod.diverges_together is False)
+        self.shared = shared  # from figures every rank holds alike (check_epoch): never alone
 
     @classmethod
     def check_epoch(cls, train_loss: float, test_loss: float, classes: int, epoch: int, steps: int,
@@ -82,10 +83,10 @@ class Diverged(RuntimeError):
         stayed finite (BatchNorm keeps them so while the weights run away)."""
         for name, value in (("training loss", train_loss), ("test loss", test_loss)):
             if not math.isfinite(value):
-                raise cls(f"non-finite {name}", epoch, steps - 1, lr)
+                raise cls(f"non-finite {name}", epoch, steps - 1, lr, shared=True)
         if train_loss > DIVERGED_LOSS_X * math.log(classes):
             raise cls(f"training loss {train_loss:.3g} (over {DIVERGED_LOSS_X:g}x chance level)",
-                      epoch, steps - 1, lr)
+                      epoch, steps - 1, lr, shared=True)
 
     def event(self, rank: int | None = None) -> dict:
         """The events.jsonl line; ``rank``: the rank that saw it, when it saw it alone."""
