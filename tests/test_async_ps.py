@@ -172,6 +172,19 @@ def test_a_diverging_worker_ends_the_job_with_status_3_and_says_so(tmp_path, fir
     assert (run / "checkpoint_last.pt").read_bytes() == before
 
 
+@pytest.mark.timeout(300)
+def test_a_divergence_in_the_reduced_epoch_loss_is_said_once_by_rank_0(tmp_path):
+    """The epoch-end check reads the training loss reduced over every rank, so all ranks see it
+    alike: one line from rank 0, naming no rank, and status 3 (red while each of the three ranks
+    said it, each naming itself)."""
+    proc = run_train(["--config", "configs/tiny.yaml", *PS, "--epochs", "2", "--lr", "1000", "--log-dir", str(tmp_path)],
+                     launcher="mpirun", np=3, timeout=120, check=False)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    ours = [line for line in proc.stderr.splitlines() if "hvd_cifar" in line]
+    assert len(ours) == 1 and ours[0].startswith("hvd_cifar: diverged: training loss") and " on rank " not in ours[0], \
+        proc.stderr[-3000:]
+
+
 def _accuracy_of(checkpoint: dict, model_name: str) -> float:
     """The test accuracy of a checkpoint's model, computed here in one process."""
     ds = data.load("digits", "data")
