@@ -38,7 +38,7 @@ import shlex
 import statistics
 import sys
 
-from testbed.results import RESULTS_DIR, ROOT, verdict
+from testbed.results import RESULTS_DIR, ROOT, stats, verdict
 
 # A marker is a line of its own; the text may quote the syntax inline without starting a block.
 BLOCK = re.compile(r"(?P<open>^<!-- results: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(?P<close>^<!-- /results -->)",
@@ -74,12 +74,13 @@ def shown(value: float, figure: dict) -> str:
     return format(value / figure.get("scale", 1.0), figure.get("fmt", ".3g"))
 
 
-def cell(spread: dict | None, figure: dict, rounds: int = 0) -> str:
-    """median, then (min–max) when there is more than one round; '-' with none; [n of N] when
-    the figure has fewer rounds than its row (``rounds``), e.g. a target some rounds never reached."""
+def cell(spread: dict | None, figure: dict, rounds: int = 0, centre: str = "median") -> str:
+    """``centre`` (the median, or the mean), then (min–max) when there is more than one round;
+    '-' with none; [n of N] when the figure has fewer rounds than its row (``rounds``), e.g. a
+    target some rounds never reached."""
     if not spread:
         return "-"
-    middle = shown(spread["median"], figure)
+    middle = shown(spread[centre], figure)
     fewer = f" [{spread['n']} of {rounds}]" if spread["n"] < rounds else ""
     if spread["n"] == 1:
         return middle + fewer
@@ -154,17 +155,10 @@ def failed_list(data: dict, options: dict) -> list[str]:
 
 
 def mean_of_rounds(data: dict, config: str, key: str) -> dict | None:
-    """The mean, min, max and n of ``key`` over the rounds of ``config`` that did not fail."""
+    """The median, min, max and n of ``key`` over the rounds of ``config`` that did not fail (as
+    the summary holds them), and their mean."""
     values = [r["figures"][key] for r in data["rounds"] if r["config"] == config and r["ok"] and key in r["figures"]]
-    if not values:
-        return None
-    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-def mean_verdict(spread: dict | None, op: str, target: float) -> str:
-    if not spread:
-        return "no rounds"
-    return "met" if (spread["mean"] >= target if op == ">=" else spread["mean"] <= target) else "not met"
+    return {**stats(values), "mean": statistics.fmean(values)} if values else None
 
 
 def checks_table(data: dict, options: dict) -> list[str]:
@@ -178,19 +172,18 @@ def checks_table(data: dict, options: dict) -> list[str]:
         figure = figure_of(data, key)
         if m["mean"]:
             spread = mean_of_rounds(data, config, key)
-            shown_spread = {**spread, "median": spread["mean"]} if spread else None
             ok = sum(1 for r in data["rounds"] if r["config"] == config and r["ok"])
+            # The mean alone is judged: as one round at the mean, it meets the target or not.
+            judged = {"min": spread["mean"], "max": spread["mean"], "n": 1} if spread else {}
             rows.append([f"{config}: {figure['label']}, mean of the rounds", f"{SYMBOL[op]} {target:g}",
-                         cell(shown_spread, figure, ok), str(spread["n"] if spread else 0),
-                         f"**{mean_verdict(spread, op, target)}**"])
+                         cell(spread, figure, ok, "mean"), str(spread["n"] if spread else 0),
+                         f"**{verdict(judged, op, target)}**"])
             continue
         spread = data["summary"].get(config, {}).get(key)
         rows.append([f"{config}: {figure['label']}", f"{SYMBOL[op]} {target:g}", cell(spread, figure),
                      str(spread["n"] if spread else 0), f"**{verdict(spread or {}, op, target)}**"])
-    cells = cells_are(options)
-    of = {"median (min–max)": "medians", "mean (min–max)": "means"}.get(cells, "medians and means")
-    return table(["figure", "target", cells, "rounds", "verdict"], rows, numeric_from=2) + \
-        failures(data, checked, of)
+    return table(["figure", "target", cells_are(options), "rounds", "verdict"], rows, numeric_from=2) + \
+        failures(data, checked, " and ".join(f"{c}s" for c in centres(options)))
 
 
 def provenance(data: dict, name: str, options: dict | None = None) -> str:
@@ -202,12 +195,17 @@ def provenance(data: dict, name: str, options: dict | None = None) -> str:
             f"load average {before:.2f} before and {after:.2f} after. Cells: {cells_are(options or {})} over the rounds.")
 
 
-def cells_are(options: dict) -> str:
-    """What a block's cells are: medians, means (checks on ``FIGURE.mean``) or both."""
+def centres(options: dict) -> list[str]:
+    """What a block's cells show: the median, the mean (checks on ``FIGURE.mean``), or both."""
     means = [c for c in options.get("check", []) if (m := CHECK.match(c)) and m["mean"]]
     if not means:
-        return "median (min–max)"
-    return "mean (min–max)" if len(means) == len(options["check"]) else "median, or mean where the row says, (min–max)"
+        return ["median"]
+    return ["mean"] if len(means) == len(options["check"]) else ["median", "mean"]
+
+
+def cells_are(options: dict) -> str:
+    shown_as = centres(options)
+    return f"{shown_as[0]} (min–max)" if len(shown_as) == 1 else "median, or mean where the row says, (min–max)"
 
 
 def render_block(spec: str, results_dir: str) -> str:
