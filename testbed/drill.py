@@ -46,6 +46,10 @@ TINY = str(ROOT / "configs" / "tiny.yaml")
 BAD_INPUT_BOUND_S = 30.0   # "within seconds": the slowest case pays for mpirun, torch and MPI start-up
 KILL_BOUND_S = 60.0
 PREEMPT_BOUND_S = 60.0
+# The test suite runs three jobs at once on two cores, so its tests hold each bound times
+# SUITE_SLACK: there they catch a hang, not a loaded machine. benchmarks/reliability.py runs the
+# drill alone and holds the bounds themselves (docs/RELIABILITY.md).
+SUITE_SLACK = 3.0
 # horovodrun tags each line a rank prints: "[RANK]<stderr>:" (Gloo), "[JOB,RANK]<stderr>:" (MPI)
 RANK_TAG = re.compile(r"^\[[\d,]+\]<stderr>:")
 
@@ -224,20 +228,21 @@ BAD_INPUTS: list[BadInput] = [
 ]
 
 
-def run_bad_input(case: BadInput, work: Path) -> dict:
-    """Prepare the case in ``work``, run it, and judge it (``ok``; ``why`` when not)."""
+def run_bad_input(case: BadInput, work: Path, bound_s: float = BAD_INPUT_BOUND_S) -> dict:
+    """Prepare the case in ``work``, run it, and judge it (``ok``; ``why`` when not) against
+    ``bound_s``."""
     work.mkdir(parents=True, exist_ok=True)
     case.prepare(work)
     argv = case.argv(work)
-    done = jobs.run(case.name, argv, env=job_env(), timeout=4 * BAD_INPUT_BOUND_S, check=False)
+    done = jobs.run(case.name, argv, env=job_env(), timeout=bound_s + 90, check=False)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     ours = our_lines(done.stderr)
     problems = []
     if done.code is None:
-        problems.append(f"still running after {4 * BAD_INPUT_BOUND_S:.0f} s (stopped)")
+        problems.append(f"still running after {bound_s + 90:.0f} s (stopped)")
     elif done.code == 0:
         problems.append("exit status 0")
-    if done.seconds > BAD_INPUT_BOUND_S:
+    if done.seconds > bound_s:
         problems.append(f"took {done.seconds:.1f} s")
     if any("Traceback" in line for line in lines):
         problems.append("a Python traceback on stderr")
@@ -293,9 +298,9 @@ def end_job(job: subprocess.Popen, marker: str) -> None:
 
 
 def kill_drill(launcher: str, sync: str, victim: int, work: Path, np: int = 2,
-               signum: int = signal.SIGKILL) -> dict:
+               signum: int = signal.SIGKILL, bound_s: float = KILL_BOUND_S) -> dict:
     """Start an ``np``-rank job, SIGKILL (or ``signum``) rank ``victim`` once training is under
-    way, and time the end."""
+    way, and time the end against ``bound_s``."""
     marker = f"killdrill-{launcher}-{sync}-r{victim}-{os.getpid()}"
     args = ["--config", TINY, "--epochs", "200", "--max-steps-per-epoch", "20", "--log-dir", str(work),
             "--run-name", marker, "--sync", sync]
@@ -320,9 +325,9 @@ def kill_drill(launcher: str, sync: str, victim: int, work: Path, np: int = 2,
         os.kill(ranks[victim], signum)
         killed_at = time.monotonic()
         try:
-            result["exit"] = job.wait(timeout=KILL_BOUND_S + 30)
+            result["exit"] = job.wait(timeout=bound_s + 30)
         except subprocess.TimeoutExpired:
-            result["why"] = f"still running {KILL_BOUND_S + 30:.0f} s after the kill"
+            result["why"] = f"still running {bound_s + 30:.0f} s after the kill"
             return result
         result["seconds"] = round(time.monotonic() - killed_at, 2)
         time.sleep(1)
@@ -330,7 +335,7 @@ def kill_drill(launcher: str, sync: str, victim: int, work: Path, np: int = 2,
         problems = []
         if result["exit"] == 0:
             problems.append("exit status 0")
-        if result["seconds"] > KILL_BOUND_S:
+        if result["seconds"] > bound_s:
             problems.append(f"took {result['seconds']} s")
         if result["orphans"]:
             problems.append(f"{result['orphans']} ranks left running")
@@ -358,9 +363,10 @@ def preempt_argv(launcher: str) -> list[str]:
     return launcher_argv(launcher, 2)
 
 
-def preempt_drill(launcher: str, sync: str, target: str, signame: str, work: Path) -> dict:
+def preempt_drill(launcher: str, sync: str, target: str, signame: str, work: Path,
+                  bound_s: float = PREEMPT_BOUND_S) -> dict:
     """Start a 2-rank job, send ``signame`` to ``target`` once an epoch is recorded; the job must
-    exit 4 within PREEMPT_BOUND_S with one line, a checkpoint inside the epoch and a ``preempted``
+    exit 4 within ``bound_s`` with one line, a checkpoint inside the epoch and a ``preempted``
     event, leave no rank behind, and ``--resume`` under the same launcher must finish the run."""
     marker = f"preemptdrill-{launcher.replace(' ', '')}-{sync}-{target.replace(' ', '')}-{os.getpid()}"
     run = work / marker
@@ -382,18 +388,18 @@ def preempt_drill(launcher: str, sync: str, target: str, signame: str, work: Pat
             os.kill(pid, getattr(signal, signame))
         signalled = time.monotonic()
         try:
-            _, stderr = job.communicate(timeout=PREEMPT_BOUND_S + 30)
+            _, stderr = job.communicate(timeout=bound_s + 30)
         except subprocess.TimeoutExpired:
-            result["why"] = f"still running {PREEMPT_BOUND_S + 30:.0f} s after the signal"
+            result["why"] = f"still running {bound_s + 30:.0f} s after the signal"
             return result
         result["exit"], result["seconds"] = job.returncode, round(time.monotonic() - signalled, 2)
         time.sleep(1)
-        return judge_preemption(result, launcher, run, marker, stderr)
+        return judge_preemption(result, launcher, run, marker, stderr, bound_s)
     finally:
         end_job(job, marker)
 
 
-def judge_preemption(result: dict, launcher: str, run: Path, marker: str, stderr: str) -> dict:
+def judge_preemption(result: dict, launcher: str, run: Path, marker: str, stderr: str, bound_s: float) -> dict:
     """The pass criteria of preempt_drill, then the resume."""
     problems = []
     ours = our_lines(stderr)
@@ -401,7 +407,7 @@ def judge_preemption(result: dict, launcher: str, run: Path, marker: str, stderr
         if (run / "events.jsonl").exists() else []
     if result["exit"] != 4:
         problems.append(f"exit {result['exit']}")
-    if result["seconds"] > PREEMPT_BOUND_S:
+    if result["seconds"] > bound_s:
         problems.append(f"took {result['seconds']} s")
     if len(ours) != 1 or "hvd_cifar: preempted:" not in ours[0]:
         problems.append(f"{len(ours)} lines from hvd_cifar")

@@ -171,8 +171,10 @@ def test_sigusr1_to_mpirun_pauses_the_job_and_resume_finishes_it_exactly(tmp_pat
 def test_the_drills_preemptions_under_horovodrun(tmp_path, launcher, sync, target, signame):
     """The fault drill's horovodrun jobs (the mpirun ones are the tests above): SIGUSR1 to
     launch/horovodrun.sh (horovodrun's MPI mode, which it makes exec mpirun), SIGTERM to both
-    ranks under --gloo; exit 4 with one line, one event, no rank left, and the resume finishes."""
-    result = drill.preempt_drill(launcher, sync, target, signame, tmp_path)
+    ranks under --gloo; exit 4 with one line, one event, no rank left, and the resume finishes
+    (the drill's time bound times the suite's slack, testbed.drill.SUITE_SLACK)."""
+    result = drill.preempt_drill(launcher, sync, target, signame, tmp_path,
+                                 bound_s=drill.SUITE_SLACK * drill.PREEMPT_BOUND_S)
     assert result["ok"], result["why"]
 
 
