@@ -39,8 +39,9 @@ class Scheme:
     their state (error feedback, warm starts) per parameter name."""
 
     name = "base"
-    # Whether every rank holds the same gradients after synchronize() (so that a divergence is
-    # seen by all at once, and freeze: auto may measure them); local SGD: not after its warm-up.
+    # Whether the ranks step on averaged gradients for the whole run, so that their optimizer
+    # states stay alike and the checkpoint's (rank 0's) serves every rank (SchemeHooks.rank_state);
+    # local SGD: no. Whether one update's gradients were shared: shares_gradients().
     averages_gradients = True
 
     def __init__(self, collective: Collective, warmup_steps: int = 0):

@@ -25,7 +25,7 @@ from hvd_cifar.compress.flat import average_in_place
 
 class LocalSGD(Scheme):
     name = "localsgd"
-    averages_gradients = False  # after the warm-up each rank's gradients are its own: a divergence is seen alone
+    averages_gradients = False  # after the warm-up each rank's momentum is its own: each rank checkpoints it
 
     def __init__(self, collective: Collective, every: int, warmup_steps: int = 0):
         super().__init__(collective, warmup_steps)
