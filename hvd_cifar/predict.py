@@ -130,7 +130,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", metavar="RUN_DIR", help="run folder whose phases are the compute (best: np=1)")
     p.add_argument("--probe", help="probe.json from python -m hvd_cifar.probe")
-    p.add_argument("--bandwidth", help="instead of a probe: link rate, tc syntax (1gbit, 100mbit)")
+    p.add_argument("--bandwidth", help="instead of a probe: link rate, bits per second (1e9) or tc syntax (1gbit, 100mbit)")
     p.add_argument("--latency-us", type=float, default=50.0, help="with --bandwidth: α in µs (default 50)")
     p.add_argument("--np", type=int, nargs="+", default=list(DEFAULT_NP), help="world sizes")
     p.add_argument("--sync", nargs="+", choices=list(TRANSPORTS), help="methods (default: the run's)")

@@ -36,16 +36,23 @@ import torch
 
 from hvd_cifar.analysis import scaling
 from hvd_cifar.analysis.tabulate import OneLineParser
-from hvd_cifar.core import lifecycle
+from hvd_cifar.core import lifecycle, units
 from hvd_cifar.runfolder import writer
+
+
+def size(text: str) -> int:
+    try:
+        return units.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = OneLineParser(prog="python -m hvd_cifar.probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="probe.json", help="where rank 0 writes the result")
     p.add_argument("--model", default="vgg11", help="whose fp32 gradient size is the largest message")
-    p.add_argument("--min-bytes", type=int, default=4096)
-    p.add_argument("--max-bytes", type=int, default=0, help="default: the model's gradient bytes")
+    p.add_argument("--min-bytes", type=size, default=4096, help="smallest message (4096, 4KiB, 1e4)")
+    p.add_argument("--max-bytes", type=size, default=0, help="largest message (e.g. 25MB); default: the model's gradient bytes")
     p.add_argument("--sizes", type=int, default=8, help="message sizes, geometric from min to max")
     p.add_argument("--iters", type=int, default=5, help="timed repetitions per size (after one warm-up)")
     args = p.parse_args(argv)

@@ -29,7 +29,7 @@ import time
 import torch
 
 from hvd_cifar.core import config as config_mod
-from hvd_cifar.core import lifecycle, netstats, stops
+from hvd_cifar.core import combinations, config_help, lifecycle, netstats, stops
 from hvd_cifar.core.config import Config, ConfigError
 from hvd_cifar.runfolder import lock, writer
 from hvd_cifar.sync import make as make_sync
@@ -132,12 +132,16 @@ def first_start(run: Training) -> None:
     cfg, sync, run_dir = run.cfg, run.sync, run.run_dir
     # Rank 0: config.yaml, and meta.json or (resumed) the metrics cut back to the checkpoint. A
     # write that fails on rank 0 (full disk) stops every rank with rank 0's one line.
-    meta = lambda: writer.run_metadata(sync.size, list(run.hostnames), sync.name, str(run.device))
+    meta = lambda: dict(writer.run_metadata(sync.size, list(run.hostnames), sync.name, str(run.device)),
+                        inert_keys=run.inert_keys)
     run.elapsed_before = before_loop(sync, lambda: writer.write_start_files(
         run_dir, cfg, run.start_epoch, run.resume_at, run.resume_record, meta), others=lambda: 0.0)
     run.log(f"run folder {run_dir}: {cfg.model} on {cfg.dataset}, {sync.size} rank(s) "
             f"({', '.join(sorted(set(run.hostnames)))}), sync={cfg.sync}, device={run.device}, "
             f"threads/rank={torch.get_num_threads()}")
+    for key, why in run.inert_keys.items() if run.is_main else ():
+        print(f"hvd_cifar: warning: {key}: has no effect here ({why}); the run goes on without it",
+              file=sys.stderr, flush=True)
     if cfg.resume and run.resume_at:
         run.log(f"resuming epoch {run.start_epoch + 1} of {cfg.epochs} after step {run.resume_at['step']}")
     elif cfg.resume:
@@ -199,9 +203,10 @@ def evaluate_and_record(run: Training, state, epoch: int, result: EpochResult, m
 
 
 # ----------------------------------------------------------------------------- entry point
-def run(cfg: Config) -> tuple[SyncMethod, preemption.Preempted | None]:
+def run(cfg: Config, inert_keys: dict[str, str] | None = None) -> tuple[SyncMethod, preemption.Preempted | None]:
     """The whole run on this rank; returns the (closed) sync method, and the stop that ended
-    the run early when a signal asked for one (None when it ran to its end)."""
+    the run early when a signal asked for one (None when it ran to its end). ``inert_keys``:
+    the keys the user gave that do nothing under the other settings, and why (rank 0 warns)."""
     started = time.perf_counter()
     if not cfg.elastic:  # elastic: a worker that goes away is the driver's to handle
         stops.install()  # from the start: a stop asked for during set-up is honoured at the first update
@@ -209,6 +214,7 @@ def run(cfg: Config) -> tuple[SyncMethod, preemption.Preempted | None]:
     run_dir = open_run_dir(cfg, sync)
     training = build(cfg, sync, device)
     training.started = started
+    training.inert_keys = inert_keys or {}
     resume(training, run_dir)
     at = training.resume_at or {"step": 0, "position": 0, "totals": no_sums()}
     # A checkpoint from before top-5 was counted holds fewer sums: that epoch's top-5 is unknown.
@@ -236,7 +242,15 @@ def run(cfg: Config) -> tuple[SyncMethod, preemption.Preempted | None]:
 def main(argv: list[str] | None = None) -> tuple[int, bool]:
     """Run, and turn whatever ends it into (exit status, whether native threads were left)."""
     argv = sys.argv[1:] if argv is None else argv
-    return exits.run_to_status(lambda: run(load_config(argv)))
+    if config_help.asks_for_help(argv):  # every key, from the config itself; rank 0 says it once
+        if lifecycle.launch_rank() == 0:
+            sys.stdout.write(config_help.help_text())
+        return 0, False
+    def configured_run():
+        cfg = load_config(argv)
+        return run(cfg, combinations.inert_keys(cfg, config_mod.given_keys(argv)))
+
+    return exits.run_to_status(configured_run)
 
 
 def cli() -> None:

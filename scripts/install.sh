@@ -32,7 +32,7 @@ APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make git openssh-client opens
 
 log() { printf '[install] %s\n' "$*"; }
 
-# --- horovod: the wheel, built from source with nine fixes ----------------------------------
+# --- horovod: the wheel, built from source with ten fixes -----------------------------------
 # horovod_wheel PYTHON SUFFIX builds Horovod from its source distribution, with the fixes below,
 # against the torch installed in PYTHON's environment, unless the wheel cache already holds that
 # build; it prints the wheel's path. The build's options come from the caller's environment as
@@ -43,7 +43,7 @@ log() { printf '[install] %s\n' "$*"; }
 # for a machine that cannot reach PyPI. HOROVOD_FIXES names the set of fixes below: a new fix
 # bumps it, which rebuilds the cached wheel and reinstalls horovod in a venv that has an older
 # build (stamp file).
-HOROVOD_FIXES=9
+HOROVOD_FIXES=10
 horovod_wheel() {
   local py="$1" suffix="$2" torch_version py_tag wheel_dir build src
   read -r torch_version py_tag < <("$py" -c 'import sys, torch; print(torch.__version__.split("+")[0], "%d%d" % sys.version_info[:2])')
@@ -205,6 +205,72 @@ patch("horovod/torch/mpi_ops_v2.cc",
       "    py::gil_scoped_release release_python_gil;\n"
       "    handle_manager.WaitHandle(handle);\n"
       "  }\n")
+
+# Fix 10: the launch users type, `horovodrun -np 4 -H hostfile python train.py`, ended in
+# "Invalid host input" (-H takes only a host:slots list), and `-hostfile FILE` in an IndexError
+# on the file's first comment or blank line (each line was split on '=' blindly). -H now takes a
+# hostfile when its value names a file, and the hostfile reader takes what Open MPI's does:
+# '#' comments, blank lines, 'HOST', 'HOST slots=N [max_slots=M]' and 'HOST:N'. A line it cannot
+# read ends the launch with one line naming the file and the line (status 2), not a traceback.
+# tests/test_launch.py runs both forms with 2 real ranks and a malformed file.
+patch("horovod/runner/common/util/hosts.py",
+      "def parse_host_files(filename):\n"
+      "    \"\"\"\n"
+      "    Transform the hostfile into a format of\n"
+      "    <IP address> or <host name>:<Number of GPUs>\n"
+      "    :param filename: Should be in <IP address> or <host name> slots=<number of GPUs>\n"
+      "    :return: Comma separated string of <IP address> or <host name>:<Number of GPUs>\n"
+      "    \"\"\"\n"
+      "    hosts = []\n"
+      "    with open(filename, 'r') as f:\n"
+      "        for line in f.readlines():\n"
+      "            line = line.rstrip()\n"
+      "            hostname = line.split()[0]\n"
+      "            slots = line.split('=')[1]\n"
+      "            hosts.append('{name}:{slots}'.format(name=hostname, slots=slots))\n"
+      "    return ','.join(hosts)\n",
+      "class HostfileError(ValueError):\n"
+      "    pass\n"
+      "\n"
+      "\n"
+      "def names_a_hostfile(value):\n"
+      "    return os.path.isfile(value) and not re.match(r'^[\\w.-]+:[0-9]+(,[\\w.-]+:[0-9]+)*$', value)\n"
+      "\n"
+      "\n"
+      "def parse_host_files(filename):\n"
+      "    try:\n"
+      "        with open(filename, 'r') as f:\n"
+      "            lines = f.read().splitlines()\n"
+      "    except OSError as e:\n"
+      "        raise HostfileError('hostfile {}: cannot read ({})'.format(filename, e.strerror))\n"
+      "    line_re = re.compile(r'^([\\w.-]+)(?::(\\d+)|(?:\\s+slots\\s*=\\s*(\\d+))?(?:\\s+max_slots\\s*=\\s*\\d+)?)$')\n"
+      "    hosts = []\n"
+      "    for number, raw in enumerate(lines, 1):\n"
+      "        line = raw.split('#', 1)[0].strip()\n"
+      "        if not line:\n"
+      "            continue\n"
+      "        m = line_re.match(line)\n"
+      "        if not m or int(m.group(2) or m.group(3) or 1) < 1:\n"
+      "            raise HostfileError(\"hostfile {}:{}: cannot parse {!r} (expected 'HOST slots=N' or 'HOST:N')\"\n"
+      "                                .format(filename, number, raw.strip()))\n"
+      "        hosts.append('{}:{}'.format(m.group(1), m.group(2) or m.group(3) or 1))\n"
+      "    if not hosts:\n"
+      "        raise HostfileError('hostfile {}: no hosts listed'.format(filename))\n"
+      "    return ','.join(hosts)\n")
+patch("horovod/runner/common/util/hosts.py", "import collections\n", "import collections\nimport os\n")
+patch("horovod/runner/launch.py",
+      "    if not args.hosts and not args.host_discovery_script:\n"
+      "        if args.hostfile:\n"
+      "            args.hosts = hosts.parse_host_files(args.hostfile)\n",
+      "    if args.hosts and hosts.names_a_hostfile(args.hosts):\n"
+      "        args.hostfile, args.hosts = args.hosts, None\n"
+      "    if not args.hosts and not args.host_discovery_script:\n"
+      "        if args.hostfile:\n"
+      "            try:\n"
+      "                args.hosts = hosts.parse_host_files(args.hostfile)\n"
+      "            except hosts.HostfileError as e:\n"
+      "                print('horovodrun: error: {}'.format(e), file=sys.stderr)\n"
+      "                sys.exit(2)\n")
 PYEOF
     # Fix 3: use the system cmake (3.25; pip's cmake 4 rejects gloo's cmake_minimum_required)
     # and build without isolation so the extension compiles against the torch installed above

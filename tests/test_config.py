@@ -62,8 +62,6 @@ def test_flag_values_are_typed():
     (["--horovod-fusion-threshold-mb", "-1"], "horovod_fusion_threshold_mb"),
     (["--horovod-hierarchical", "2"], "horovod_hierarchical"),
     (["--horovod-autotune", "often"], "horovod_autotune"),
-    (["--sync", "ddp", "--horovod-autotune"], "horovod_autotune"),  # Horovod's keys need sync: horovod
-    (["--sync", "mpi-allreduce", "--horovod-fusion-threshold-mb", "8"], "horovod_fusion_threshold_mb"),
     (["--compression", "zip"], "compression"),
     (["--compression", "powersgd", "--fp16-allreduce"], "fp16_allreduce"),  # two settings that disagree
     (["--powersgd-rank", "0"], "powersgd_rank"),

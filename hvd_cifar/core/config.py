@@ -25,10 +25,10 @@ from typing import Any
 
 import yaml
 
-from hvd_cifar.core import netstats
+from hvd_cifar.core import combinations, netstats
 from hvd_cifar.core.errors import ConfigError  # noqa: F401 (config.ConfigError: the name its callers know)
 from hvd_cifar.core.files import atomic_write
-from hvd_cifar.core.names import COMPRESSIONS, SCHEME_SYNC_METHODS, SYNC_METHODS, runs_a_scheme
+from hvd_cifar.core.names import COMPRESSIONS, SYNC_METHODS
 
 DATASETS = ("digits", "cifar10", "cifar100", "svhn", "synthetic")
 # Each model's measured default lr (per rank at the default batch_size 32; `lr: 0` takes it):
@@ -54,18 +54,18 @@ AMP_MODES = ("none", "fp16", "bf16")
 @dataclass
 class Config:
     # --- data ---
-    dataset: str = "digits"            # one of DATASETS
+    dataset: str = "digits"            # the data set: digits ships with scikit-learn, the others come from torchvision
     data_dir: str = "data"             # where torchvision data sets live / are downloaded to
     download: bool = False             # allow torchvision to download (needs internet)
     augment: bool = True               # pad-4 random crop (+ flip where the data set allows)
     synthetic_size: int = 2048         # images in the synthetic training set (test set: 1/4)
     # --- model ---
-    model: str = "vgg11"               # one of MODELS
+    model: str = "vgg11"               # the network (hvd_cifar/workload/models.py)
     batchnorm: bool = True             # BatchNorm after each conv (false: exact accumulation checks; not resnet18)
     channels_last: bool = False        # NHWC memory layout of the input batches (faster convs on GPUs)
     amp: str = "none"                  # autocast: none | fp16 (with a grad scaler) | bf16
     # --- optimisation ---
-    epochs: int = 10
+    epochs: int = 10                   # passes over the training set; the schedule spans them all
     # Defaults measured to train every model at 1, 2 and 4 ranks and with 4 accumulation steps
     # (docs/CONVERGENCE.md): 32 images per rank, the model's lr, linear scaling, clipped gradients.
     batch_size: int = 32               # images per rank per forward/backward pass
@@ -73,14 +73,14 @@ class Config:
     lr_scaling: str = "linear"         # how lr grows with images per update: linear | sqrt | none
     warmup_epochs: float = 1.0         # epochs one rank takes to reach lr; the scaled peak takes longer (LrSchedule)
     schedule: str = "onecycle"         # after warm-up: onecycle (linear to 0) | cosine | step (x0.1 at 50%, 75%)
-    momentum: float = 0.9
-    nesterov: bool = True
-    weight_decay: float = 5e-4
-    label_smoothing: float = 0.0
+    momentum: float = 0.9              # SGD momentum
+    nesterov: bool = True              # Nesterov momentum (needs momentum > 0)
+    weight_decay: float = 5e-4         # L2 penalty; none on biases and BatchNorm
+    label_smoothing: float = 0.0       # cross-entropy label smoothing, in [0, 1)
     grad_clip: float = 1.0             # max global norm of the averaged gradients; 0 = no clipping
     target_acc: float = 0.0            # test accuracy whose first epoch and time go into eval.json; 0 = none
     # --- distribution ---
-    sync: str = "horovod"              # gradient synchronisation method, one of SYNC_METHODS
+    sync: str = "horovod"              # how the ranks share gradients (docs/SYNC_METHODS.md)
     fp16_allreduce: bool = False       # gradients cross the wire as fp16: the same as compression: fp16
     # Communication reduction (hvd_cifar/compress/, docs/COMM_OPTIONS.md); powersgd, topk and local SGD: horovod, ddp
     compression: str = "none"          # gradients on the wire: none | fp16 | powersgd | topk (one of COMPRESSIONS)
@@ -112,7 +112,7 @@ class Config:
     comm_timeline: bool = False        # record when communication ran (horovod: its timeline, RUN/timeline.json; ddp: a comm hook): comm_hidden_s / comm_exposed_s per epoch
     nic: str = "auto"                  # interface whose byte counters are recorded per host; auto = busiest non-loopback; a named one must exist
     # --- run control ---
-    seed: int = 0
+    seed: int = 0                      # the initial weights, the shuffling and the augmentation
     threads_per_rank: int = 0          # torch intra-op threads; 0 = cores on the host / ranks on the host; at most the usable CPUs
     max_steps_per_epoch: int = 0       # 0 = the full epoch; >0 cuts epochs short (quick runs, benchmarks)
     eval_batch_size: int = 500         # images per rank per evaluation batch
@@ -126,10 +126,7 @@ class Config:
 
     # ------------------------------------------------------------------
     def validate(self) -> "Config":
-        choices = {"dataset": DATASETS, "model": MODELS, "sync": SYNC_METHODS,
-                   "schedule": SCHEDULES, "amp": AMP_MODES,
-                   "lr_scaling": LR_SCALINGS, "compression": COMPRESSIONS}
-        for key, allowed in choices.items():
+        for key, allowed in CHOICES.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
         positive = ("epochs", "batch_size", "accumulation_steps", "eval_batch_size", "synthetic_size",
@@ -162,11 +159,11 @@ class Config:
                 raise ConfigError(f"freeze_schedule: entries must be 'epoch: blocks' with "
                                   f"non-negative integers, got {epoch!r}: {frozen!r} (write it as "
                                   f"'{{0: 0, 10: 2}}', with a space after each colon)")
-        validate_freeze(self)
+        combinations.validate_freeze(self)
         if self.elastic and self.sync != "horovod":
             raise ConfigError(f"elastic: needs sync: horovod (Horovod's elastic driver), got sync: {self.sync}")
-        validate_horovod_tuning(self)
-        validate_compression(self)
+        combinations.validate_horovod_tuning(self)
+        combinations.validate_compression(self)
         if not self.batchnorm and self.model == "resnet18":
             raise ConfigError("batchnorm: resnet18 is only built with BatchNorm")
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
@@ -190,96 +187,11 @@ class Config:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+CHOICES = {"dataset": DATASETS, "model": MODELS, "sync": SYNC_METHODS, "schedule": SCHEDULES, "amp": AMP_MODES,
+           "lr_scaling": LR_SCALINGS, "compression": COMPRESSIONS}  # the keys that take one of a list
 _HINTS = typing.get_type_hints(Config)
 # The keys of Horovod's own tuning (null = the launcher's setting; hvd_cifar.sync.horovod applies them).
 HOROVOD_TUNING = tuple(key for key in FIELDS if key.startswith("horovod_"))
-
-
-def validate_horovod_tuning(cfg: Config) -> None:
-    """Horovod's tuning keys: only with sync: horovod, each in its range."""
-    for key in HOROVOD_TUNING:
-        if getattr(cfg, key) is not None and cfg.sync != "horovod":
-            raise ConfigError(f"{key}: Horovod's setting, needs sync: horovod, got sync: {cfg.sync}")
-    if cfg.horovod_cycle_time_ms is not None and not cfg.horovod_cycle_time_ms > 0:
-        raise ConfigError(f"horovod_cycle_time_ms: must be > 0 (milliseconds), got {cfg.horovod_cycle_time_ms}")
-    if cfg.horovod_fusion_threshold_mb is not None and cfg.horovod_fusion_threshold_mb < 0:
-        raise ConfigError(f"horovod_fusion_threshold_mb: must be >= 0 (MiB; 0 = no fusion), "
-                          f"got {cfg.horovod_fusion_threshold_mb}")
-
-
-def validate_freeze(cfg: Config) -> None:
-    """freeze, freeze_auto_threshold and freeze_schedule: in range, and not with what they cannot
-    honour (elastic, mpi-async-ps's unaveraged gradients)."""
-    if isinstance(cfg.freeze, str) and cfg.freeze != "auto":
-        raise ConfigError(f"freeze: expected a number of leading blocks or auto, got {cfg.freeze!r}")
-    if cfg.freeze != "auto" and cfg.freeze < 0:
-        raise ConfigError(f"freeze: must be >= 0, got {cfg.freeze}")
-    if not cfg.freeze_auto_threshold > 0:
-        raise ConfigError(f"freeze_auto_threshold: must be > 0, got {cfg.freeze_auto_threshold} "
-                          f"(a block freezes when its change is below it; no freezing is freeze: 0)")
-    if cfg.elastic and (cfg.freeze_schedule or cfg.freeze == "auto"):
-        # A worker that joins mid-run builds its optimizer before it learns the epoch, or the
-        # policy's decisions.
-        key = "freeze_schedule" if cfg.freeze_schedule else "freeze: auto"
-        raise ConfigError(f"{key}: not with elastic: true (a constant freeze works)")
-    if cfg.freeze == "auto" and cfg.freeze_schedule:
-        raise ConfigError("freeze_schedule: not with freeze: auto (the policy decides what is frozen; "
-                          "give one or the other)")
-    if cfg.freeze == "auto" and cfg.sync == "mpi-async-ps":
-        # Its workers' gradients are their own, never averaged: ranks would decide apart.
-        raise ConfigError("freeze: auto needs gradients averaged over the ranks, and sync: "
-                          "mpi-async-ps has none (a constant freeze works)")
-
-
-def validate_compression(cfg: Config) -> None:
-    """compression and fp16_allreduce (one setting, two spellings: compression is the one the
-    run uses, fp16_allreduce follows it) and the schemes' keys: in range, with a sync method
-    that runs them, and not with what they cannot honour."""
-    if cfg.fp16_allreduce and cfg.compression not in ("none", "fp16"):
-        raise ConfigError(f"fp16_allreduce: true means compression: fp16, which conflicts with "
-                          f"compression: {cfg.compression} (give one of them)")
-    if cfg.fp16_allreduce:
-        cfg.compression = "fp16"
-    cfg.fp16_allreduce = cfg.compression == "fp16"
-    if not 0 < cfg.topk_fraction <= 1:
-        raise ConfigError(f"topk_fraction: must be in (0, 1], got {cfg.topk_fraction}")
-    if cfg.powersgd_min_compression_rate < 1:
-        raise ConfigError(f"powersgd_min_compression_rate: must be >= 1 (below 1 a matrix would be sent as "
-                          f"factors larger than itself), got {cfg.powersgd_min_compression_rate}")
-    if cfg.local_sgd_steps > 1 and cfg.compression != "none":
-        raise ConfigError(f"local_sgd_steps: averages whole models every {cfg.local_sgd_steps} updates, "
-                          f"not with compression: {cfg.compression} (use one or the other)")
-    if not runs_a_scheme(cfg.compression, cfg.local_sgd_steps):
-        return
-    what = f"local_sgd_steps: {cfg.local_sgd_steps}" if cfg.local_sgd_steps > 1 else f"compression: {cfg.compression}"
-    if cfg.sync not in SCHEME_SYNC_METHODS:
-        raise ConfigError(f"{what}: needs sync: {' or '.join(SCHEME_SYNC_METHODS)}, got sync: {cfg.sync}")
-    if cfg.elastic:
-        raise ConfigError(f"{what}: not with elastic: true (its state is not part of a commit)")
-    if cfg.comm_timeline:
-        raise ConfigError(f"{what}: not with comm_timeline: true (it communicates after backward, "
-                          f"nothing is overlapped to time)")
-    if cfg.amp == "fp16" and cfg.local_sgd_steps == 1:
-        raise ConfigError(f"{what}: not with amp: fp16 (its error feedback would carry loss-scaled "
-                          f"gradients across changes of the scale; amp: bf16 works)")
-    if cfg.compression == "topk":
-        validate_topk(cfg)
-    if cfg.freeze == "auto" and cfg.local_sgd_steps > 1:
-        raise ConfigError(f"{what}: not with freeze: auto, which measures averaged gradients "
-                          f"(local SGD averages none after its warm-up; a constant freeze works)")
-
-
-def validate_topk(cfg: Config) -> None:
-    """Deep Gradient Compression's techniques: the combinations that mean something."""
-    if cfg.topk_momentum_masking and not cfg.topk_momentum_correction:
-        raise ConfigError("topk_momentum_masking: clears the velocity that topk_momentum_correction accumulates, "
-                          "and that is off (give --no-topk-momentum-masking too, or leave the correction on)")
-    if cfg.topk_local_clip and not cfg.grad_clip:
-        raise ConfigError("topk_local_clip: clips each rank's gradient at grad_clip x sqrt(ranks), and grad_clip is 0 "
-                          "(give grad_clip > 0, or --no-topk-local-clip)")
-    if cfg.topk_momentum_correction and cfg.freeze == "auto":
-        raise ConfigError("freeze: auto measures averaged gradients, and with topk_momentum_correction the ranks "
-                          "average velocities (give --no-topk-momentum-correction, or a constant freeze)")
 
 
 def _optional(key: str) -> type | None:
@@ -404,6 +316,13 @@ def _next(argv: list[str], i: int, key: str) -> str:
     return argv[i + 1]
 
 
+def given_keys(argv: list[str]) -> set[str]:
+    """The keys a command line sets, by flag or through its --config file (not the defaults,
+    nor a resumed run's saved config)."""
+    config_file, flag_updates = parse_flags(argv)
+    return set(flag_updates) | (set(load_yaml(config_file)) if config_file else set())
+
+
 def from_args(argv: list[str], base: dict[str, Any] | None = None) -> Config:
     """Defaults < ``base`` (a saved run's config, when resuming) < YAML file < flags."""
     config_file, flag_updates = parse_flags(argv)
@@ -435,11 +354,11 @@ def check_host(cfg: Config) -> Config:
     cpus = usable_cpus()
     if cfg.threads_per_rank > cpus:
         raise ConfigError(f"threads_per_rank: {cfg.threads_per_rank} is more than the {cpus} CPUs this process "
-                          f"may use on {socket.gethostname()}; give at most {cpus}, or 0 for this host's CPUs "
-                          f"shared among its ranks")
+                          f"may use on {socket.gethostname()} (0: this host's CPUs shared among its ranks)",
+                          fixes=(["--threads-per-rank", str(cpus)], ["--threads-per-rank", "0"]))
     if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("tensorboard: the tensorboard package is not installed here (scripts/install.sh "
-                          "installs it); install it, or give --no-tensorboard")
+                          "installs it)", fixes=(["--no-tensorboard"],))
     if cfg.nic != "auto":
         try:
             names = netstats.read_counters()

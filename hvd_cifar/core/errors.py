@@ -6,7 +6,18 @@ predict, bench) catches, without importing it: dependencies point one way.
 
 
 class ConfigError(ValueError):
-    """A bad config key, type, value or combination; the message is one line naming the key."""
+    """A bad config key, type, value or combination; the message is one line naming the key.
+
+    ``fixes``: what the user can do instead, each alternative the flags that, added to the
+    command line, make it one the validator accepts. The message ends with them ("; give
+    --no-topk-local-clip, or --grad-clip 1.0"), so the hint printed is exactly what the tests
+    apply and see accepted (tests/test_cli.py)."""
+
+    def __init__(self, message: str, fixes: tuple[tuple[str, ...], ...] = ()):
+        self.fixes = tuple(tuple(fix) for fix in fixes)
+        if self.fixes:
+            message += "; give " + ", or ".join(" ".join(fix) for fix in self.fixes)
+        super().__init__(message)
 
 
 class ReportError(RuntimeError):

@@ -158,6 +158,11 @@ USAGE = "usage: python -m hvd_cifar.launch.commands mpirun-flags | exec PROGRAM 
 
 def main(argv_: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv_ is None else argv_
+    if args[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        print("  mpirun-flags            the Open MPI flags every hvd_cifar launch adds, one per line")
+        print("  exec PROGRAM [ARGS...]  run PROGRAM in this process, stopped when the launching parent dies")
+        return 0
     if args[:1] == ["exec"] and len(args) > 1:
         try:
             exec_guarded(args[1:])

@@ -14,6 +14,7 @@ Reading a timeline by hand (rank 0 writes it, into the run folder)::
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -102,7 +103,10 @@ def last_event_s(path: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    path = (sys.argv[1:] if argv is None else argv)[0]
+    parser = argparse.ArgumentParser(prog="python -m hvd_cifar.sync.overlap",
+                                     description="Horovod's timeline (comm_timeline: true) read into allreduce spans.")
+    parser.add_argument("timeline", metavar="TIMELINE_JSON", help="a run's timeline.json (RUN/timeline.json)")
+    path = parser.parse_args(sys.argv[1:] if argv is None else argv).timeline
     spans = collective_intervals(path)
     print(f"{len(spans)} allreduce spans, {length(spans):.3f} s of allreduce time "
           f"({len(union(spans))} separate stretches)")

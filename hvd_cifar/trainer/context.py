@@ -49,6 +49,7 @@ class Training:
     started: float = 0.0                # time.perf_counter() when this process began the run
     elapsed_before: float = 0.0         # wall time of the run before a resume
     records: list[dict] = field(default_factory=list)  # rank 0: the run's epoch records so far, as recorded
+    inert_keys: dict = field(default_factory=dict)  # keys given that do nothing here: {key: why} (meta.json)
 
     def elapsed_s(self) -> float:
         """Wall time since the run started (training, evaluation and set-up; across resumes)."""
