@@ -3,7 +3,8 @@ training run on the offline digits data set with every key at its default (the m
 the one option named are all that change), whole epochs, under horovodrun on this machine.
 
     .venv/bin/python benchmarks/convergence.py [--models vgg11 smallcnn resnet18] [--epochs 6]
-        [--cases np1 np2 np4 np2-acc4 np2-fp16 np2-freeze2] [--repeats 1]
+        [--cases np1 np2 np4 np2-acc4 np2-fp16 np2-freeze2 np4-warm0.25 np4-sqrt ...] [--repeats 1]
+        [--seeds 100 101 102 103 104]
         [--out logs/bench-convergence-YYYYmmdd-HHMMSS] [--tag TAG] [--results benchmarks/results]
 
 Per case: the final and best test accuracy, the epoch that first reached 95 %, the wall time to
@@ -12,7 +13,8 @@ epoch), img/s over the epochs after the first, and whether the case passes (fina
 per round and model the spread of the final accuracies at np = 1, 2, 4 (target: within 2
 points). --repeats rounds, the cases in a rotated order each round. Written to the results file
 benchmarks/results/convergence.json (testbed.results; a case that exits non-zero, e.g. the
-divergence guard's status 3, is a failed round with its one line of stderr); the tables,
+divergence guard's status 3, is a failed round with its one line of stderr). With --seeds, round
+k runs every case at the k-th seed (--repeats is the number of seeds), so cases pair by seed; the tables,
 rendered from it, are printed and left in OUT/convergence.md. Run folders: OUT/runs/MODEL-CASE-rK.
 """
 from __future__ import annotations
@@ -37,6 +39,12 @@ CASES = {  # name: (ranks, extra flags)
     "np2-acc4": (2, ["--accumulation-steps", "4"]),
     "np2-fp16": (2, ["--fp16-allreduce"]),
     "np2-freeze2": (2, ["--freeze", "2"]),
+    # Alternatives to the default warm-up and scaling, to judge the defaults against over seeds:
+    "np1-warm0.25": (1, ["--warmup-epochs", "0.25"]),
+    "np2-warm0.25": (2, ["--warmup-epochs", "0.25"]),
+    "np4-warm0.25": (4, ["--warmup-epochs", "0.25"]),
+    "np2-sqrt": (2, ["--lr-scaling", "sqrt"]),
+    "np4-sqrt": (4, ["--lr-scaling", "sqrt"]),
 }
 DEFAULT_CASES = ["np1", "np2", "np4", "np2-acc4", "np2-fp16"]
 FIGURES = {
@@ -56,9 +64,14 @@ def parse_args(argv):
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--out", default=os.path.join("logs", time.strftime("bench-convergence-%Y%m%d-%H%M%S")))
+    p.add_argument("--seeds", type=int, nargs="+", default=[],
+                   help="one round per seed, every case at that seed (default: --repeats rounds at seed 0)")
     jobs.add_options(p, repeats=1, timeout=2400)
     add_results_options(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.seeds:
+        args.repeats = len(args.seeds)
+    return args
 
 
 def run_case(model: str, case: str, k: int, args, results: Results) -> None:
@@ -67,6 +80,8 @@ def run_case(model: str, case: str, k: int, args, results: Results) -> None:
     name = f"{model}-{case}-r{k}"
     flags = ["--dataset", "digits", "--model", model, "--epochs", str(args.epochs), "--progress", "false",
              "--target-acc", str(TARGET), "--log-dir", os.path.join(args.out, "runs"), "--run-name", name, *extra]
+    if args.seeds:
+        flags += ["--seed", str(args.seeds[k - 1])]
     cmd = [*commands.argv("single" if np_ == 1 else "horovodrun", np_), *flags]
     done = jobs.run(name, cmd, log=os.path.join(args.out, f"{name}.log"), timeout=args.timeout, check=False)
     config = f"{model} {case}"
@@ -82,7 +97,8 @@ def run_case(model: str, case: str, k: int, args, results: Results) -> None:
                "passed": float(accs[-1] >= TARGET)}
     if reached.get("epochs_to_target") is not None:
         figures.update(epochs_to_target=reached["epochs_to_target"], time_to_target_s=reached["time_to_target_s"])
-    results.add(k, config, figures, accuracy_per_epoch=accs, wall_s=round(done.seconds, 1))
+    results.add(k, config, figures, accuracy_per_epoch=accs, wall_s=round(done.seconds, 1),
+                **({"seed": args.seeds[k - 1]} if args.seeds else {}))
     print(f"{config} round {k}: final {accs[-1]:.4f} in {done.seconds:.0f} s", file=sys.stderr, flush=True)
 
 

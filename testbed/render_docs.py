@@ -21,6 +21,12 @@ quoting):
                  figure's median, spread and n, and the verdict of testbed.results.verdict over
                  all of its rounds: met, not met, or within noise. ``FIGURE.mean`` judges the
                  mean of the rounds instead (a target set on a mean): met or not met.
+  show=paired    one row per ``pair="A|B"`` (repeatable): FIGURE of A minus FIGURE of B paired by
+                 round (a round is a seed where the benchmark runs one per seed), the mean
+                 difference and its 95 % t-interval over the pairs (scipy.stats), n, and in words
+                 whether the interval resolves a difference; ``figure=KEY`` (default final_acc),
+                 ``test_size=N`` adds one run's binomial standard error on a test set of N images,
+                 and the differences of a fraction are shown in points (x 100).
   figures=a,b    the figures shown, of those the rows have (default: every declared one they have).
   configs=a,b    the configurations shown, in this order; match=REGEX: those it finds (re.search).
 
@@ -61,9 +67,9 @@ def parse_spec(spec: str) -> tuple[str, dict]:
         key, sep, value = word.partition("=")
         if not sep:
             raise ValueError(f"results marker {spec!r}: {word!r} is not key=value")
-        if key == "check":
-            options["check"].append(value)
-        elif key in ("show", "figures", "configs", "match"):
+        if key in ("check", "pair"):
+            options.setdefault(key, []).append(value)
+        elif key in ("show", "figures", "configs", "match", "figure", "test_size"):
             options[key] = value
         else:
             raise ValueError(f"results marker {spec!r}: unknown option {key!r}")
@@ -186,6 +192,38 @@ def checks_table(data: dict, options: dict) -> list[str]:
         failures(data, checked, " and ".join(f"{c}s" for c in centres(options)))
 
 
+def paired_table(data: dict, options: dict) -> list[str]:
+    """Each ``pair``'s difference by round: mean, 95 % t-interval, n, and what it resolves."""
+    from scipy import stats as scipy_stats
+
+    key = options.get("figure", "final_acc")
+    by_round: dict = {}
+    for r in data["rounds"]:
+        if r["ok"] and key in r["figures"]:
+            by_round.setdefault(r["config"], {})[r["round"]] = r["figures"][key]
+    rows = []
+    for pair in options.get("pair", []):
+        a, _, b = pair.partition("|")
+        shared = sorted(set(by_round.get(a, {})) & set(by_round.get(b, {})))
+        if len(shared) < 2:
+            raise ValueError(f"pair {pair!r}: fewer than 2 rounds where both have {key}")
+        diffs = [100 * (by_round[a][k] - by_round[b][k]) for k in shared]
+        mean = statistics.fmean(diffs)
+        low, high = scipy_stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=scipy_stats.sem(diffs)) \
+            if len(set(diffs)) > 1 else (mean, mean)
+        words = ("no difference these rounds can resolve" if low <= 0 <= high
+                 else "lower" if high < 0 else "higher")
+        row = [f"{a} − {b}", f"{mean:+.2f}", f"{low:+.2f} to {high:+.2f}", str(len(diffs)), words]
+        if "test_size" in options:
+            p = statistics.fmean(by_round[b][k] for k in shared)
+            row.insert(4, f"{100 * (p * (1 - p) / int(options['test_size'])) ** 0.5:.2f}")
+        rows.append(row)
+    header = ["comparison", "mean difference (points)", "95 % interval", "pairs", "verdict"]
+    if "test_size" in options:
+        header.insert(4, f"one run's standard error on {options['test_size']} images (points)")
+    return table(header, rows)
+
+
 def provenance(data: dict, name: str, options: dict | None = None) -> str:
     m = data["machine"]
     before, after = m["load_average_before"][0], (m["load_average_after"] or [float("nan")])[0]
@@ -204,6 +242,8 @@ def centres(options: dict) -> list[str]:
 
 
 def cells_are(options: dict) -> str:
+    if options.get("show") == "paired":
+        return "the mean of the differences paired by round, with its t-interval,"
     shown_as = centres(options)
     return f"{shown_as[0]} (min–max)" if len(shown_as) == 1 else "median, or mean where the row says, (min–max)"
 
@@ -217,9 +257,10 @@ def render_block(spec: str, results_dir: str) -> str:
     with open(path) as f:
         data = json.load(f)
     show = options.get("show", "table")
-    makers = {"table": summary_table, "rounds": rounds_table, "checks": checks_table, "failed": failed_list}
+    makers = {"table": summary_table, "rounds": rounds_table, "checks": checks_table, "failed": failed_list,
+              "paired": paired_table}
     if show not in makers:
-        raise ValueError(f"results marker {spec!r}: show={show} (table, rounds, checks or failed)")
+        raise ValueError(f"results marker {spec!r}: show={show} (table, rounds, checks, paired or failed)")
     return "\n".join([*makers[show](data, options), "", provenance(data, name, options)]) + "\n"
 
 

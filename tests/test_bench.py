@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_png, md_table, read_csv, shown
+from conftest import assert_png, md_table, read_csv, read_metrics, shown
 from hvd_cifar import bench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def test_time_to_target_matches_eval_json(sweep):
     for row, cells in zip(rows, md):
         run_dir = Path(row["run_dir"])
         evaluation, first = json.loads((run_dir / "eval.json").read_text()), reached(run_dir, TARGET)
-        assert first is not None  # the premise: both runs reached 50 %
+        assert first is not None, [r["test_acc"] for r in read_metrics(run_dir)]  # the premise: both runs reached 50 %
         assert "--max-steps-per-epoch 0 --target-acc 0.5 " in row["command"]  # whole epochs, the target
         assert evaluation["target_acc"] == float(row["target_acc"]) == TARGET and cells["target acc (%)"] == "50.00"
         assert int(row["epochs_to_target"]) == evaluation["epochs_to_target"] == first["epoch"] + 1

@@ -115,20 +115,46 @@ def test_time_to_target_matches_the_metrics_lines(tmp_path, tiny_args):
     assert time_to_target(rising, 0.5)["time_to_target_s"] == records[1]["elapsed_s"]
 
 
+# Each world size's floor for the final accuracy below. Measured on the tuning seeds 100-104
+# (benchmarks/results/convergence-smallcnn-recipe.json, AMD EPYC), final accuracy mean (lowest):
+# np 1 0.975 (0.964), np 2 0.972 (0.964), np 4 0.958 (0.942); seed 0 at np 4 ended at 0.944 on an
+# Intel Xeon and 0.958 on an AMD EPYC. On digits' 360 test images one point is 3.6 images and a
+# run's binomial standard error at 0.94-0.97 is 0.9-1.25 points; the floors lie at least 3 of them
+# below the lowest run seen at that world size, on either processor.
+FLOORS = {1: 0.92, 2: 0.92, 4: 0.90}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("np_", [1, 2, 4])
-def test_small_cnn_at_defaults_reaches_95_percent(tmp_path, np_):
+def test_small_cnn_at_defaults_trains_with_the_warmup_it_should(tmp_path, np_):
     """The defaults train: every key at its default, the small CNN on digits, 6 whole epochs, at
-    1, 2 and 4 ranks (4 ranks on the 2 cores: the case the first warm-up rule lost, 93.9 % with
-    half the run's 66 updates in warm-up, and the thinnest margin of the defaults' grid). The
-    rest of the grid (VGG-11 and ResNet-18, accumulation, fp16) is benchmarks/convergence.py:
-    minutes per case."""
+    1, 2 and 4 ranks (4 ranks on the 2 cores, the thinnest case of the defaults' grid). Two
+    guards, each able to tell its fault apart from the processor's noise:
+
+    * the schedule's shape, from the rates the trainer recorded: at 4 ranks the warm-up is
+      capped at a quarter of the run (16 of 66 updates), so the rate rises through the first
+      epoch, peaks in the second and falls after it. Red under the first warm-up rule, whose
+      cap of half the run (33 updates) peaks in the third epoch, and red with no warm-up (the
+      rate falls from the first epoch on). At 1 rank the warm-up is the first epoch.
+    * the final accuracy, at least FLOORS[np] (see there: three standard errors below the
+      lowest run measured). An accuracy threshold alone cannot tell the two warm-ups apart on
+      360 images: the first rule's run ended at 0.939, within 1 standard error of today's.
+
+    The recipe itself is short for 4 ranks: the accuracy still rises steeply in the last epoch
+    (from 0.76-0.93 after the fifth epoch to 0.94-0.97 after the sixth, over the tuning seeds). A shorter warm-up (warmup_epochs 0.25) or
+    sqrt scaling did not do better over those seeds at np 1, 2 or 4 (docs/CONVERGENCE.md), so
+    the defaults stay. The rest of the grid (VGG-11 and ResNet-18, accumulation, fp16) is
+    benchmarks/convergence.py: minutes per case."""
     run_train(["--dataset", "digits", "--model", "smallcnn", "--epochs", "6", "--progress", "false",
                "--log-dir", str(tmp_path), "--run-name", "run"], launcher="mpirun", np=np_, timeout=600)
     records = read_metrics(tmp_path / "run")
-    if np_ == 4:  # the warm-up grows with the ranks: still rising at the end of the first epoch
-        assert records[0]["lr"] < records[1]["lr"]
-    assert records[-1]["test_acc"] >= 0.95, [r["test_acc"] for r in records]
+    rates, accuracies = [r["lr"] for r in records], [r["test_acc"] for r in records]
+    seen = f"lr per epoch {[round(r, 4) for r in rates]}, test acc per epoch {[round(a, 4) for a in accuracies]}"
+    if np_ == 4:
+        assert rates[0] < rates[1] and rates[1] == max(rates) and rates[2] < rates[1], seen
+    if np_ == 1:
+        assert rates[0] == max(rates) and rates == sorted(rates, reverse=True), seen
+    assert accuracies[-1] >= FLOORS[np_], seen
 
 
 def test_cifar10_recipe_states_the_rates_the_rule_gives():

@@ -182,4 +182,4 @@ def test_kill_add_and_retire_workers_mid_run(tmp_path):
     assert sizes[0] == 3 and sizes[-1] == 2 and 3 in sizes[1:], sizes
     eval_json = json.loads((run_dir / "eval.json").read_text())
     assert eval_json["parameters_identical_across_ranks"] is True
-    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert records[-1]["train_loss"] < records[0]["train_loss"], [r["train_loss"] for r in records]

