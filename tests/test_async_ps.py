@@ -5,7 +5,7 @@
 
 * the servers' update is torch.optim.SGD's; settings the method cannot honour are one line;
 
-* 1 server and 2 workers under horovodrun train the small CNN to >= 95 % on digits; every
+* 1 server and 2 workers under horovodrun train the small CNN to >= 92 % on digits; every
   metrics line carries the staleness and the server's update rate, and they agree with the
   epoch's own counts; the data is sharded over the 2 workers only;
 * the checkpoint written by rank 0 (a server) holds the model that was evaluated and the
@@ -61,12 +61,16 @@ def first_epoch(digits_run) -> SharedRun:
     return digits_run[0]
 
 
-def test_three_ranks_reach_95_percent_on_digits_with_staleness_recorded(tmp_path, digits_run):
+def test_three_ranks_train_on_digits_with_staleness_recorded(tmp_path, digits_run):
     """1 server + 2 workers, the small CNN at every default but the epochs (6, as in
-    docs/CONVERGENCE.md); under horovodrun (MPI mode), stopped after epoch 1 and resumed."""
+    docs/CONVERGENCE.md); under horovodrun (MPI mode), stopped after epoch 1 and resumed.
+    The floor, 0.92: straight runs of this job on seeds 100-104 ended at 0.964-0.975 (AMD EPYC;
+    the order of the workers' pushes makes every run differ), one run's binomial standard error
+    on digits' 360 test images is about 1 point, and another processor moved the same seeded
+    run by up to 1.4 points: 0.92 lies 3 standard errors below the lowest run less that drift."""
     run = digits_run[1]
     records = read_metrics(run)
-    assert records[-1]["test_acc"] >= 0.95, [r["test_acc"] for r in records]
+    assert records[-1]["test_acc"] >= 0.92, [r["test_acc"] for r in records]
     per_worker = DIGITS_TRAIN // 2 // 32  # steps of a shard of the 2 workers only
     for r in records:
         assert r["world_size"] == 3 and r["ps_servers"] == 1
