@@ -34,7 +34,7 @@ from hvd_cifar.core.config import Config, ConfigError
 from hvd_cifar.runfolder import lock, writer
 from hvd_cifar.sync import make as make_sync
 from hvd_cifar.sync.base import SyncMethod
-from hvd_cifar.trainer import exits, freezing, loop, metrics, preemption, resources
+from hvd_cifar.trainer import compute, exits, freezing, loop, metrics, preemption, resources
 from hvd_cifar.trainer.context import Training, make_state
 from hvd_cifar.trainer.ranks import before_loop, on_every_rank, on_main
 from hvd_cifar.trainer.recording import checkpoint_and_record, finish
@@ -51,6 +51,7 @@ def load_config(argv: list[str]) -> Config:
         run_dir = writer.resolve_resume(cfg.resume, cfg.log_dir)
         saved = config_mod.load_yaml(os.path.join(run_dir, "config.yaml"))
         saved.pop("resume", None)
+        saved.setdefault("compute", "fixed")  # a run saved before compute existed ran its amp and layout as given
         cfg = config_mod.from_args(argv, base=saved)
         cfg.resume = run_dir
     return cfg
@@ -60,7 +61,7 @@ def load_config(argv: list[str]) -> Config:
 def start_backend(cfg: Config) -> tuple[SyncMethod, torch.device]:
     sync = make_sync(cfg.sync, cfg)  # starts the communication backend (hvd.init() for Horovod)
     sync.configure(cfg)
-    torch.set_num_threads(cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // sync.local_size))
+    torch.set_num_threads(compute.threads_for_rank(cfg, sync))
     if torch.cuda.is_available():
         # One GPU per local rank; more local ranks than GPUs share them round robin (a one-GPU
         # machine runs a multi-rank check with every rank on its one card).
@@ -103,9 +104,16 @@ def build(cfg: Config, sync: SyncMethod, device: torch.device) -> Training:
     for frozen in (cfg.freeze, *cfg.freeze_schedule.values()):
         if frozen != "auto" and frozen > depth:
             raise ConfigError(f"freeze: {frozen} blocks asked for but {cfg.model} has {depth}")
+    # Precision and layout (compute: auto times them on rank 0 with this model and a real batch).
+    batch = ((ds.train_images[:cfg.batch_size].float().div(255) - mean.to(device)[:, None, None])
+             / std.to(device)[:, None, None], ds.train_labels[:cfg.batch_size])
+    choice = before_loop(sync, lambda: compute.decide(cfg, device, model, *batch, elastic=sync.elastic))
+    compute.apply(cfg, choice)
+    compute.check_device(cfg, device, choice)
+    loader.channels_last = cfg.channels_last
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     return Training(cfg, sync, device, ds, loader, model, writer.checkpoint_identity(cfg, ds.num_classes),
-                    freezing.make(cfg, model), scaler=scaler)
+                    freezing.make(cfg, model), scaler=scaler, compute_choice=choice)
 
 
 # ----------------------------------------------------------------------------- the epoch loop
@@ -133,12 +141,13 @@ def first_start(run: Training) -> None:
     # Rank 0: config.yaml, and meta.json or (resumed) the metrics cut back to the checkpoint. A
     # write that fails on rank 0 (full disk) stops every rank with rank 0's one line.
     meta = lambda: dict(writer.run_metadata(sync.size, list(run.hostnames), sync.name, str(run.device)),
-                        inert_keys=run.inert_keys)
+                        inert_keys=run.inert_keys, compute_choice=run.compute_choice,
+                        threads_per_rank=torch.get_num_threads())
     run.elapsed_before = before_loop(sync, lambda: writer.write_start_files(
         run_dir, cfg, run.start_epoch, run.resume_at, run.resume_record, meta), others=lambda: 0.0)
     run.log(f"run folder {run_dir}: {cfg.model} on {cfg.dataset}, {sync.size} rank(s) "
             f"({', '.join(sorted(set(run.hostnames)))}), sync={cfg.sync}, device={run.device}, "
-            f"threads/rank={torch.get_num_threads()}")
+            f"threads/rank={torch.get_num_threads()}, compute={cfg.compute} ({run.compute_choice['how']})")
     for key, why in run.inert_keys.items() if run.is_main else ():
         print(f"hvd_cifar: warning: {key}: has no effect here ({why}); the run goes on without it",
               file=sys.stderr, flush=True)

@@ -100,6 +100,8 @@ REFUSED = [
     ["--compression", "topk", "--grad-clip", "0"],
     ["--compression", "topk", "--freeze", "auto"],
     ["--threads-per-rank", "100000"],
+    ["--compute", "fp32", "--amp", "bf16"],
+    ["--compute", "bf16", "--channels-last"],
 ]
 
 

@@ -95,9 +95,15 @@ def test_fp16_allreduce_and_compression_fp16_are_one_setting(argv, compression):
 
 
 def test_schemes_run_under_horovod_and_ddp():
+    """Accepted under the two methods that run a scheme, as asked (with accumulation; local SGD
+    with amp fp16, which keeps no residual), and refused under one that does not."""
     for sync in ("horovod", "ddp"):
-        config.from_args(["--sync", sync, "--compression", "powersgd", "--accumulation-steps", "2"])
-        config.from_args(["--sync", sync, "--local-sgd-steps", "4", "--amp", "fp16"])
+        cfg = config.from_args(["--sync", sync, "--compression", "powersgd", "--accumulation-steps", "2"])
+        assert (cfg.sync, cfg.compression, cfg.accumulation_steps) == (sync, "powersgd", 2)
+        cfg = config.from_args(["--sync", sync, "--local-sgd-steps", "4", "--amp", "fp16"])
+        assert (cfg.sync, cfg.local_sgd_steps, cfg.amp, cfg.compression) == (sync, 4, "fp16", "none")
+    with pytest.raises(ConfigError, match="compression: powersgd: needs sync: horovod or ddp"):
+        config.from_args(["--sync", "mpi-allreduce", "--compression", "powersgd"])
 
 
 def test_yaml_unknown_key_and_type(tmp_path):

@@ -229,8 +229,16 @@ def test_wrong_combinations_are_one_line_naming_the_key(flags, key):
 
 
 def test_each_technique_can_be_switched_off():
+    """The scheme a run builds from its config (compress.topk.create) has each technique on by
+    default and off when its flag says so: what the flags reach, not what they set."""
+    import math
+    from hvd_cifar.compress.base import Collective
+    from hvd_cifar.compress.topk import create
     from hvd_cifar.core.config import from_args
-    cfg = from_args(["--compression", "topk", "--no-tensorboard", "--no-topk-momentum-correction",
-                     "--no-topk-momentum-masking", "--no-topk-local-clip", "--topk-warmup-epochs", "0"])
-    assert (cfg.topk_momentum_correction, cfg.topk_momentum_masking, cfg.topk_local_clip, cfg.topk_warmup_epochs) \
-        == (False, False, False, 0)
+    on = create(from_args(["--compression", "topk", "--no-tensorboard"]), Collective(2))
+    assert (on.momentum_correction, on.momentum_masking, on.warmup_epochs) == (True, True, 4.0)
+    assert on.clip == pytest.approx(1.0 * math.sqrt(2))  # grad_clip x sqrt(ranks)
+    off = create(from_args(["--compression", "topk", "--no-tensorboard", "--no-topk-momentum-correction",
+                            "--no-topk-momentum-masking", "--no-topk-local-clip", "--topk-warmup-epochs", "0"]),
+                 Collective(2))
+    assert (off.momentum_correction, off.momentum_masking, off.clip, off.warmup_epochs) == (False, False, 0.0, 0)

@@ -23,12 +23,19 @@ def test_generated_tables_match_the_results_files(path):
                        f"rendered since the results changed): {stale}; run .venv/bin/python -m testbed.render_docs")
 
 
-def test_every_marker_names_a_results_file_that_parses():
+def test_every_marker_names_a_results_file_that_exists_and_parses():
+    """A doc naming a results file that is not committed would render as "not measured" and
+    pass the test above: here it fails, as does a file that is not a results file."""
     for path in render_docs.doc_files():
         with open(path) as f:
             for m in render_docs.BLOCK.finditer(f.read()):
                 name, _ = render_docs.parse_spec(m["spec"])
                 assert name.endswith(".json") and "/" not in name, f"{path}: {m['spec']}"
+                file = os.path.join(results.RESULTS_DIR, name)
+                assert os.path.isfile(file), f"{path}: {m['spec']}: benchmarks/results/{name} does not exist"
+                with open(file) as g:
+                    data = json.load(g)
+                assert data["rounds"] and data["summary"] and data["benchmark"], f"{path}: {name} holds no rounds"
 
 
 @pytest.mark.parametrize("low, high, op, target, expected", [

@@ -349,7 +349,9 @@ def job_output(runs: dict, how: str) -> str:
 
 @needs_slurm
 def test_the_shipped_script_trains_across_two_nodes_under_both_launch_styles(slurm_runs):
-    for how, launcher in (("straight", "mpi"), ("requeue", "mpi")):
+    """The straight job's ranks were started by mpirun (HVD_CIFAR_SLURM_LAUNCH=mpirun), the
+    requeued job's by srun (the script's default), and each run's meta.json says which."""
+    for how, launcher in (("straight", "mpi (mpirun"), ("requeue", "srun (PMIx)")):
         info = slurm_runs["finished"][how]
         assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, job_output(slurm_runs, how))
         meta = json.loads((slurm_runs["runs"][how] / "meta.json").read_text())
@@ -488,3 +490,20 @@ def test_the_cli_passes_on_the_exit_status_and_sigterm_leaves_nothing_running(tm
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     job = int(pid_file.read_text())
     assert not [pid for pid in [job, *daemons] if alive(pid)] and not tmpdir.exists()
+
+
+@pytest.mark.parametrize("env, name", [
+    ({"SLURM_STEP_ID": "0", "PMIX_RANK": "1"}, "srun (PMIx)"),
+    ({"SLURM_STEP_ID": "0", "PMIX_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, "mpi (mpirun, or horovodrun over MPI)"),
+    ({"OMPI_COMM_WORLD_SIZE": "2"}, "mpi (mpirun, or horovodrun over MPI)"),
+    ({"HOROVOD_RANK": "0"}, "horovodrun-gloo"),
+    ({}, "single-process"),
+])
+def test_the_launcher_is_named_from_what_it_left_in_the_environment(monkeypatch, env, name):
+    """What meta.json's launcher says for each way ranks start; the two Slurm styles apart."""
+    from hvd_cifar.runfolder import writer
+    for var in ("SLURM_STEP_ID", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_RANK", "HOROVOD_ELASTIC"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert writer.launcher_name() == name

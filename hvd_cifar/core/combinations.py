@@ -18,6 +18,21 @@ def validate_horovod_tuning(cfg) -> None:
                           f"got {cfg.horovod_fusion_threshold_mb}")
 
 
+def validate_compute(cfg, settings: dict[str, tuple[str, bool]]) -> None:
+    """compute naming one setting sets amp and channels_last from it; a different amp or
+    channels_last given with it is a contradiction (auto and fixed leave them as they are)."""
+    if cfg.compute not in settings:
+        return
+    amp, channels_last = settings[cfg.compute]
+    if cfg.amp not in ("none", amp):
+        raise ConfigError(f"amp: {cfg.amp} contradicts compute: {cfg.compute}",
+                          fixes=(["--amp", amp], ["--compute", "fixed"]))
+    if cfg.channels_last and not channels_last:
+        raise ConfigError(f"channels_last: true contradicts compute: {cfg.compute}",
+                          fixes=(["--no-channels-last"], ["--compute", f"{cfg.compute}-channels-last"]))
+    cfg.amp, cfg.channels_last = amp, channels_last
+
+
 def validate_freeze(cfg) -> None:
     """freeze, freeze_auto_threshold and freeze_schedule: in range, and not with what they cannot
     honour (elastic, mpi-async-ps's unaveraged gradients)."""

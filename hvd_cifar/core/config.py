@@ -49,6 +49,10 @@ MIN_COMPRESSION_RATE = 2.0
 SCHEDULES = ("onecycle", "cosine", "step")
 LR_SCALINGS = ("linear", "sqrt", "none")
 AMP_MODES = ("none", "fp16", "bf16")
+# compute: a setting names a precision (fp32: no autocast) and a layout (NCHW, or -channels-last).
+COMPUTE_SETTINGS = {f"{precision}{layout}": ("none" if precision == "fp32" else precision, bool(layout))
+                    for precision in ("fp32", "bf16", "fp16") for layout in ("", "-channels-last")}
+COMPUTE_CHOICES = ("auto", "fixed", *COMPUTE_SETTINGS)
 
 
 @dataclass
@@ -62,8 +66,9 @@ class Config:
     # --- model ---
     model: str = "vgg11"               # the network (hvd_cifar/workload/models.py)
     batchnorm: bool = True             # BatchNorm after each conv (false: exact accumulation checks; not resnet18)
-    channels_last: bool = False        # NHWC memory layout of the input batches (faster convs on GPUs)
-    amp: str = "none"                  # autocast: none | fp16 (with a grad scaler) | bf16
+    channels_last: bool = False        # NHWC memory layout of the input batches; with compute: auto, true pins it
+    amp: str = "none"                  # autocast: none | fp16 (with a grad scaler) | bf16; with compute: auto, fp16 or bf16 pins it
+    compute: str = "auto"              # auto: time each precision and layout this device runs well on a few steps, take the fastest; fixed: amp and channels_last as given; or one setting (fp32, bf16-channels-last, ...)
     # --- optimisation ---
     epochs: int = 10                   # passes over the training set; the schedule spans them all
     # Defaults measured to train every model at 1, 2 and 4 ranks and with 4 accumulation steps
@@ -159,6 +164,7 @@ class Config:
                 raise ConfigError(f"freeze_schedule: entries must be 'epoch: blocks' with "
                                   f"non-negative integers, got {epoch!r}: {frozen!r} (write it as "
                                   f"'{{0: 0, 10: 2}}', with a space after each colon)")
+        combinations.validate_compute(self, COMPUTE_SETTINGS)
         combinations.validate_freeze(self)
         if self.elastic and self.sync != "horovod":
             raise ConfigError(f"elastic: needs sync: horovod (Horovod's elastic driver), got sync: {self.sync}")
@@ -188,7 +194,7 @@ class Config:
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 CHOICES = {"dataset": DATASETS, "model": MODELS, "sync": SYNC_METHODS, "schedule": SCHEDULES, "amp": AMP_MODES,
-           "lr_scaling": LR_SCALINGS, "compression": COMPRESSIONS}  # the keys that take one of a list
+           "lr_scaling": LR_SCALINGS, "compression": COMPRESSIONS, "compute": COMPUTE_CHOICES}  # the keys that take one of a list
 _HINTS = typing.get_type_hints(Config)
 # The keys of Horovod's own tuning (null = the launcher's setting; hvd_cifar.sync.horovod applies them).
 HOROVOD_TUNING = tuple(key for key in FIELDS if key.startswith("horovod_"))

@@ -146,6 +146,10 @@ def launcher_name() -> str:
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         return "horovodrun-elastic"
     from hvd_cifar.core.lifecycle import launched_by_mpi
+    # Open MPI's mpirun gives each process it starts its OMPI_COMM_WORLD_* variables; a task that
+    # srun started through PMIx has a Slurm step and PMIx's rank, but none of those.
+    if "SLURM_STEP_ID" in os.environ and "PMIX_RANK" in os.environ and "OMPI_COMM_WORLD_SIZE" not in os.environ:
+        return "srun (PMIx)"
     if launched_by_mpi():
         return "mpi (mpirun, or horovodrun over MPI)"
     if "HOROVOD_RANK" in os.environ:

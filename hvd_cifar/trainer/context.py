@@ -50,6 +50,7 @@ class Training:
     elapsed_before: float = 0.0         # wall time of the run before a resume
     records: list[dict] = field(default_factory=list)  # rank 0: the run's epoch records so far, as recorded
     inert_keys: dict = field(default_factory=dict)  # keys given that do nothing here: {key: why} (meta.json)
+    compute_choice: dict = field(default_factory=dict)  # trainer.compute.decide's answer (meta.json)
 
     def elapsed_s(self) -> float:
         """Wall time since the run started (training, evaluation and set-up; across resumes)."""

@@ -1,0 +1,175 @@
+"""``compute: auto``: the precision and memory layout a run computes in, chosen for the device it
+lands on by timing the run's own model at its own batch.
+
+Which is fastest depends on the processor: bf16 autocast runs at native speed only where the CPU
+has bf16 instructions (AVX-512 BF16, AMX), and is slower than fp32 where it is emulated; the
+channels-last layout speeds convolutions up on some CPUs and slows them down on others; GPUs run
+fp16 and bf16 on their tensor cores. So before training, rank 0 times a few training steps of a
+copy of the model on one real batch in each setting the device runs well (``candidates``),
+rotating their order from round to round, and takes the fastest; every rank gets the same answer
+(``ranks.on_main``). The master weights, the optimizer state and the gradients that cross the
+wire stay fp32 whatever is chosen: autocast changes the arithmetic of forward and backward only.
+
+The choice and each candidate's seconds per step go into meta.json (``compute_choice``) and the
+run's first line; config.yaml holds the setting chosen (``compute: bf16-channels-last``), so a
+resumed run continues in it.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from hvd_cifar.core.config import COMPUTE_SETTINGS, Config, ConfigError, usable_cpus
+from hvd_cifar.core.names import runs_a_scheme
+
+ROUNDS = 3            # rounds over the candidates, each in a rotated order
+STEPS_PER_ROUND = 2   # timed training steps of a candidate per round (after one untimed warm-up step)
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
+def device_candidates(device: torch.device) -> list[str]:
+    """The settings this device runs well: fp32 and bf16 (where native) on CPUs, each in both
+    layouts; on GPUs fp16 (with a grad scaler), bf16 where supported, and fp32."""
+    if device.type == "cuda":
+        precisions = ["fp16", *(["bf16"] if torch.cuda.is_bf16_supported() else []), "fp32"]
+    else:
+        precisions = ["fp32", *(["bf16"] if cpu_has_native_bf16() else [])]
+    return [f"{p}{layout}" for p in precisions for layout in ("", "-channels-last")]
+
+
+def candidates(cfg: Config, device: torch.device) -> list[str]:
+    """The settings ``compute: auto`` chooses among: the device's, less what the config rules
+    out (fp16 where a compression scheme's error feedback or the parameter server cannot take a
+    grad scaler), narrowed to a given amp (fp16 or bf16) and to channels_last: true."""
+    allowed = device_candidates(device)
+    no_scaler = (runs_a_scheme(cfg.compression, cfg.local_sgd_steps) and cfg.local_sgd_steps == 1) \
+        or cfg.sync == "mpi-async-ps"
+    allowed = [c for c in allowed if not (no_scaler and c.startswith("fp16"))]
+    if cfg.amp != "none":
+        allowed = [c for c in allowed if COMPUTE_SETTINGS[c][0] == cfg.amp]
+    if cfg.channels_last:
+        allowed = [c for c in allowed if COMPUTE_SETTINGS[c][1]]
+    return allowed
+
+
+def check_device(cfg: Config, device: torch.device, choice: dict) -> None:
+    """A precision the device cannot run is bad input, named by the key that asked for it:
+    compute when it named the setting, else amp."""
+    named = choice["how"] == "named in the config"
+    key, layout = ("compute", "-channels-last" if cfg.channels_last else "") if named else ("amp", "")
+    if cfg.amp == "fp16" and device.type != "cuda":
+        raise ConfigError(f"{key}: fp16 autocast needs a GPU, and this run is on the CPU",
+                          fixes=(["--compute", f"bf16{layout}"], ["--compute", "auto"]) if named
+                          else (["--amp", "bf16"], ["--amp", "none"]))
+    if cfg.amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"{key}: bf16 is not supported by {torch.cuda.get_device_name(device)}",
+                          fixes=(["--compute", f"fp16{layout}"],) if named else (["--amp", "fp16"],))
+
+
+def time_settings(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                  settings: list[str], device: torch.device) -> dict[str, float]:
+    """Median seconds per training step (forward, backward, an SGD update) of a copy of
+    ``model`` on the batch, in each setting: ROUNDS rounds in rotated order, STEPS_PER_ROUND
+    steps each, after one warm-up step per setting. The run's model, its RNG state and its
+    BatchNorm statistics are left as they were."""
+    seconds: dict[str, list[float]] = {s: [] for s in settings}
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        copies = {s: copy.deepcopy(model).train() for s in settings}
+        optimizers = {s: torch.optim.SGD(copies[s].parameters(), lr=1e-4, momentum=0.9) for s in settings}
+        for s in settings:
+            _step(copies[s], optimizers[s], images, labels, s, device)  # warm-up: kernels picked, memory laid out
+        for k in range(ROUNDS):
+            for s in settings[k % len(settings):] + settings[:k % len(settings)]:
+                for _ in range(STEPS_PER_ROUND):
+                    seconds[s].append(_step(copies[s], optimizers[s], images, labels, s, device))
+    return {s: statistics.median(v) for s, v in seconds.items()}
+
+
+def _step(model, optimizer, images, labels, setting: str, device: torch.device) -> float:
+    amp, channels_last = COMPUTE_SETTINGS[setting]
+    x = images.contiguous(memory_format=torch.channels_last) if channels_last else images
+    scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    began = time.perf_counter()
+    with torch.autocast(device.type, dtype=torch.float16 if amp == "fp16" else torch.bfloat16, enabled=amp != "none"):
+        loss = F.cross_entropy(model(x), labels)
+    optimizer.zero_grad(set_to_none=True)
+    if scaler:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        loss.backward()
+        optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - began
+
+
+def choose(timed: dict[str, float]) -> str:
+    """The fastest setting; a tie (within 1 %) goes to the earlier one in the candidates' order
+    (fp32 before bf16 on CPUs, NCHW before channels-last), so that noise does not switch a run
+    away from the plainer setting for nothing."""
+    best = min(timed.values())
+    return next(s for s, t in timed.items() if t <= best * 1.01)
+
+
+def decide(cfg: Config, device: torch.device, model: torch.nn.Module, images: torch.Tensor,
+           labels: torch.Tensor, elastic: bool = False) -> dict:
+    """What this run computes in: {"setting", "how", "seconds_per_step"} (the last only when
+    candidates were timed). Run by rank 0; the caller hands the answer to every rank."""
+    if cfg.compute == "fixed":
+        setting = next(s for s, v in COMPUTE_SETTINGS.items() if v == (cfg.amp, cfg.channels_last))
+        return {"setting": setting, "how": "fixed (amp and channels_last as given)"}
+    if cfg.compute != "auto":
+        return {"setting": cfg.compute, "how": "named in the config"}
+    allowed = candidates(cfg, device)
+    if not allowed:
+        setting = next(s for s, v in COMPUTE_SETTINGS.items() if v == (cfg.amp, cfg.channels_last))
+        return {"setting": setting, "how": "auto: the amp and channels_last given leave no candidate this device runs well"}
+    if len(allowed) == 1 or elastic:
+        how = "auto: the only candidate" if len(allowed) == 1 else "auto: not timed under elastic training (first candidate)"
+        return {"setting": allowed[0], "how": how}
+    began = time.perf_counter()
+    timed = time_settings(model, images, labels, allowed, device)
+    return {"setting": choose(timed), "how": f"auto: fastest of {len(allowed)} timed on this device",
+            "seconds_per_step": {s: round(t, 6) for s, t in timed.items()},
+            "timing_s": round(time.perf_counter() - began, 3)}
+
+
+def apply(cfg: Config, choice: dict) -> None:
+    """The chosen setting into the config the run saves and uses."""
+    cfg.compute = choice["setting"]
+    cfg.amp, cfg.channels_last = COMPUTE_SETTINGS[choice["setting"]]
+
+
+def threads_for_rank(cfg: Config, sync) -> int:
+    """Intra-op threads for this rank: threads_per_rank when given, else the CPUs this process
+    may run on shared among the ranks on this host that may run on them too. A launcher that
+    binds each rank to its own cores (mpirun --bind-to core, Slurm's --cpus-per-task) gives it
+    those; ranks left unbound share the host's. Elastic training may not wait on other ranks
+    before its loop, so there the host's CPUs are shared by its local ranks."""
+    if cfg.threads_per_rank:
+        return cfg.threads_per_rank
+    mine = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(usable_cpus()))
+    if sync.elastic or sync.size == 1:
+        return max(1, len(mine) // (1 if sync.size == 1 else sync.local_size))
+    host = socket.gethostname()
+    sharing = sum(1 for h, cpus in sync.allgather_object((host, sorted(mine))) if h == host and mine & set(cpus))
+    return max(1, len(mine) // sharing)

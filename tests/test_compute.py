@@ -1,0 +1,166 @@
+"""compute: auto, the precision and layout chosen for the device a run lands on (hvd_cifar/trainer/
+compute.py): the candidates a device and a config allow, the choice, the same choice on every
+rank, the bytes on the wire unchanged, bf16 resumed exactly, threads per rank, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY, read_metrics, run_train
+from hvd_cifar.core import config
+from hvd_cifar.trainer import compute
+from hvd_cifar.workload.models import build_model
+
+CPU = torch.device("cpu")
+
+
+def cfg(*flags: str) -> config.Config:
+    return config.from_args([*flags, "--no-tensorboard"])
+
+
+def test_a_cpu_without_native_bf16_never_gets_bf16(monkeypatch):
+    """Emulated bf16 is slower than fp32: where /proc/cpuinfo has neither avx512_bf16 nor amx_bf16
+    the candidates are fp32 in both layouts, and the choice, timed for real on a small model, is
+    one of them; with the flags, bf16 joins them."""
+    monkeypatch.setattr(compute, "cpu_has_native_bf16", lambda: False)
+    assert compute.candidates(cfg(), CPU) == ["fp32", "fp32-channels-last"]
+    model = build_model("smallcnn", 10)
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    choice = compute.decide(cfg(), CPU, model, images, labels)
+    assert choice["setting"] in ("fp32", "fp32-channels-last") and set(choice["seconds_per_step"]) == {
+        "fp32", "fp32-channels-last"}, choice
+    monkeypatch.setattr(compute, "cpu_has_native_bf16", lambda: True)
+    assert compute.candidates(cfg(), CPU) == ["fp32", "fp32-channels-last", "bf16", "bf16-channels-last"]
+
+
+def test_the_native_bf16_test_reads_the_cpu_flags(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw\n")
+    assert not compute.cpu_has_native_bf16(str(info))
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert compute.cpu_has_native_bf16(str(info))
+    assert not compute.cpu_has_native_bf16(str(tmp_path / "missing"))
+
+
+def test_given_amp_and_layout_pin_the_candidates_and_schemes_rule_out_fp16(monkeypatch):
+    monkeypatch.setattr(compute, "device_candidates",
+                        lambda device: ["fp16", "fp16-channels-last", "bf16", "bf16-channels-last", "fp32",
+                                        "fp32-channels-last"])  # a GPU's list
+    assert compute.candidates(cfg("--amp", "bf16"), CPU) == ["bf16", "bf16-channels-last"]
+    assert compute.candidates(cfg("--channels-last"), CPU) == ["fp16-channels-last", "bf16-channels-last",
+                                                               "fp32-channels-last"]
+    assert not any(c.startswith("fp16") for c in compute.candidates(cfg("--compression", "powersgd"), CPU))
+    assert not any(c.startswith("fp16") for c in compute.candidates(cfg("--sync", "mpi-async-ps"), CPU))
+    assert compute.candidates(cfg("--local-sgd-steps", "4"), CPU)[0] == "fp16"  # local SGD keeps no residual
+
+
+def test_a_tie_goes_to_the_plainer_setting_and_a_named_setting_is_not_timed():
+    assert compute.choose({"fp32": 1.0, "fp32-channels-last": 0.995, "bf16": 1.2}) == "fp32"
+    assert compute.choose({"fp32": 1.0, "fp32-channels-last": 0.9, "bf16": 0.6}) == "bf16"
+    named = compute.decide(cfg("--compute", "bf16-channels-last"), CPU, None, None, None)
+    assert named == {"setting": "bf16-channels-last", "how": "named in the config"}
+    fixed = cfg("--compute", "fixed", "--amp", "bf16")
+    assert compute.decide(fixed, CPU, None, None, None)["setting"] == "bf16"
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--compute", "fp8"], "hvd_cifar: error: compute: 'fp8' is not one of auto, fixed, fp32,"),
+    (["--amp", "fp16"], "hvd_cifar: error: amp: fp16 autocast needs a GPU, and this run is on the CPU"),
+    (["--compute", "fp16-channels-last"], "hvd_cifar: error: compute: fp16 autocast needs a GPU"),
+])
+def test_a_setting_this_device_cannot_run_is_one_line_naming_the_key(tiny_args, flags, line):
+    proc = run_train([*tiny_args, "--compute", "auto", *flags, "--epochs", "1"], launcher="mpirun", np=2, check=False)
+    ours = [x for x in proc.stderr.splitlines() if "hvd_cifar:" in x]
+    assert proc.returncode == 2 and len(ours) == 1 and line in ours[0], proc.stderr[-2000:]
+
+
+class FakeSync:
+    def __init__(self, size, local_size, others):
+        self.size, self.local_size, self.elastic, self.others = size, local_size, False, others
+
+    def allgather_object(self, mine):
+        return [mine, *self.others]
+
+
+def test_threads_follow_the_cpus_a_rank_is_given(monkeypatch):
+    """Unbound ranks on one host share its CPUs; a rank bound to its own CPUs uses them all."""
+    import socket
+    monkeypatch.setattr(compute.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    host = socket.gethostname()
+    shared = FakeSync(4, 4, [(host, [0, 1, 2, 3])] * 3)
+    assert compute.threads_for_rank(cfg(), shared) == 1
+    bound = FakeSync(2, 2, [(host, [4, 5, 6, 7])])
+    assert compute.threads_for_rank(cfg(), bound) == 4
+    elsewhere = FakeSync(2, 1, [("another-host", [0, 1, 2, 3])])
+    assert compute.threads_for_rank(cfg(), elsewhere) == 4
+    assert compute.threads_for_rank(cfg("--threads-per-rank", "1"), shared) == 1
+
+
+def test_auto_is_decided_once_for_every_rank_and_recorded(tmp_path, tiny_args):
+    """Two ranks under mpirun with compute: auto: meta.json holds the choice and each candidate's
+    seconds per step, config.yaml the setting chosen (what a resume continues in), the first
+    line says it, both ranks end on the same weights, each rank's threads are the 2 CPUs
+    shared by 2 ranks."""
+    proc = run_train([*tiny_args, "--compute", "auto", "--epochs", "1"], launcher="mpirun", np=2)
+    run = tmp_path / "logs" / "run"
+    meta = json.loads((run / "meta.json").read_text())
+    choice = meta["compute_choice"]
+    assert choice["setting"] in choice["seconds_per_step"] and len(choice["seconds_per_step"]) >= 2, choice
+    assert choice["seconds_per_step"][choice["setting"]] <= 1.01 * min(choice["seconds_per_step"].values())
+    saved = config.load_yaml(str(run / "config.yaml"))
+    assert saved["compute"] == choice["setting"]
+    assert (saved["amp"], saved["channels_last"]) == config.COMPUTE_SETTINGS[choice["setting"]]
+    assert f"compute={choice['setting']} (auto: fastest of" in proc.stdout + proc.stderr
+    assert json.loads((run / "eval.json").read_text())["parameters_identical_across_ranks"] is True
+    assert meta["threads_per_rank"] == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
+
+
+def test_bf16_sends_the_bytes_fp32_sends_and_fp16_compression_halves_both(tmp_path):
+    """Gradients on the wire are the sync method's and the scheme's: bf16 autocast does not
+    change them (2 ranks, analytic bytes per sync and the payload)."""
+    bytes_of = {}
+    for compute_setting in ("fp32", "bf16"):
+        for compression in ("none", "fp16"):
+            name = f"{compute_setting}-{compression}"
+            run_train(["--config", TINY, "--log-dir", str(tmp_path), "--run-name", name, "--epochs", "1",
+                       "--max-steps-per-epoch", "2", "--no-tensorboard", "--compute", compute_setting,
+                       "--compression", compression], launcher="mpirun", np=2)
+            bytes_of[name] = read_metrics(tmp_path / name)[0]["comm_bytes_per_sync"]
+    assert bytes_of["fp32-none"] == bytes_of["bf16-none"] > 0, bytes_of
+    assert bytes_of["fp32-fp16"] == bytes_of["bf16-fp16"] == bytes_of["fp32-none"] // 2, bytes_of
+
+
+def test_a_bf16_run_stopped_and_resumed_ends_on_the_straight_runs_weights(tmp_path):
+    """bf16 autocast with fp32 master weights and optimizer state: 1 epoch, then resumed for the
+    second, ends on the weights of 2 straight epochs, bit for bit."""
+    flags = ["--config", TINY, "--log-dir", str(tmp_path), "--epochs", "2", "--no-tensorboard",
+             "--compute", "bf16-channels-last"]
+    run_train([*flags, "--run-name", "straight"], launcher="mpirun", np=2)
+    run_train([*flags, "--run-name", "stopped", "--stop-after", "1"], launcher="mpirun", np=2)
+    run_train(["--resume", str(tmp_path / "stopped"), "--stop-after", "0"], launcher="mpirun", np=2)
+    a = torch.load(tmp_path / "straight" / "checkpoint_last.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "stopped" / "checkpoint_last.pt", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    assert all(v.dtype != torch.bfloat16 for v in a.values())
+
+
+@pytest.mark.parametrize("flags", [["--amp", "fp16"], ["--compute", "fp16"], ["--compute", "fp16-channels-last"]])
+def test_the_cpu_refusals_hints_are_accepted_when_followed(monkeypatch, flags):
+    """Each hint of check_device's refusal on a CPU, added to the flags, gives a config and a
+    choice this CPU runs (the real run of such a refusal is above)."""
+    monkeypatch.setattr(compute, "time_settings", lambda model, images, labels, settings, device:
+                        {s: 1.0 for s in settings})  # the choice, not the timing, is the point here
+
+    def checked(argv):
+        c = cfg(*argv)
+        choice = compute.decide(c, CPU, None, None, None)
+        compute.apply(c, choice)
+        compute.check_device(c, CPU, choice)
+
+    with pytest.raises(config.ConfigError) as caught:
+        checked(flags)
+    assert caught.value.fixes, str(caught.value)
+    for fix in caught.value.fixes:
+        checked([*flags, *fix])
