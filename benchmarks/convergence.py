@@ -20,6 +20,7 @@ rendered from it, are printed and left in OUT/convergence.md. Run folders: OUT/r
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -45,6 +46,10 @@ CASES = {  # name: (ranks, extra flags)
     "np4-warm0.25": (4, ["--warmup-epochs", "0.25"]),
     "np2-sqrt": (2, ["--lr-scaling", "sqrt"]),
     "np4-sqrt": (4, ["--lr-scaling", "sqrt"]),
+    # fp32 NCHW, against the default compute: auto (the setting it chose is kept with each round):
+    "np1-fp32": (1, ["--compute", "fp32"]),
+    "np2-fp32": (2, ["--compute", "fp32"]),
+    "np4-fp32": (4, ["--compute", "fp32"]),
 }
 DEFAULT_CASES = ["np1", "np2", "np4", "np2-acc4", "np2-fp16"]
 FIGURES = {
@@ -97,7 +102,9 @@ def run_case(model: str, case: str, k: int, args, results: Results) -> None:
                "passed": float(accs[-1] >= TARGET)}
     if reached.get("epochs_to_target") is not None:
         figures.update(epochs_to_target=reached["epochs_to_target"], time_to_target_s=reached["time_to_target_s"])
-    results.add(k, config, figures, accuracy_per_epoch=accs, wall_s=round(done.seconds, 1),
+    with open(os.path.join(args.out, "runs", name, "meta.json")) as f:
+        compute = json.load(f).get("compute_choice", {}).get("setting")
+    results.add(k, config, figures, accuracy_per_epoch=accs, wall_s=round(done.seconds, 1), compute=compute,
                 **({"seed": args.seeds[k - 1]} if args.seeds else {}))
     print(f"{config} round {k}: final {accs[-1]:.4f} in {done.seconds:.0f} s", file=sys.stderr, flush=True)
 
@@ -114,6 +121,8 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
     results = Results("convergence", args, FIGURES, argv)
+    if args.seeds:
+        results.seeds(args.seeds)
     for k in range(1, args.repeats + 1):
         for model in args.models:
             for case in jobs.rotated(args.cases, k - 1):

@@ -48,7 +48,7 @@ FIGURES = {"step_time_s": Figure("step (ms)", ".1f", 1e-3), "s_per_call": Figure
 HOOK = """
 import json, os, time
 import torch
-from hvd_cifar.core import lifecycle, stops
+from hvd_cifar.core import launcher, stops
 from hvd_cifar.trainer import loop, preemption
 
 def blocking(vote):
@@ -68,7 +68,7 @@ preemption.StopVote.ranks_asked = ranks_asked
 
 _evaluate = loop.evaluate
 def evaluate(run):
-    with open(f"{os.environ['HOOK_OUT']}.rank{lifecycle.launch_rank()}", "w") as f:
+    with open(f"{os.environ['HOOK_OUT']}.rank{launcher.launch_rank()}", "w") as f:
         json.dump({"calls": _calls[0], "seconds": _calls[1]}, f)
     return _evaluate(run)
 loop.evaluate = evaluate

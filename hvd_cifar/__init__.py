@@ -7,7 +7,7 @@ The top level holds the commands, each only wiring the layers below together:
     predict     python -m hvd_cifar.predict     a run predicted at other worker counts and networks
     probe       python -m hvd_cifar.probe       the network's latency and bandwidth, measured
     bench       python -m hvd_cifar.bench       a sweep: one training job per configuration
-    horovodrun  python -m hvd_cifar.horovodrun  horovodrun with the project's fixes and defaults
+    horovodrun  python -m hvd_cifar.launch.horovodrun  horovodrun with the project's fixes and defaults
 
 The layers, bottom up; each folder's docstring says what it may import (scripts/check_house.py
 holds the package to it):

@@ -36,7 +36,7 @@ import torch
 
 from hvd_cifar.analysis import scaling
 from hvd_cifar.analysis.tabulate import OneLineParser
-from hvd_cifar.core import lifecycle, units
+from hvd_cifar.core import launcher, lifecycle, units
 from hvd_cifar.runfolder import writer
 
 
@@ -189,24 +189,16 @@ def _seconds(fn) -> float:
 
 
 # ----------------------------------------------------------------------------- the run
-SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE")  # what launchers tell each rank
-
-
-def launch_size() -> int:
-    """Ranks in this job as the launcher set them, known before any communication starts."""
-    return next((int(os.environ[v]) for v in SIZE_VARS if os.environ.get(v, "").isdigit()), 1)
-
-
 def run_probe(args: argparse.Namespace) -> tuple[dict, object]:
     """Every transport this launch offers, one after the other: MPI first (so that mpi4py, not
     Horovod, initialises MPI and Horovod's shutdown leaves it up), then torch's Gloo, then
     Horovod. Returns the results and the last sync method (for the ranks and hosts)."""
-    if launch_size() < 2:
+    if launcher.launch_size() < 2:
         raise ValueError("probe: needs 2 or more ranks; launch it like training (see python -m hvd_cifar.probe --help)")
     sizes = message_sizes(args)
     costs = local_costs(sizes[-1])  # before any transport's threads compete for the cores
     mpi = lambda sizes, iters: probe_mpi(sizes, iters, costs["reduce_s_per_byte"])  # noqa: E731
-    steps = ([mpi] if lifecycle.launched_by_mpi() else []) + [probe_torch_gloo, probe_horovod]
+    steps = ([mpi] if launcher.launched_by_mpi() else []) + [probe_torch_gloo, probe_horovod]
     transports, started = {}, []
     for step in steps:
         sync, found = step(sizes, args.iters)
@@ -215,7 +207,7 @@ def run_probe(args: argparse.Namespace) -> tuple[dict, object]:
     hostnames = started[-1].allgather_object(socket.gethostname())
     probe = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "world_size": started[-1].size,
              "hosts": sorted(set(hostnames)), "ranks_per_host": started[-1].local_size,
-             "launcher": writer.launcher_name(), "comm_settings": writer.comm_settings(),
+             "launcher": launcher.launcher_name(), "comm_settings": writer.comm_settings(),
              "sizes_bytes": sizes, "iters": args.iters, "transports": transports,
              **costs}
     for sync in reversed(started):
@@ -240,7 +232,7 @@ def summary(probe: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    rank = lifecycle.launch_rank()
+    rank = launcher.launch_rank()
     try:
         probe, started = run_probe(args)
     except (ValueError, RuntimeError) as exc:

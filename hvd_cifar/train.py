@@ -29,12 +29,12 @@ import time
 import torch
 
 from hvd_cifar.core import config as config_mod
-from hvd_cifar.core import combinations, config_help, lifecycle, netstats, stops
+from hvd_cifar.core import combinations, config_help, launcher, lifecycle, stops
 from hvd_cifar.core.config import Config, ConfigError
-from hvd_cifar.runfolder import lock, writer
+from hvd_cifar.runfolder import checkpoint, lock, writer
 from hvd_cifar.sync import make as make_sync
 from hvd_cifar.sync.base import SyncMethod
-from hvd_cifar.trainer import compute, exits, freezing, loop, metrics, preemption, resources
+from hvd_cifar.trainer import compute, exits, freezing, loop, metrics, netstats, preemption, resources
 from hvd_cifar.trainer.context import Training, make_state
 from hvd_cifar.trainer.ranks import before_loop, on_every_rank, on_main
 from hvd_cifar.trainer.recording import checkpoint_and_record, finish
@@ -88,7 +88,8 @@ def build(cfg: Config, sync: SyncMethod, device: torch.device) -> Training:
     the model: the same seed everywhere, and rank 0's weights broadcast at the start."""
     if cfg.download:
         before_loop(sync, lambda: data.download(cfg.dataset, cfg.data_dir), on_every_rank)
-    ds = before_loop(sync, lambda: data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed), on_every_rank)
+    ds = before_loop(sync, lambda: data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed,
+                                             (cfg.shapes_train, cfg.shapes_test, cfg.shapes_seed)), on_every_rank)
     mean, std = ds.channel_stats()
     ds.to(device)
     loader = data.ShardedLoader(ds.train_images, ds.train_labels, cfg.batch_size, sync.worker_rank,
@@ -112,7 +113,7 @@ def build(cfg: Config, sync: SyncMethod, device: torch.device) -> Training:
     compute.check_device(cfg, device, choice)
     loader.channels_last = cfg.channels_last
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
-    return Training(cfg, sync, device, ds, loader, model, writer.checkpoint_identity(cfg, ds.num_classes),
+    return Training(cfg, sync, device, ds, loader, model, checkpoint.checkpoint_identity(cfg, ds.num_classes),
                     freezing.make(cfg, model), scaler=scaler, compute_choice=choice)
 
 
@@ -130,7 +131,7 @@ def begin(run: Training, state) -> None:
         first_start(run)
     state.begin(run)
     if first:
-        writer.restore_rank_buffers(run.model, run.resume_at, sync.rank, sync.size)
+        checkpoint.restore_rank_buffers(run.model, run.resume_at, sync.rank, sync.size)
     run.loader.reshard(sync.worker_rank, sync.workers)  # shards for the ranks that train
     run.updates_per_epoch = math.ceil(len(run.loader) / cfg.accumulation_steps)
     run.schedule = LrSchedule(cfg, sync.size, run.updates_per_epoch)
@@ -252,11 +253,12 @@ def main(argv: list[str] | None = None) -> tuple[int, bool]:
     """Run, and turn whatever ends it into (exit status, whether native threads were left)."""
     argv = sys.argv[1:] if argv is None else argv
     if config_help.asks_for_help(argv):  # every key, from the config itself; rank 0 says it once
-        if lifecycle.launch_rank() == 0:
+        if launcher.launch_rank() == 0:
             sys.stdout.write(config_help.help_text())
         return 0, False
     def configured_run():
         cfg = load_config(argv)
+        netstats.check_interface(cfg.nic)  # this host's, before anything starts
         return run(cfg, combinations.inert_keys(cfg, config_mod.given_keys(argv)))
 
     return exits.run_to_status(configured_run)

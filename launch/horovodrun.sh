@@ -31,9 +31,9 @@ while (($#)); do
 done
 
 resolve_hosts
-# horovodrun itself, through hvd_cifar.horovodrun: when a rank fails, the launcher's ending is one
+# horovodrun itself, through hvd_cifar.launch.horovodrun: when a rank fails, the launcher's ending is one
 # line instead of a traceback of horovodrun's driver; signals sent to this script's pid reach
 # the launcher (exec), which stops every rank; and it stops them when this script's parent dies
 # ($PPID, checked by hvd_cifar.launch.commands.die_with_parent). Arguments go through as an array:
 # nothing from the command line is ever re-parsed by a shell.
-HVD_CIFAR_LAUNCH_PARENT="$PPID" exec "$PY" -m hvd_cifar.horovodrun -np "$np" -H "$hosts" ${hvd_args[@]+"${hvd_args[@]}"} "$PY" -m "$module" "$@"
+HVD_CIFAR_LAUNCH_PARENT="$PPID" exec "$PY" -m hvd_cifar.launch.horovodrun -np "$np" -H "$hosts" ${hvd_args[@]+"${hvd_args[@]}"} "$PY" -m "$module" "$@"

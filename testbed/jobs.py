@@ -21,7 +21,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -154,12 +153,6 @@ def rotated(items: Sequence[T], k: int) -> list[T]:
     rounds no variant always runs first (interleaved, side by side)."""
     k %= len(items)
     return [*items[k:], *items[:k]]
-
-
-def machine() -> dict:
-    """What a benchmark's numbers were measured on."""
-    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform()}
 
 
 def write_results(out: str, stem: str, results: Any, text: str) -> None:

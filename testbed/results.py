@@ -107,6 +107,22 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
+# Seeds by role, kept apart: defaults are chosen on tuning seeds and judged on evaluation seeds
+# only. A results file of runs by seed names the role of its seeds (Results.seeds).
+SEED_ROLES = {"tuning": range(100, 200), "evaluation": range(200, 300)}
+
+
+def seed_role(seeds: list[int]) -> str:
+    """The role of ``seeds``: all tuning or all evaluation; a mix, or a seed outside both, is an
+    error (a judgement on the seeds something was tuned on judges nothing)."""
+    roles = {role for seed in seeds for role, span in SEED_ROLES.items() if seed in span}
+    if len(roles) != 1 or any(not any(s in span for span in SEED_ROLES.values()) for s in seeds):
+        raise ValueError(f"seeds {seeds}: give tuning seeds ({SEED_ROLES['tuning'].start}-"
+                         f"{SEED_ROLES['tuning'].stop - 1}) or evaluation seeds ({SEED_ROLES['evaluation'].start}-"
+                         f"{SEED_ROLES['evaluation'].stop - 1}), not a mix")
+    return roles.pop()
+
+
 class Results:
     """The results file of one benchmark invocation, filled round by round."""
 
@@ -126,6 +142,10 @@ class Results:
             "settings": {k: plain(v) for k, v in vars(args).items() if k not in skip},
             "figures": {key: asdict(f) for key, f in figures.items()},
             "rounds": [], "summary": {}}
+
+    def seeds(self, seeds: list[int]) -> None:
+        """Name the seeds the rounds ran at, and their role (tuning or evaluation)."""
+        self.data["seeds"] = {"role": seed_role(seeds), "seeds": list(seeds)}
 
     def add(self, round_no: int, config: str, figures: dict[str, float], **info: Any) -> None:
         """One job's raw figures (``info``: anything else worth keeping, not summarised); a figure

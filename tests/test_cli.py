@@ -50,7 +50,7 @@ def test_a_malformed_hostfile_is_one_line_naming_the_file_and_line(tmp_path, com
 
 
 COMMANDS = ["hvd_cifar.train", "hvd_cifar.report", "hvd_cifar.predict", "hvd_cifar.probe", "hvd_cifar.bench",
-            "hvd_cifar.horovodrun", "hvd_cifar.launch.hostfile", "hvd_cifar.launch.commands",
+            "hvd_cifar.launch.horovodrun", "hvd_cifar.launch.hostfile", "hvd_cifar.launch.commands",
             "hvd_cifar.launch.slurm_resume", "hvd_cifar.launch.slurm_output", "hvd_cifar.sync.overlap",
             "testbed.netcluster", "testbed.slurmcluster"]
 

@@ -13,7 +13,7 @@ from hvd_cifar.compress import cost
 from hvd_cifar.compress.localsgd import LocalSGD
 from hvd_cifar.compress.powersgd import PowerSGD, orthonormalise
 from hvd_cifar.compress.topk import TopK
-from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
+from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION, TOPK_MIN_ENTRIES
 
 
 class World:
@@ -331,10 +331,11 @@ def expected_bytes(name, shapes, syncs):
     if name == "horovod-powersgd":
         compressed = cost.powersgd_payload(shapes, POWERSGD_RANK)
         return compressed, 2 * fp32 + (syncs - 2) * compressed
+    topk = lambda fraction: sum(cost.topk_parts(shapes, fraction, TOPK_MIN_ENTRIES))  # noqa: E731
     if name == "ddp-topk":
-        return cost.topk_payload(shapes, TOPK_FRACTION), syncs * cost.topk_payload(shapes, 0.25)
+        return topk(TOPK_FRACTION), syncs * topk(0.25)
     if name == "horovod-topk":
-        return cost.topk_payload(shapes, TOPK_FRACTION), 2 * fp32 + (syncs - 2) * cost.topk_payload(shapes, 0.25)
+        return topk(TOPK_FRACTION), 2 * fp32 + (syncs - 2) * topk(0.25)
     return round(fp32 / 4), 3 * fp32  # gradients averaged in updates 1 and 2, the models after update 6
 
 

@@ -163,12 +163,13 @@ def test_threads_per_rank_may_use_the_usable_cpus_and_no_more(monkeypatch):
 
 
 def test_a_nic_the_host_lacks_is_refused_with_the_hosts_interfaces(monkeypatch):
-    from hvd_cifar.core import netstats
+    from hvd_cifar.trainer import netstats
 
     monkeypatch.setattr(netstats, "read_counters", lambda: {"lo": (0, 0), "ens3": (5, 7)})
     assert config.from_args(["--nic", "ens3"]).nic == "ens3"
+    netstats.check_interface("ens3")
     with pytest.raises(ConfigError, match=r"^nic: 'eth0' is not a network interface of .* \(it has: ens3, lo\)"):
-        config.from_args(["--nic", "eth0"])
+        netstats.check_interface("eth0")
     with pytest.raises(ConfigError, match=r"^nic: 'eth0' is not a network interface of "):
         netstats.pick_interface("eth0")  # for callers that skipped the config check
 

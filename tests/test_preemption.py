@@ -89,12 +89,12 @@ def test_a_stop_signal_sets_a_flag_and_a_second_one_ends_the_process(second):
 # signal, delivered at a known step.
 SIGNAL_AT_STEP = """
 import os, signal
-from hvd_cifar.core import lifecycle
+from hvd_cifar.core import launcher
 from hvd_cifar.trainer import loop
 _after_step = loop.TrainingState.after_step
 def after_step(self, step, images):
     _after_step(self, step, images)
-    if lifecycle.launch_rank() == {rank} and (self.epoch, step) == ({epoch}, {step}):
+    if launcher.launch_rank() == {rank} and (self.epoch, step) == ({epoch}, {step}):
         os.kill(os.getpid(), signal.{signal})
 loop.TrainingState.after_step = after_step
 """

@@ -37,7 +37,7 @@ def test_sigkill_of_one_rank_ends_the_job_quickly(tmp_path, launcher, sync, vict
 # them written to atomic_write's temp file, then SIGKILL to the rank in the middle of the write.
 KILL_MID_WRITE = """
 import io, os, signal, torch
-from hvd_cifar.runfolder import writer
+from hvd_cifar.runfolder import checkpoint
 calls = []
 def save_checkpoint(run_dir, state):
     calls.append(run_dir)
@@ -49,8 +49,8 @@ def save_checkpoint(run_dir, state):
         f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
         f.flush()
         os.kill(os.getpid(), signal.SIGKILL)
-    writer.atomic_write(os.path.join(run_dir, writer.CHECKPOINT), half_then_die)
-original, writer.save_checkpoint = writer.save_checkpoint, save_checkpoint
+    checkpoint.atomic_write(os.path.join(run_dir, checkpoint.CHECKPOINT), half_then_die)
+original, checkpoint.save_checkpoint = checkpoint.save_checkpoint, save_checkpoint
 """
 
 

@@ -448,3 +448,31 @@ def test_cli_bad_input_has_no_traceback(tmp_path):
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"hvd_cifar: error: {folder}/metrics.jsonl: line 1 is not valid JSON "
                                         f"(Expecting property name enclosed in double quotes)"]
+
+
+def test_runs_differing_only_in_compression_or_local_sgd_are_separate_groups_with_their_own_baselines(tmp_path):
+    """An uncompressed, a top-k and a local SGD configuration, each at np 1 and 2 (the top-k run
+    slower): three scaling groups, each run's speed-up against its own np 1; a run saved before
+    the compression key (fp16_allreduce: true) reads as compression fp16."""
+    from runfolders import epoch_record, write_run
+    from hvd_cifar.analysis.summary import add_speedup, scaling_groups, summarize
+    from hvd_cifar.runfolder.reader import load_run
+    speeds = {"none": (1.0, 1.8), "topk": (0.5, 0.95), "local": (1.0, 1.9)}
+    configs = {"none": {"compression": "none"}, "topk": {"compression": "topk"},
+               "local": {"compression": "none", "local_sgd_steps": 4}}
+    rows = []
+    for name, (one, two) in speeds.items():
+        for np_, factor in ((1, one), (2, two)):
+            records = [epoch_record(e, np_) for e in range(3)]
+            for r in records:
+                r["images_per_s"] *= factor
+            rows.append(summarize(load_run(str(write_run(tmp_path / f"{name}{np_}", records, config=configs[name])))))
+    add_speedup(rows)
+    groups = scaling_groups(rows)
+    assert len(groups) == 3, list(groups)
+    by = {r["run"]: r for r in rows}
+    for name in speeds:
+        assert by[f"{name}1"]["speedup"] == pytest.approx(1.0)
+        assert by[f"{name}2"]["speedup"] == pytest.approx(by[f"{name}2"]["images_per_s"] / by[f"{name}1"]["images_per_s"])
+    old = summarize(load_run(str(write_run(tmp_path / "old", config={"fp16_allreduce": True}))))
+    assert old["compression"] == "fp16" and old["local_sgd_steps"] == 1

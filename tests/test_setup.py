@@ -46,13 +46,13 @@ def test_horovodruns_build_check_asks_the_library_not_torch():
 # its main thread's CPU: the step that needs rank 0's part of the allreduce.
 HELD_PEER = """
 import json, os, time
-from hvd_cifar.core import lifecycle
+from hvd_cifar.core import launcher
 from hvd_cifar.trainer import loop
 HOLD_S = 2.0
 _after_step, mark = loop.TrainingState.after_step, []
 def after_step(self, step, images):
     _after_step(self, step, images)
-    rank, at = lifecycle.launch_rank(), (self.epoch, step)
+    rank, at = launcher.launch_rank(), (self.epoch, step)
     if rank == 0 and at == (0, 3):
         time.sleep(HOLD_S)
     if rank == 1 and at in ((0, 3), (0, 4)):

@@ -219,12 +219,12 @@ def test_under_mpirun_a_lost_rank_or_node_is_named_and_taken_out(text, lost):
 
 HOLD = """
 import os, time
-from hvd_cifar.core import lifecycle, stops
+from hvd_cifar.core import launcher, stops
 from hvd_cifar.trainer import loop
 _after_step = loop.TrainingState.after_step
 def after_step(self, step, images):
     _after_step(self, step, images)
-    if (os.environ.get("SLURM_RESTART_COUNT", "0") == "0" and lifecycle.launch_rank() == int(os.environ["HOLD_RANK"])
+    if (os.environ.get("SLURM_RESTART_COUNT", "0") == "0" and launcher.launch_rank() == int(os.environ["HOLD_RANK"])
             and (self.epoch, step) == (1, 4)):
         with open(os.environ["HOLD_FILE"] + ".tmp", "w") as f:
             f.write(str(os.getpid()))
@@ -233,7 +233,7 @@ def after_step(self, step, images):
         while not stops.asked() and time.monotonic() < deadline:
             time.sleep(0.05)
     if (os.environ.get("SLURM_RESTART_COUNT") == "1" and "RELEASE_FILE" in os.environ
-            and lifecycle.launch_rank() == int(os.environ["HOLD_RANK"]) and (self.epoch, step) == (2, 1)):
+            and launcher.launch_rank() == int(os.environ["HOLD_RANK"]) and (self.epoch, step) == (2, 1)):
         deadline = time.monotonic() + 240  # the next run, alive until the test lets it go
         while not os.path.exists(os.environ["RELEASE_FILE"]) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -501,9 +501,9 @@ def test_the_cli_passes_on_the_exit_status_and_sigterm_leaves_nothing_running(tm
 ])
 def test_the_launcher_is_named_from_what_it_left_in_the_environment(monkeypatch, env, name):
     """What meta.json's launcher says for each way ranks start; the two Slurm styles apart."""
-    from hvd_cifar.runfolder import writer
+    from hvd_cifar.core import launcher
     for var in ("SLURM_STEP_ID", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_RANK", "HOROVOD_ELASTIC"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
-    assert writer.launcher_name() == name
+    assert launcher.launcher_name() == name

@@ -1,5 +1,5 @@
 """Stopping a job from outside leaves nothing behind: SIGTERM or SIGINT to the launcher (the
-launch scripts, ``python -m hvd_cifar.horovodrun`` in MPI and Gloo mode), a ``timeout`` that
+launch scripts, ``python -m hvd_cifar.launch.horovodrun`` in MPI and Gloo mode), a ``timeout`` that
 expires, or the death of whatever started the launcher ends every rank and mpirun within
 STOP_BOUND_S. Real 2-rank jobs; the job's processes are the launcher's process tree, taken just
 before the signal, and each is checked (and, should the test fail, stopped) by its pid."""
@@ -23,9 +23,9 @@ LAUNCHERS = {
     "horovodrun.sh": [HOROVODRUN_SH, "-np", "2"],
     "horovodrun.sh --gloo": [HOROVODRUN_SH, "-np", "2", "--gloo"],
     "mpirun.sh": [MPIRUN_SH, "-np", "2"],
-    "hvd_cifar.horovodrun": [PYTHON, "-m", "hvd_cifar.horovodrun", "-np", "2", "-H", "localhost:2",
+    "hvd_cifar.launch.horovodrun": [PYTHON, "-m", "hvd_cifar.launch.horovodrun", "-np", "2", "-H", "localhost:2",
                              PYTHON, "-m", "hvd_cifar.train"],
-    "hvd_cifar.horovodrun --gloo": [PYTHON, "-m", "hvd_cifar.horovodrun", "-np", "2", "-H", "localhost:2",
+    "hvd_cifar.launch.horovodrun --gloo": [PYTHON, "-m", "hvd_cifar.launch.horovodrun", "-np", "2", "-H", "localhost:2",
                                     "--gloo", PYTHON, "-m", "hvd_cifar.train"],
     # Horovod's own console script, as its usage line shows it (Fix 5 of scripts/install.sh).
     "horovodrun": [str(Path(PYTHON).parent / "horovodrun"), "-np", "2", "-H", "localhost:2",
@@ -110,9 +110,9 @@ def stop_leftovers(job: subprocess.Popen, tree: list[psutil.Process]) -> None:
 
 
 @pytest.mark.slow
-# launch/horovodrun.sh execs python -m hvd_cifar.horovodrun, so a signal to the script's pid is
+# launch/horovodrun.sh execs python -m hvd_cifar.launch.horovodrun, so a signal to the script's pid is
 # one to that launcher itself: its cases cover both. In MPI mode the pid is mpirun's by then
-# (hvd_cifar.horovodrun execs it), which takes SIGINT as it takes SIGTERM: SIGINT once there
+# (hvd_cifar.launch.horovodrun execs it), which takes SIGINT as it takes SIGTERM: SIGINT once there
 # (horovodrun.sh); under Gloo horovodrun's Python driver gets each its own way: both.
 @pytest.mark.parametrize("launcher, signum", [
     ("horovodrun.sh", signal.SIGTERM), ("horovodrun.sh", signal.SIGINT),
@@ -150,7 +150,7 @@ def test_a_job_under_timeout_stops_when_the_time_is_up(tmp_path, launcher):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["horovodrun.sh", "horovodrun.sh --gloo", "mpirun.sh",
-                                      "hvd_cifar.horovodrun"])
+                                      "hvd_cifar.launch.horovodrun"])
 def test_the_job_stops_when_the_launchers_parent_dies(tmp_path, launcher):
     """SIGKILL to the process that started the launcher (nothing can catch it there): the
     launcher, now nobody's child, must still stop the job (PR_SET_PDEATHSIG)."""

@@ -162,7 +162,7 @@ def test_bf16_autocast_and_channels_last_train(tmp_path, tiny_args):
 
 
 def test_state_dict_mismatch_names_what_differs():
-    from hvd_cifar.runfolder.writer import state_dict_mismatch
+    from hvd_cifar.runfolder.checkpoint import state_dict_mismatch
     model = {"a": torch.zeros(2), "b": torch.zeros(3)}
     assert state_dict_mismatch(model, {"a": torch.ones(2), "b": torch.ones(3)}) == ""
     assert state_dict_mismatch(model, {"a": torch.ones(2), "c": torch.ones(1), "b": torch.ones(4)}) == (

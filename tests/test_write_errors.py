@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import PYTHON, ROOT
-from hvd_cifar.runfolder import writer
+from hvd_cifar.runfolder import checkpoint, writer
 from test_stopping import MPIRUN_SH, HOROVODRUN_SH, alive, job_tree, start, stop_leftovers
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
@@ -69,9 +69,9 @@ def test_a_checkpoint_that_does_not_fit_keeps_the_last_one(tmpfs):
     """torch.save reports a full disk as RuntimeError('[enforce fail at inline_container.cc...');
     the line must still say which file and why, and the previous checkpoint must load."""
     folder = tmpfs(1200)
-    writer.save_checkpoint(str(folder), {"epoch": 1, "w": torch.zeros(150_000)})
+    checkpoint.save_checkpoint(str(folder), {"epoch": 1, "w": torch.zeros(150_000)})
     with pytest.raises(writer.RunError) as caught:
-        writer.save_checkpoint(str(folder), {"epoch": 2, "w": torch.ones(250_000)})
+        checkpoint.save_checkpoint(str(folder), {"epoch": 2, "w": torch.ones(250_000)})
     assert str(caught.value) == f"cannot write {folder}/checkpoint_last.pt (No space left on device, ENOSPC)"
     assert temp_files(folder) == []
     assert torch.load(folder / "checkpoint_last.pt", weights_only=True)["epoch"] == 1
@@ -118,9 +118,9 @@ def test_json_yaml_and_metrics_on_a_full_disk(tmpfs):
 @AS_ROOT
 def test_a_read_only_file_system(tmpfs):
     folder = tmpfs(2048)
-    writer.save_checkpoint(str(folder), {"epoch": 1})
+    checkpoint.save_checkpoint(str(folder), {"epoch": 1})
     read_only(folder)
-    for write, name in ((lambda: writer.save_checkpoint(str(folder), {"epoch": 2}), "checkpoint_last.pt"),
+    for write, name in ((lambda: checkpoint.save_checkpoint(str(folder), {"epoch": 2}), "checkpoint_last.pt"),
                         (lambda: writer.append_metrics(str(folder), {"epoch": 2}), "metrics.jsonl"),
                         (lambda: writer.RankLog(str(folder), 0, echo=False), "rank0.log")):
         with pytest.raises(writer.RunError, match=re.escape(f"cannot write {folder}/{name} (Read-only file "

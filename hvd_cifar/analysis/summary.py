@@ -9,7 +9,8 @@ How the numbers are made:
 * img/s over several epochs is (images) / (seconds), summed over the steady-state epochs,
   counting the images of all ranks.
 * speedup = img/s of a run / img/s of the run with world size 1 of the same configuration
-  (model, dataset, batch size per rank, sync, fp16_allreduce, accumulation_steps, freeze)
+  (core.names.RUN_IDENTITY: model, dataset, batch size per rank, sync, compression, local SGD
+  steps, accumulation steps, freeze)
   among the inputs (the first one given, if several); efficiency = speedup / world size.
   Throughput rather than epoch time, because with --max-steps-per-epoch each rank runs the
   same number of steps whatever the world size, so an epoch holds N times more images.
@@ -32,11 +33,10 @@ import math
 import os
 from typing import Any, Iterable
 
+from hvd_cifar.core.names import RUN_IDENTITY
 from hvd_cifar.runfolder import reader
 from hvd_cifar.runfolder.reader import TARGET_KEYS, Run
 
-# What makes two runs "the same configuration" for speedup; world size is what differs.
-CONFIG_KEYS = ("model", "dataset", "batch_size", "sync", "fp16_allreduce", "accumulation_steps", "freeze")
 MB = 1e6  # bytes
 
 
@@ -116,6 +116,10 @@ def setting(run: Run, key: str) -> Any:
         freeze = run.config.get("freeze", last.get("frozen_blocks"))
         schedule = run.config.get("freeze_schedule") or {}
         return f"{freeze} {json.dumps(schedule, sort_keys=True)}" if schedule else freeze
+    if key == "compression" and "compression" not in run.config:  # saved before the key: fp16_allreduce said it
+        return "fp16" if run.config.get("fp16_allreduce", last.get("fp16_allreduce")) else "none"
+    if key == "local_sgd_steps":
+        return run.config.get(key, 1)
     return run.config.get(key, last.get(key))
 
 
@@ -134,7 +138,7 @@ def summarize(run: Run) -> dict:
     m = run.metrics
     steady = steady_epochs(m)
     images = [value(r, "images_per_s") * value(r, "epoch_time_s") for r in steady]
-    row = {"run": run.name, **{k: setting(run, k) for k in CONFIG_KEYS}}
+    row = {"run": run.name, **{k: setting(run, k) for k in (*RUN_IDENTITY, "fp16_allreduce")}}
     row.update({
         "world_size": setting(run, "world_size"),
         "epochs": len(m),
@@ -158,7 +162,7 @@ def summarize(run: Run) -> dict:
 
 
 def config_key(row: dict) -> tuple:
-    return tuple(str(row.get(k)) for k in CONFIG_KEYS)
+    return tuple(str(row.get(k)) for k in RUN_IDENTITY)
 
 
 def add_speedup(rows: list[dict]) -> None:

@@ -40,11 +40,6 @@ def num(header: str, key: str, spec: str, scale: float = 1.0) -> Column:
     return Column(header, key, lambda v: fmt_number(v, spec, scale), numeric=True)
 
 
-def spaced(key: str, spec: str) -> Column:
-    """A list of numbers in one cell, space-separated, each formatted with ``spec``."""
-    return Column(key.replace("_", " "), key, row_fmt=lambda r: " ".join(format(v, spec) for v in r[key]))
-
-
 def markdown_table(columns: list[Column], rows: list[dict]) -> str:
     def cell(c: Column, row: dict) -> str:
         v = row.get(c.key)

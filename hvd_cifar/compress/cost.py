@@ -69,10 +69,6 @@ def topk_parts(shapes: list[tuple[int, ...]], fraction: float,
     return sum(kept(math.prod(s), fraction) for s in sparse) * (FP32_BYTES + INDEX_BYTES), whole * FP32_BYTES
 
 
-def topk_payload(shapes: list[tuple[int, ...]], fraction: float, min_entries: int = TOPK_MIN_ENTRIES) -> int:
-    return sum(topk_parts(shapes, fraction, min_entries))
-
-
 def localsgd_payload(numel: int, every: int) -> int:
     """The fp32 model averaged once every ``every`` updates: its bytes per update, amortised."""
     return round(numel * FP32_BYTES / every)

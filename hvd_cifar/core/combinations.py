@@ -127,7 +127,8 @@ _INERT = (
     ("commit_every", lambda c: not c.elastic, lambda c: "elastic training's commit period, and elastic is false"),
     ("freeze_auto_threshold", lambda c: c.freeze != "auto", lambda c: f"freeze: auto's threshold, and freeze is {c.freeze}"),
     ("synthetic_size", lambda c: c.dataset != "synthetic", lambda c: f"the synthetic data set's size, and dataset is {c.dataset}"),
-    ("download", lambda c: c.dataset in ("digits", "synthetic"), lambda c: f"{c.dataset} is not downloaded"),
+    ("shapes_", lambda c: c.dataset != "shapes", lambda c: f"the generated data set's, and dataset is {c.dataset}"),
+    ("download", lambda c: c.dataset in ("digits", "synthetic", "shapes"), lambda c: f"{c.dataset} is not downloaded"),
     ("data_dir", lambda c: c.dataset in ("digits", "synthetic"), lambda c: f"{c.dataset} is not read from a folder"),
 )
 

@@ -1,6 +1,6 @@
 """The errors that more than one layer raises, each meaning "bad input: one line, exit 2".
 
-Kept apart so that a low module (netstats, runs) can raise what a high one (config, report,
+Kept apart so that a low module (the network meter, runs) can raise what a high one (config, report,
 predict, bench) catches, without importing it: dependencies point one way.
 """
 

@@ -1,36 +1,20 @@
-"""A rank's life as a process: who launched it, how it ends, and how one rank's fault ends the job.
+"""A rank's life as a process: how it ends, and how one rank's fault ends the job.
 
-Nothing here communicates; it only reads the launcher's environment and ends processes, so the
-entry point can use it before any sync method exists and after the last one has closed.
+Nothing here communicates; it ends processes (under MPI through MPI_Abort, when the launcher
+was one: core.launcher), so the entry point can use it before any sync method exists and after
+the last one has closed.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-
-# Launchers leave these in every rank's environment: Open MPI's mpirun (also under horovodrun's
-# MPI mode), MPICH/Hydra's PMI, PMIx (e.g. srun --mpi=pmix).
-_MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+from hvd_cifar.core.launcher import launched_by_mpi
 
 # What a collective raises on a rank whose peer died or stopped: the fault is elsewhere, and that
 # rank's own message says what it was.
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Horovod has been shut down",
               "Broken pipe")
-
-
-def launch_rank() -> int:
-    """This process's rank as the launcher set it, known before any communication starts."""
-    for var in _RANK_VARS:
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
-
-
-def launched_by_mpi() -> bool:
-    """Whether an MPI launcher started this process (so MPI_Abort reaches the whole job)."""
-    return any(var in os.environ for var in _MPI_VARS)
 
 
 def lost_peer(exc: BaseException) -> bool:

@@ -13,6 +13,13 @@ COMPRESSIONS = ("none", "fp16", "powersgd", "topk")
 SCHEMES = ("powersgd", "topk")
 SCHEME_SYNC_METHODS = ("horovod", "ddp")  # the sync methods that run the schemes
 
+# A run's identity: the config keys that make two runs the same configuration, world size being
+# what differs between them (a scaling group, a speed-up's baseline). Every table and report
+# groups runs by these (hvd_cifar.analysis.summary.config_key); a run saved before a key existed
+# reads as that key's default (summary.setting).
+RUN_IDENTITY = ("model", "dataset", "batch_size", "sync", "compression", "local_sgd_steps", "accumulation_steps",
+                "freeze")
+
 # The phases of a training step, in order; each epoch record has a <phase>_time_s per phase.
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import signal
 
-from hvd_cifar.core import slurm_job
+from hvd_cifar.core import launcher
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)   # what Slurm's --signal and preemption send
 
@@ -26,7 +26,7 @@ def _handler(signum, frame) -> None:
 def install() -> None:
     """Catch the stop signals from here on (call from the main thread)."""
     _asked["signal"] = 0
-    _after_first["action"] = signal.SIG_IGN if slurm_job.facts() else signal.SIG_DFL
+    _after_first["action"] = signal.SIG_IGN if launcher.slurm_facts() else signal.SIG_DFL
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handler)
 

@@ -32,11 +32,12 @@ import time
 from typing import Mapping
 
 from hvd_cifar.core import config as config_mod
-from hvd_cifar.core import slurm_job
+from hvd_cifar.core import launcher
 from hvd_cifar.core.errors import ConfigError, ReportError
 from hvd_cifar.core.files import RunError
 from hvd_cifar.runfolder import reader
-from hvd_cifar.runfolder.writer import CHECKPOINT, EVENTS, append_metrics
+from hvd_cifar.runfolder.checkpoint import CHECKPOINT
+from hvd_cifar.runfolder.writer import EVENTS, append_metrics
 
 
 def attempts(log_dir: str, name: str) -> list[str]:
@@ -94,7 +95,7 @@ def after_loss(lost: dict, flags: list[str], env: Mapping[str, str]) -> tuple[bo
     if not os.path.isdir(run_dir):  # lost before the run folder was made: nothing to resume
         return False, f"{what}; no run folder {run_dir} yet; submit the job again"
     losses = 1 + sum(1 for e in reader.read_events(run_dir) if e["event"] == "rank_lost")  # (read before the append)
-    append_metrics(run_dir, {"event": "rank_lost", "time": time.time(), **lost, **slurm_job.facts(env)}, EVENTS)
+    append_metrics(run_dir, {"event": "rank_lost", "time": time.time(), **lost, **launcher.slurm_facts(env)}, EVENTS)
     if losses <= limit:
         return True, (f"{what}; requeued to resume {run_dir} from its last checkpoint "
                       f"(lost-rank requeue {losses} of {limit})")

@@ -1,9 +1,8 @@
-"""The run folder: logs/RUN_NAME/ with config.yaml, metrics.jsonl, meta.json, events.jsonl, rank
-logs and checkpoint_last.pt (eval.json: hvd_cifar.runfolder.evaluation). Files are written whole or not at
-all (temp + rename). The trainer hands this module its objects; what goes into each file, the
-checkpoint's contents included, is composed here. torch is imported only where a checkpoint or
-a model is touched: the writers of the text files (hvd_cifar.launch.slurm_resume, at every start
-of a Slurm job) start without it."""
+"""The run folder: logs/RUN_NAME/ with config.yaml, metrics.jsonl, meta.json, events.jsonl and rank
+logs (checkpoint_last.pt: hvd_cifar.runfolder.checkpoint; eval.json: hvd_cifar.runfolder.evaluation).
+Files are written whole or not at all (temp + rename). The trainer hands this module its
+objects; what goes into each file is composed here. No torch: the writers of the text files
+(hvd_cifar.launch.slurm_resume, at every start of a Slurm job) start without it."""
 from __future__ import annotations
 
 import datetime as dt
@@ -13,16 +12,11 @@ import platform
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
 
-from hvd_cifar.core import slurm_job
+from hvd_cifar.core import launcher
 from hvd_cifar.runfolder import reader
 from hvd_cifar.core.files import RunError, append_whole, atomic_write, write_error, write_json, write_text  # noqa: F401 (re-exported)
 
-if TYPE_CHECKING:
-    import torch
-
-CHECKPOINT = "checkpoint_last.pt"
 METRICS = reader.METRICS
 EVENTS = reader.EVENTS
 
@@ -140,23 +134,6 @@ def git_commit() -> str | None:
         return None
 
 
-def launcher_name() -> str:
-    """What started the ranks, as far as the environment tells: horovodrun's MPI mode runs
-    mpirun, and its ranks see the same variables as plain mpirun's."""
-    if os.environ.get("HOROVOD_ELASTIC") == "1":
-        return "horovodrun-elastic"
-    from hvd_cifar.core.lifecycle import launched_by_mpi
-    # Open MPI's mpirun gives each process it starts its OMPI_COMM_WORLD_* variables; a task that
-    # srun started through PMIx has a Slurm step and PMIx's rank, but none of those.
-    if "SLURM_STEP_ID" in os.environ and "PMIX_RANK" in os.environ and "OMPI_COMM_WORLD_SIZE" not in os.environ:
-        return "srun (PMIx)"
-    if launched_by_mpi():
-        return "mpi (mpirun, or horovodrun over MPI)"
-    if "HOROVOD_RANK" in os.environ:
-        return "horovodrun-gloo"
-    return "single-process"
-
-
 def run_metadata(world_size: int, hostnames: list[str], sync_name: str, device: str) -> dict:
     from importlib import metadata
 
@@ -176,10 +153,10 @@ def run_metadata(world_size: int, hostnames: list[str], sync_name: str, device: 
         "hostnames": hostnames,
         "sync": sync_name,
         "device": device,
-        "launcher": launcher_name(),
+        "launcher": launcher.launcher_name(),
         "comm_settings": comm_settings(),
         "unix_time": time.time(),
-        **slurm_job.facts(),  # under Slurm: slurm_job_id, slurm_nodes, slurm_restart_count
+        **launcher.slurm_facts(),  # under Slurm: slurm_job_id, slurm_nodes, slurm_restart_count
     }
 
 
@@ -195,118 +172,6 @@ def comm_settings() -> dict:
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def checkpoint_identity(cfg, num_classes: int) -> dict:
-    """What must match for a checkpoint's tensors to fit this run."""
-    return {"model": cfg.model, "dataset": cfg.dataset, "num_classes": num_classes}
-
-
-def state_dict_mismatch(expected: dict, got: dict) -> str:
-    """How a checkpoint's tensors differ from a model's, in a few words ('' when they fit)."""
-    missing = [k for k in expected if k not in got]
-    unexpected = [k for k in got if k not in expected]
-    reshaped = [k for k in expected if k in got and hasattr(got[k], "shape")
-                and tuple(got[k].shape) != tuple(expected[k].shape)]
-    parts = [f"{len(keys)} {what}, e.g. {keys[0]}" for keys, what in
-             ((missing, "tensors missing"), (unexpected, "tensors this model lacks"),
-              (reshaped, "tensors of another shape")) if keys]
-    return "; ".join(parts)
-
-
-def save_checkpoint(run_dir: str, state: dict) -> None:
-    import torch
-    atomic_write(os.path.join(run_dir, CHECKPOINT), lambda f: torch.save(state, f))
-
-
-def save_training(run_dir: str, epoch: int, *, identity: dict, cfg, model, optimizer, frozen_blocks: int,
-                  freezing, scaler, rank_states: list[dict] | None = None, position: dict | None = None,
-                  record: dict | None = None) -> None:
-    """The checkpoint: ``epoch`` is done, and ``record`` its metrics line; or, with ``position``
-    (a preempted run), is under way from there. ``rank_states``: each rank's own state of the
-    sync method, in rank order (SyncMethod.rank_state: a scheme's error feedback), if it has one."""
-    ckpt = {"epoch": epoch if position else epoch + 1, "identity": identity, "config": cfg.to_dict(),
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "frozen_blocks": frozen_blocks, "freezing": freezing.state_dict()}
-    if rank_states:
-        ckpt["rank_states"] = rank_states
-    if position:
-        ckpt["position"] = position
-    if record:
-        ckpt["record"] = record
-    if scaler is not None:
-        ckpt["scaler"] = scaler.state_dict()
-    save_checkpoint(run_dir, ckpt)
-
-
-def save_preempted(run_dir: str, state, world_size: int, buffers: list[dict], elapsed_s: float, stop,
-                   **training) -> None:
-    """A preempted run: the checkpoint of where the epoch stands (the training ``state``'s step,
-    position and the epoch's sums over all ranks so far, every rank's ``buffers``), then the
-    events.jsonl line of the ``stop`` (a preemption.Preempted). ``training``: as save_training's."""
-    save_training(run_dir, state.epoch, position={
-        "step": state.step, "position": state.position, "totals": state.totals, "world_size": world_size,
-        "rank_buffers": buffers, "elapsed_s": elapsed_s}, **training)
-    append_metrics(run_dir, stop.event(elapsed_s), EVENTS)
-
-
-def rank_buffers(model: torch.nn.Module) -> dict:
-    """This rank's buffers (BatchNorm's running statistics, its own until the next evaluation)."""
-    return {name: b.detach().cpu().clone() for name, b in model.named_buffers()}
-
-
-def restore_rank_buffers(model: torch.nn.Module, resume_at: dict | None, rank: int, world_size: int) -> None:
-    """A run preempted mid-epoch (``resume_at``: the checkpoint's position): each rank takes back
-    its own BatchNorm statistics, when the world is the same size as when it stopped."""
-    saved = (resume_at or {}).get("rank_buffers")
-    if not saved or len(saved) != world_size:
-        return
-    own = saved[rank]
-    import torch
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            b.copy_(own[name])
-
-
-def rank_state(ckpt: dict | None, rank: int, world_size: int) -> dict | None:
-    """This rank's own state of the sync method as the checkpoint holds it (save_training's
-    ``rank_states``), or None: none saved, or saved by another number of ranks (whose residuals
-    belong to other shards of the data; the method then starts its state afresh)."""
-    saved = (ckpt or {}).get("rank_states")
-    return saved[rank] if saved and len(saved) == world_size else None
-
-
-def restore_training(ckpt: dict, model, optimizer, scaler, model_name: str) -> None:
-    """The checkpoint's weights, optimizer state and grad scaler into this run's; a checkpoint
-    that does not fit them is a RunError."""
-    mismatch = state_dict_mismatch(model.state_dict(), ckpt["model"])
-    if mismatch:
-        raise RunError(f"resume: the checkpoint's weights do not fit this {model_name} ({mismatch}); "
-                       f"was it saved with other model settings (e.g. batchnorm)?")
-    try:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as exc:
-        raise RunError(f"resume: checkpoint does not fit this model/optimizer "
-                       f"({str(exc).splitlines()[0]})") from None
-    if scaler is not None and "scaler" in ckpt:
-        scaler.load_state_dict(ckpt["scaler"])
-
-
-def load_checkpoint(run_dir: str, identity: dict) -> dict:
-    path = os.path.join(run_dir, CHECKPOINT)
-    if not os.path.exists(path):
-        raise RunError(f"resume: {run_dir} has no {CHECKPOINT} (no epoch finished yet?)")
-    import torch
-    try:
-        # weights_only: a checkpoint is data; never run pickled code from a file.
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user-facing fault
-        raise RunError(f"resume: {path} is not a readable checkpoint ({type(exc).__name__})") from None
-    if state.get("identity") != identity:
-        raise RunError(f"resume: checkpoint {path} is for {state.get('identity')}, "
-                       f"but this run is {identity}")
-    return state
-
-
 def record_epoch(run_dir: str, record: dict) -> list[dict]:
     """Append an epoch's metrics line; returns the run's epoch records with it, as the file now
     holds them. A line for this epoch or a later one can only be there when an elastic reset

@@ -28,7 +28,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from hvd_cifar import compress
-from hvd_cifar.core.lifecycle import launched_by_mpi
+from hvd_cifar.core import launcher
 from hvd_cifar.sync import overlap
 from hvd_cifar.sync import openmpi
 from hvd_cifar.sync.base import SyncMethod
@@ -38,7 +38,7 @@ from hvd_cifar.sync.schemes import SchemeHooks
 def _launcher() -> tuple[int, int, int, int, Any]:
     """Rank, size, local rank and local size as the launcher set them, a function that hands
     rank 0's object to every rank, and one to call once the rendezvous no longer needs it."""
-    if launched_by_mpi():
+    if launcher.launched_by_mpi():
         openmpi.apply_defaults()
         from mpi4py import MPI  # also what abort_job uses to take all ranks down on a failure
         comm = MPI.COMM_WORLD
@@ -46,11 +46,11 @@ def _launcher() -> tuple[int, int, int, int, Any]:
         ranks = comm.Get_rank(), comm.Get_size(), node.Get_rank(), node.Get_size()
         node.Free()
         return (*ranks, lambda obj: comm.bcast(obj, root=0), lambda: None)
-    if "HOROVOD_SIZE" in os.environ:  # horovodrun --gloo: no MPI, but Horovod's Gloo rendezvous
+    if launcher.horovod_gloo():  # horovodrun --gloo: no MPI, but Horovod's Gloo rendezvous
         import horovod.torch as hvd
         # Torch's Gloo should use the network interface horovodrun found common to all hosts.
-        if "HOROVOD_GLOO_IFACE" in os.environ:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", os.environ["HOROVOD_GLOO_IFACE"])
+        if launcher.gloo_interface():
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", launcher.gloo_interface())
         hvd.init()
         ranks = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
         # An explicit name: Horovod matches collectives by name, and its default (the object's
@@ -70,7 +70,7 @@ class DdpSync(SyncMethod):
         self.rank, self.size, self.local_rank, self.local_size, broadcast, done = _launcher()
         if self.rank == 0:
             # The address the others can reach rank 0 by: the host name the launcher used for it.
-            host = os.environ.get("MASTER_ADDR") or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+            host = launcher.rendezvous_host(socket.gethostname())
             # Port 0: the OS picks a free port, with no window for another process to take it.
             store = dist.TCPStore(host, 0, self.size, is_master=True, wait_for_workers=False)
             address = (host, store.port)

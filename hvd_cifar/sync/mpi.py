@@ -22,7 +22,6 @@ a world of one; that is refused with a config error instead.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -30,27 +29,24 @@ import torch
 
 from hvd_cifar.core import wire
 from hvd_cifar.core.errors import ConfigError
-from hvd_cifar.core.lifecycle import launched_by_mpi
+from hvd_cifar.core import launcher
 from hvd_cifar.sync import openmpi
 from hvd_cifar.sync.base import SyncMethod
 
 _MEAN_TAG = 17  # point-to-point messages carrying the averaged gradients from rank 0
 
-# Launchers that start several processes without an MPI job around them (horovodrun --gloo,
-# torchrun); mpi4py would then initialise each process as a singleton world of size 1.
-_NON_MPI_SIZE_VARS = ("HOROVOD_SIZE", "WORLD_SIZE")
 
 
 def start_mpi(method: str):
     """mpi4py's MPI module, initialised; or a one-line ConfigError naming ``sync`` when several
     processes were started without an MPI job around them."""
-    if not launched_by_mpi():
-        for var in _NON_MPI_SIZE_VARS:
-            size = os.environ.get(var, "")
-            if size.isdigit() and int(size) > 1:
-                raise ConfigError(f"sync: {method!r} needs an MPI launcher (mpirun, or horovodrun "
-                                  f"without --gloo), but this job was started without MPI "
-                                  f"({var}={size}); use sync: horovod or ddp here")
+    # Several processes without an MPI job around them (horovodrun --gloo, torchrun): mpi4py would
+    # initialise each as a singleton world of size 1.
+    if not launcher.launched_by_mpi() and (started := launcher.non_mpi_size()):
+        var, size = started
+        raise ConfigError(f"sync: {method!r} needs an MPI launcher (mpirun, or horovodrun "
+                          f"without --gloo), but this job was started without MPI "
+                          f"({var}={size}); use sync: horovod or ddp here")
     openmpi.apply_defaults()
     from mpi4py import MPI  # importing initialises MPI (a singleton world when run alone)
     return MPI

@@ -89,7 +89,7 @@ class Training:
         return None if own is None else self.sync.allgather_object(own)
 
     def checkpointed(self, rank_states: list[dict] | None = None) -> dict:
-        """What a checkpoint holds of the run besides where it stands (writer.save_training);
+        """What a checkpoint holds of the run besides where it stands (checkpoint.save_training);
         ``rank_states``: what rank_states() gathered."""
         return {"identity": self.identity, "cfg": self.cfg, "model": self.model, "optimizer": self.optimizer,
                 "frozen_blocks": self.frozen, "freezing": self.freezing, "scaler": self.scaler,

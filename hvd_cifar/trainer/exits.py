@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Callable
 
-from hvd_cifar.core import lifecycle
+from hvd_cifar.core import launcher, lifecycle
 from hvd_cifar.runfolder import lock
 from hvd_cifar.trainer.loop import Diverged
 from hvd_cifar.trainer.ranks import USER_ERRORS, say_once
@@ -29,7 +29,7 @@ EXIT_INTERRUPTED = 130
 def run_to_status(run: Callable[[], tuple]) -> tuple[int, bool]:
     """Call ``run()``, which returns (the closed sync method, the stop that ended the run early
     or None), and turn whatever ends it into (exit status, whether native threads were left)."""
-    rank = lifecycle.launch_rank()
+    rank = launcher.launch_rank()
     try:
         sync, stopped = run()
         if stopped:  # every rank knows it alike; rank 0's checkpoint is written and its line said

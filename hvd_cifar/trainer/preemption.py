@@ -28,9 +28,9 @@ import time
 
 import torch
 
-from hvd_cifar.core import slurm_job
+from hvd_cifar.core import launcher
 from hvd_cifar.core.stops import asked
-from hvd_cifar.runfolder import writer
+from hvd_cifar.runfolder import checkpoint
 from hvd_cifar.trainer.ranks import on_main, speak
 
 
@@ -77,7 +77,7 @@ class Preempted(Exception):
         return {"event": "preempted", "time": time.time(), "signal": self.signal, "epoch": self.epoch,
                 "step": self.step, "position": self.position,
                 "ranks_asked": self.ranks_asked, "world_size": self.world_size, "elapsed_s": elapsed_s,
-                **slurm_job.facts()}  # under Slurm: the job, its nodes and its restart count
+                **launcher.slurm_facts()}  # under Slurm: the job, its nodes and its restart count
 
     def line(self) -> str:
         """What rank 0 says, once."""
@@ -95,12 +95,12 @@ def save_and_stop(run, state, stopped: Preempted) -> Preempted:
     Returns the stop without its traceback, which holds the loop's frames and in them the
     wrapped model."""
     sync = run.sync
-    buffers = sync.allgather_object(writer.rank_buffers(run.model))  # each rank's BatchNorm statistics
+    buffers = sync.allgather_object(checkpoint.rank_buffers(run.model))  # each rank's BatchNorm statistics
     rank_states = run.rank_states()
     stopped, stopped.run_dir = stopped.with_traceback(None), run.run_dir
 
     def save_and_say() -> None:
-        writer.save_preempted(run.run_dir, state, sync.size, buffers, run.elapsed_s(), stopped,
+        checkpoint.save_preempted(run.run_dir, state, sync.size, buffers, run.elapsed_s(), stopped,
                               **run.checkpointed(rank_states))
         speak(stopped.line())
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from hvd_cifar.runfolder import evaluation, writer
+from hvd_cifar.runfolder.checkpoint import save_training
 from hvd_cifar.runfolder.tensorboard import Board
 from hvd_cifar.trainer.context import Training
 
@@ -18,7 +19,7 @@ def checkpoint_and_record(run: Training, epoch: int, record: dict, checkpoint: b
     figure), so that a job killed between the two gets the line back on resume."""
     if checkpoint:
         began = time.perf_counter()
-        writer.save_training(run.run_dir, epoch, record=record, **run.checkpointed(rank_states))
+        save_training(run.run_dir, epoch, record=record, **run.checkpointed(rank_states))
         record = {**record, "checkpoint_time_s": time.perf_counter() - began}
     run.records = writer.record_epoch(run.run_dir, record)
     if run.cfg.tensorboard:

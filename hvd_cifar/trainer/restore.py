@@ -5,7 +5,7 @@ would (docs/RUN_FOLDER.md, "Resuming")."""
 from __future__ import annotations
 
 from hvd_cifar.core.errors import ConfigError
-from hvd_cifar.runfolder import writer
+from hvd_cifar.runfolder import checkpoint
 from hvd_cifar.trainer.context import Training
 from hvd_cifar.trainer.ranks import before_loop
 
@@ -17,7 +17,7 @@ def resume(run: Training, run_dir: str) -> None:
     cfg, sync = run.cfg, run.sync
     ckpt = None
     if cfg.resume:
-        ckpt = before_loop(sync, lambda: writer.load_checkpoint(run_dir, run.identity))
+        ckpt = before_loop(sync, lambda: checkpoint.load_checkpoint(run_dir, run.identity))
     run.start_epoch = ckpt["epoch"] if ckpt else 0
     run.resume_at = ckpt.get("position") if ckpt else None
     run.resume_record = ckpt.get("record") if ckpt else None
@@ -27,8 +27,8 @@ def resume(run: Training, run_dir: str) -> None:
     saved_frozen = ckpt.get("frozen_blocks") if ckpt else None
     run.set_trainable(run.freezing.frozen_blocks(run.start_epoch, 0) if saved_frozen is None else saved_frozen)
     if ckpt:
-        writer.restore_training(ckpt, run.model, run.optimizer, run.scaler, cfg.model)
-    if (own := writer.rank_state(ckpt, sync.rank, sync.size)) is not None:
+        checkpoint.restore_training(ckpt, run.model, run.optimizer, run.scaler, cfg.model)
+    if (own := checkpoint.rank_state(ckpt, sync.rank, sync.size)) is not None:
         sync.load_rank_state(own)  # after set_trainable: the scheme knows its parameters
     if ckpt and cfg.stop_after and cfg.stop_after <= run.start_epoch < cfg.epochs:
         raise ConfigError(f"stop_after: the run already stopped after epoch {run.start_epoch} of {cfg.epochs}, as "

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hvd_cifar.workload import cifar_format, shapes
+
 TORCHVISION_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "svhn": ""}
 SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
 DIGITS_TEST_SIZE = 360      # images held out from scikit-learn's 1,797 digits
@@ -63,14 +65,48 @@ def download(name: str, data_dir: str) -> None:
                             f"the data set there") from None
 
 
-def load(name: str, data_dir: str, synthetic_size: int = 2048, seed: int = 0) -> DataSet:
+def load(name: str, data_dir: str, synthetic_size: int = 2048, seed: int = 0,
+         shapes_sizes: tuple[int, int, int] = (50_000, 10_000, 0)) -> DataSet:
+    """The data set ``name``; ``shapes_sizes``: the generated set's (train, test, seed)."""
     if name == "digits":
         return _digits()
     if name == "synthetic":
         return _synthetic(synthetic_size, seed)
+    if name == "shapes":
+        return _shapes(data_dir, *shapes_sizes)
     if name in TORCHVISION_FOLDERS:
         return _torchvision(name, data_dir)
     raise DataError(f"dataset: unknown data set {name!r}")
+
+
+def _shapes(data_dir: str, n_train: int, n_test: int, seed: int) -> DataSet:
+    """The generated data set (workload/shapes.py), made once into data_dir in CIFAR-10's format
+    (ranks that load it together take turns on a lock: the first makes it), then read by the
+    reader real CIFAR-10 goes through."""
+    root = os.path.join(data_dir, f"shapes-seed{seed}-{n_train}-{n_test}")
+    folder = os.path.join(root, cifar_format.FORMATS["cifar10"][0])
+    try:
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, ".make.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not os.path.exists(os.path.join(folder, "batches.meta")):  # written last: the set is whole
+                cifar_format.write(root, shapes.generate(n_train, seed, "train"), shapes.generate(n_test, seed, "test"),
+                                   list(shapes.CLASSES))
+    except OSError as exc:
+        raise DataError(f"dataset: shapes: cannot make it in {root} ({exc.strerror}); give a --data-dir "
+                        f"this process can write to") from None
+    return _cifar_files("shapes", "cifar10", root, hflip=True)
+
+
+def _cifar_files(name: str, layout: str, root: str, hflip: bool) -> DataSet:
+    """A data set in CIFAR's python format under ``root`` (cifar_format.FORMATS[layout])."""
+    try:
+        train_x, train_y, test_x, test_y, classes = cifar_format.read(layout, root)
+    except cifar_format.FormatError as exc:
+        raise DataError(f"dataset: {name} in {root} is corrupt ({exc}); delete it and "
+                        + ("run again to make it anew" if name == "shapes" else "run with --download true")) from None
+    return DataSet(name, torch.from_numpy(train_x), torch.from_numpy(train_y), torch.from_numpy(test_x),
+                   torch.from_numpy(test_y), len(classes), hflip=hflip)
 
 
 def _torchvision_sets(name: str, data_dir: str, download: bool):
@@ -92,6 +128,9 @@ def _torchvision(name: str, data_dir: str) -> DataSet:
         where = data_dir if name == "svhn" else folder
         raise DataError(f"dataset: {name} not found at {where}; run once with --download true "
                         f"(needs internet) or copy the data set there")
+    if name in cifar_format.FORMATS:
+        _check_checksums(name, data_dir)
+        return _cifar_files(name, name, data_dir, hflip=True)
     try:
         train, test = _torchvision_sets(name, data_dir, download=False)
     except RuntimeError as exc:  # torchvision's checksum test failed
@@ -111,6 +150,19 @@ def _torchvision(name: str, data_dir: str) -> DataSet:
     num_classes = 100 if name == "cifar100" else 10
     return DataSet(name, images(train), labels(train), images(test), labels(test), num_classes,
                    hflip=name != "svhn")
+
+
+def _check_checksums(name: str, data_dir: str) -> None:
+    """Real CIFAR's files against the md5 sums torchvision knows for them."""
+    import torchvision.datasets as tvd  # imported here: torchvision is slow to import
+    from torchvision.datasets.utils import check_integrity
+
+    cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
+    folder = os.path.join(data_dir, TORCHVISION_FOLDERS[name])
+    for file, md5 in [*cls.train_list, *cls.test_list, [cls.meta["filename"], cls.meta["md5"]]]:
+        if not check_integrity(os.path.join(folder, file), md5):
+            raise DataError(f"dataset: {name} in {data_dir} is corrupt ({file} is missing or its checksum "
+                            f"differs); delete it and run with --download true")
 
 
 def _digits() -> DataSet:

@@ -112,10 +112,6 @@ def build_model(name: str, num_classes: int, batchnorm: bool = True) -> nn.Modul
     raise ValueError(f"unknown model {name!r}")
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def set_frozen_blocks(model: nn.Module, n: int) -> None:
     """Freeze the first ``n`` feature blocks: no gradients (so no backward through them and
     nothing of theirs to synchronise) and BatchNorm statistics held (eval mode; the training

@@ -92,7 +92,8 @@ class NetCluster(Layout):
             raise ClusterError(f"n_hosts: {n_hosts} is outside 1..16")
         if not 1280 <= mtu <= 65000:
             raise ClusterError(f"mtu: {mtu} is outside 1280..65000")
-        self.rate_bits_per_s = parse_rate(rate) if rate else None
+        if rate:
+            parse_rate(rate)  # a rate it cannot read fails here, before anything is set up
         self.rate, self.mtu = rate, mtu
         super().__init__(n_hosts, python, root)
         self._created_run_dirs: list[str] = []
@@ -147,7 +148,7 @@ class NetCluster(Layout):
         """Set every host link to ``rate`` in both directions (None: unshaped, veth speed)."""
         bits = parse_rate(rate) if rate else None
         shape_links(self.switch_ns, self.namespaces, self.mtu, bits)
-        self.rate, self.rate_bits_per_s = rate, bits
+        self.rate = rate
 
     # --- running things on a host: jobs.py -------------------------------------------------
     host_argv = jobs.host_argv

@@ -1,4 +1,6 @@
-"""Network interface byte counters (Linux /proc/net/dev), read by one rank per host."""
+"""The network meter: interface byte counters (Linux /proc/net/dev), read by one rank per host
+around each epoch's training, beside the resource meter (resources.py); and the check, before
+anything starts, that a ``nic`` the config names is one this host has."""
 from __future__ import annotations
 
 import socket
@@ -53,3 +55,16 @@ class NicMeter:
     def stop(self) -> tuple[int, int]:
         rx, tx = self._now()
         return rx - self._start[0], tx - self._start[1]
+
+
+def check_interface(nic: str) -> None:
+    """``nic`` (the config key) names an interface of this host, or is auto; a ConfigError
+    listing the host's interfaces otherwise. Checked on every rank, before anything starts."""
+    if nic == "auto":
+        return
+    try:
+        names = read_counters()
+    except OSError as exc:
+        raise ConfigError(f"nic: cannot list the network interfaces ({exc.strerror}); use auto") from None
+    if nic not in names:
+        raise ConfigError(missing_interface(nic, names))

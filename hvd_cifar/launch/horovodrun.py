@@ -1,5 +1,5 @@
 """``horovodrun`` that ends in one line and never leaves its job behind:
-``python -m hvd_cifar.horovodrun ARGS`` is horovodrun ARGS, with three differences.
+``python -m hvd_cifar.launch.horovodrun ARGS`` is horovodrun ARGS, with three differences.
 
 * When a rank exits non-zero, horovodrun stops the other ranks (good) and then raises from its
   own driver, printing a Python traceback of the launcher after the rank's own message. The rank
