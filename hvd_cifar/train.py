@@ -148,7 +148,7 @@ def first_start(run: Training) -> None:
         run_dir, cfg, run.start_epoch, run.resume_at, run.resume_record, meta), others=lambda: 0.0)
     run.log(f"run folder {run_dir}: {cfg.model} on {cfg.dataset}, {sync.size} rank(s) "
             f"({', '.join(sorted(set(run.hostnames)))}), sync={cfg.sync}, device={run.device}, "
-            f"threads/rank={torch.get_num_threads()}, compute={cfg.compute} ({run.compute_choice['how']})")
+            f"threads/rank={torch.get_num_threads()}, compute={cfg.compute} ({compute.described(run.compute_choice)})")
     for key, why in run.inert_keys.items() if run.is_main else ():
         print(f"hvd_cifar: warning: {key}: has no effect here ({why}); the run goes on without it",
               file=sys.stderr, flush=True)

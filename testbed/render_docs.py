@@ -26,7 +26,11 @@ quoting):
                  difference and its 95 % t-interval over the pairs (scipy.stats), n, and in words
                  whether the interval resolves a difference; ``figure=KEY`` (default final_acc),
                  ``test_size=N`` adds one run's binomial standard error on a test set of N images,
-                 and the differences of a fraction are shown in points (x 100).
+                 and the differences of a fraction are shown in points (x 100). ``ratio=true``:
+                 A over B instead, the geometric mean of the rounds' ratios with the t-interval
+                 of their logarithms (for times and rates). ``target=X``: the verdict is against
+                 X instead of no difference (higher is better): met (the whole interval at or
+                 above it), not met (the whole interval below), unresolved.
   figures=a,b    the figures shown, of those the rows have (default: every declared one they have).
   configs=a,b    the configurations shown, in this order; match=REGEX: those it finds (re.search).
 
@@ -69,7 +73,7 @@ def parse_spec(spec: str) -> tuple[str, dict]:
             raise ValueError(f"results marker {spec!r}: {word!r} is not key=value")
         if key in ("check", "pair"):
             options.setdefault(key, []).append(value)
-        elif key in ("show", "figures", "configs", "match", "figure", "test_size"):
+        elif key in ("show", "figures", "configs", "match", "figure", "test_size", "ratio", "target"):
             options[key] = value
         else:
             raise ValueError(f"results marker {spec!r}: unknown option {key!r}")
@@ -202,6 +206,8 @@ def paired_table(data: dict, options: dict) -> list[str]:
         if r["ok"] and key in r["figures"]:
             by_round.setdefault(r["config"], {})[r["round"]] = r["figures"][key]
     rows = []
+    if options.get("ratio") == "true":
+        return ratio_table(options, by_round, scipy_stats)
     for pair in options.get("pair", []):
         a, _, b = pair.partition("|")
         shared = sorted(set(by_round.get(a, {})) & set(by_round.get(b, {})))
@@ -224,6 +230,30 @@ def paired_table(data: dict, options: dict) -> list[str]:
     return table(header, rows)
 
 
+def ratio_table(options: dict, by_round: dict, scipy_stats) -> list[str]:
+    """Each ``pair``'s A / B by round: geometric mean, 95 % t-interval of the log-ratios, n."""
+    import math
+
+    rows = []
+    for pair in options.get("pair", []):
+        a, _, b = pair.partition("|")
+        shared = sorted(set(by_round.get(a, {})) & set(by_round.get(b, {})))
+        if len(shared) < 2:
+            raise ValueError(f"pair {pair!r}: fewer than 2 rounds where both have the figure")
+        logs = [math.log(by_round[a][k] / by_round[b][k]) for k in shared]
+        mean = statistics.fmean(logs)
+        low, high = scipy_stats.t.interval(0.95, len(logs) - 1, loc=mean, scale=scipy_stats.sem(logs)) \
+            if len(set(logs)) > 1 else (mean, mean)
+        words = ("no difference these rounds can resolve" if low <= 0 <= high
+                 else "A higher" if low > 0 else "A lower")
+        if "target" in options:
+            target = math.log(float(options["target"]))
+            words = f"**{'met' if low >= target else 'not met' if high < target else 'unresolved'}** (≥ {options['target']})"
+        rows.append([f"{a} / {b}", f"{math.exp(mean):.3f}", f"{math.exp(low):.3f} to {math.exp(high):.3f}",
+                     str(len(logs)), words])
+    return table(["comparison", "ratio (geometric mean)", "95 % interval", "pairs", "verdict"], rows)
+
+
 def provenance(data: dict, name: str, options: dict | None = None) -> str:
     m = data["machine"]
     before, after = m["load_average_before"][0], (m["load_average_after"] or [float("nan")])[0]
@@ -242,6 +272,8 @@ def centres(options: dict) -> list[str]:
 
 
 def cells_are(options: dict) -> str:
+    if options.get("show") == "paired" and options.get("ratio") == "true":
+        return "the geometric mean of the ratios paired by round, with the t-interval of their logarithms,"
     if options.get("show") == "paired":
         return "the mean of the differences paired by round, with its t-interval,"
     shown_as = centres(options)

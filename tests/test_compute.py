@@ -16,6 +16,12 @@ from hvd_cifar.workload.models import build_model
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Each test its own cache of choices (the runs it starts inherit the variable)."""
+    monkeypatch.setenv("HVD_CIFAR_CACHE_DIR", str(tmp_path / "cache"))
+
+
 def cfg(*flags: str) -> config.Config:
     return config.from_args([*flags, "--no-tensorboard"])
 
@@ -112,7 +118,8 @@ def test_auto_is_decided_once_for_every_rank_and_recorded(tmp_path, tiny_args):
     saved = config.load_yaml(str(run / "config.yaml"))
     assert saved["compute"] == choice["setting"]
     assert (saved["amp"], saved["channels_last"]) == config.COMPUTE_SETTINGS[choice["setting"]]
-    assert f"compute={choice['setting']} (auto: fastest of" in proc.stdout + proc.stderr
+    line = next(x for x in (proc.stdout + proc.stderr).splitlines() if f"compute={choice['setting']} (auto: fastest of" in x)
+    assert all(f"{s} " in line for s in choice['seconds_per_step']) and line.endswith("ms per step)"), line
     assert json.loads((run / "eval.json").read_text())["parameters_identical_across_ranks"] is True
     assert meta["threads_per_rank"] == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
 
@@ -155,7 +162,7 @@ def test_the_cpu_refusals_hints_are_accepted_when_followed(monkeypatch, flags):
 
     def checked(argv):
         c = cfg(*argv)
-        choice = compute.decide(c, CPU, None, None, None)
+        choice = compute.decide(c, CPU, None, torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long))
         compute.apply(c, choice)
         compute.check_device(c, CPU, choice)
 
@@ -164,3 +171,25 @@ def test_the_cpu_refusals_hints_are_accepted_when_followed(monkeypatch, flags):
     assert caught.value.fixes, str(caught.value)
     for fix in caught.value.fixes:
         checked([*flags, *fix])
+
+
+def test_a_choice_is_timed_once_per_question_and_then_taken_from_the_cache(monkeypatch):
+    """The same model, batch, threads and candidates on this processor: timed once, then read
+    from the cache (the same setting, no timing); another batch is another question."""
+    monkeypatch.setattr(compute, "cpu_has_native_bf16", lambda: False)
+    calls = []
+
+    def timed(model, images, labels, settings, device):
+        calls.append(len(images))
+        return {s: 1.0 + 0.1 * i for i, s in enumerate(reversed(settings))}  # the last is fastest
+
+    monkeypatch.setattr(compute, "time_settings", timed)
+    model, labels = build_model("smallcnn", 10), torch.zeros(8, dtype=torch.long)
+    first = compute.decide(cfg(), CPU, model, torch.zeros(8, 3, 32, 32), labels)
+    again = compute.decide(cfg(), CPU, model, torch.zeros(8, 3, 32, 32), labels)
+    assert first["setting"] == again["setting"] == "fp32-channels-last" and calls == [8]
+    assert "cached" in again["how"] and again["seconds_per_step"] == first["seconds_per_step"]
+    compute.decide(cfg(), CPU, model, torch.zeros(16, 3, 32, 32), torch.zeros(16, dtype=torch.long))
+    assert calls == [8, 16]
+    with open(compute.cache_path()) as f:
+        assert len(json.load(f)) == 2

@@ -73,15 +73,17 @@ def one_good_epoch(tmp_path_factory):
     return SharedRun(None, logs / "run")
 
 
-@pytest.mark.parametrize("lr, what", [("1e30", "non-finite"), ("1000", "chance level")])
-def test_divergence_stops_every_rank_with_one_line_and_keeps_the_checkpoint(tmp_path, one_good_epoch, lr, what):
+@pytest.mark.parametrize("lr, what, compute", [("1e30", "non-finite", "fixed"), ("1000", "chance level", "fixed"),
+                                               ("1e30", "non-finite", "bf16-channels-last")])
+def test_divergence_stops_every_rank_with_one_line_and_keeps_the_checkpoint(tmp_path, one_good_epoch, lr, what,
+                                                                            compute):
     """A diverging run (1 good epoch, then resumed with an absurd lr) ends with exit status 3 on
     both ranks, one line from rank 0 saying where and what to try, an event line, and the good
-    epoch's checkpoint and metrics left as they were."""
+    epoch's checkpoint and metrics left as they were; under bf16 autocast too."""
     run = one_good_epoch.copy_to(tmp_path)
     before = (run / "checkpoint_last.pt").read_bytes()
-    proc = run_train(["--resume", str(run), "--epochs", "3", "--lr", lr], launcher="mpirun", np=2,
-                     check=False)
+    proc = run_train(["--resume", str(run), "--epochs", "3", "--lr", lr, "--compute", compute], launcher="mpirun",
+                     np=2, check=False)
     assert proc.returncode == 3, proc.stderr[-3000:]
     ours = [line for line in proc.stderr.splitlines() if "hvd_cifar:" in line]
     assert len(ours) == 1 and "hvd_cifar: diverged:" in ours[0] and what in ours[0], proc.stderr[-3000:]
@@ -115,13 +117,15 @@ def test_time_to_target_matches_the_metrics_lines(tmp_path, tiny_args):
     assert time_to_target(rising, 0.5)["time_to_target_s"] == records[1]["elapsed_s"]
 
 
-# Each world size's floor for the final accuracy below. Measured on the tuning seeds 100-104
-# (benchmarks/results/convergence-smallcnn-recipe.json, AMD EPYC), final accuracy mean (lowest):
-# np 1 0.975 (0.964), np 2 0.972 (0.964), np 4 0.958 (0.942); seed 0 at np 4 ended at 0.944 on an
-# Intel Xeon and 0.958 on an AMD EPYC. On digits' 360 test images one point is 3.6 images and a
-# run's binomial standard error at 0.94-0.97 is 0.9-1.25 points; the floors lie at least 3 of them
-# below the lowest run seen at that world size, on either processor.
-FLOORS = {1: 0.92, 2: 0.92, 4: 0.90}
+# Each world size's floor for the final accuracy below. Measured on the tuning seeds 100-104, in
+# fp32 (benchmarks/results/convergence-smallcnn-recipe.json, AMD EPYC), final accuracy mean
+# (lowest): np 1 0.975 (0.964), np 2 0.972 (0.964), np 4 0.958 (0.942); under compute: auto
+# (convergence-smallcnn-compute.json, bf16 chosen there) the lowest were 0.964, 0.964 and 0.936;
+# seed 0 at np 4 ended at 0.944 on an Intel Xeon and 0.958 on an AMD EPYC. On digits' 360 test
+# images one point is 3.6 images and a run's binomial standard error at 0.94-0.97 is 0.9-1.3
+# points; the floors lie at least 3 of them below the lowest run seen at that world size, in
+# either precision, on either processor.
+FLOORS = {1: 0.92, 2: 0.92, 4: 0.89}
 
 
 @pytest.mark.slow

@@ -190,3 +190,28 @@ def test_a_bad_marker_is_an_error_naming_it():
     with pytest.raises(ValueError, match="unknown option 'colour'"):
         render_docs.parse_spec("x.json colour=red")
     assert results.file_name("sync_methods") == "sync_methods.json"
+
+
+def test_paired_comparisons_give_the_interval_and_say_when_it_cannot_resolve(tmp_path):
+    """show=paired on a constructed file: a difference that every round shows is resolved, one
+    whose rounds disagree in sign is "no difference these rounds can resolve"; ratio=true gives
+    the geometric mean of the rounds' ratios with its interval (scipy's t on the logarithms)."""
+    args = argparse.Namespace(tag="p", results=str(tmp_path))
+    r = Results("demo", args, {"final_acc": Figure("acc", ".3f"), "images_per_s": Figure("img/s", ".1f")}, argv=[])
+    for k, (a, b, c, fast, slow) in enumerate([(0.90, 0.88, 0.91, 200.0, 100.0), (0.91, 0.89, 0.89, 210.0, 100.0),
+                                               (0.92, 0.90, 0.93, 190.0, 100.0)], 1):
+        r.add(k, "a", {"final_acc": a, "images_per_s": fast})
+        r.add(k, "b", {"final_acc": b, "images_per_s": slow})
+        r.add(k, "c", {"final_acc": c})
+    r.write()
+    doc = ('<!-- results: demo-p.json show=paired test_size=360 pair="a|b" pair="c|a" -->\n<!-- /results -->\n'
+           '<!-- results: demo-p.json show=paired figure=images_per_s ratio=true pair="a|b" -->\n<!-- /results -->\n')
+    text = render_docs.render(doc, str(tmp_path))
+    assert "| a − b | +2.00 | +2.00 to +2.00 | 3 |" in text and "| higher |" in text
+    assert "| c − a | +0.00 |" in text and "no difference these rounds can resolve" in text
+    import math
+    from scipy import stats
+    logs = [math.log(2.0), math.log(2.1), math.log(1.9)]
+    low, high = stats.t.interval(0.95, 2, loc=sum(logs) / 3, scale=stats.sem(logs))
+    assert f"| a / b | {(2.0 * 2.1 * 1.9) ** (1 / 3):.3f} | {math.exp(low):.3f} to {math.exp(high):.3f} | 3 | A higher |" \
+        in text, text

@@ -12,11 +12,16 @@ wire stay fp32 whatever is chosen: autocast changes the arithmetic of forward an
 
 The choice and each candidate's seconds per step go into meta.json (``compute_choice``) and the
 run's first line; config.yaml holds the setting chosen (``compute: bf16-channels-last``), so a
-resumed run continues in it.
+resumed run continues in it. Timing costs seconds (VGG-11) to tens of seconds (ResNet-18), so a
+choice is kept in a cache file per (processor, torch, model, batch, image shape, threads,
+candidates): later runs of the same question take it from there (``cache_path``; delete the file
+to time again).
 """
 from __future__ import annotations
 
 import copy
+import datetime
+import json
 import os
 import socket
 import statistics
@@ -146,11 +151,76 @@ def decide(cfg: Config, device: torch.device, model: torch.nn.Module, images: to
     if len(allowed) == 1 or elastic:
         how = "auto: the only candidate" if len(allowed) == 1 else "auto: not timed under elastic training (first candidate)"
         return {"setting": allowed[0], "how": how}
+    key = cache_key(cfg, device, images, allowed)
+    if cached := read_cache().get(key):
+        return {"setting": cached["setting"], "how": f"auto: fastest of {len(allowed)} as timed on this processor "
+                f"at {cached['timed_utc']} (cached: {cache_path()})", "seconds_per_step": cached["seconds_per_step"],
+                "timing_s": 0.0}
     began = time.perf_counter()
     timed = time_settings(model, images, labels, allowed, device)
-    return {"setting": choose(timed), "how": f"auto: fastest of {len(allowed)} timed on this device",
-            "seconds_per_step": {s: round(t, 6) for s, t in timed.items()},
-            "timing_s": round(time.perf_counter() - began, 3)}
+    choice = {"setting": choose(timed), "how": f"auto: fastest of {len(allowed)} timed on this device",
+              "seconds_per_step": {s: round(t, 6) for s, t in timed.items()},
+              "timing_s": round(time.perf_counter() - began, 3)}
+    write_cache(key, {"setting": choice["setting"], "seconds_per_step": choice["seconds_per_step"],
+                      "timed_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")})
+    return choice
+
+
+def cache_path() -> str:
+    """The cache file: $HVD_CIFAR_CACHE_DIR, else $XDG_CACHE_HOME/hvd_cifar, else ~/.cache/hvd_cifar."""
+    folder = os.environ.get("HVD_CIFAR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "hvd_cifar")
+    return os.path.join(folder, "compute-choices.json")
+
+
+def processor(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "cpu")
+    except OSError:
+        return "cpu"
+
+
+def cache_key(cfg: Config, device: torch.device, images: torch.Tensor, candidates: list[str]) -> str:
+    """What a choice depends on: the processor, torch, the model, the batch, its image shape,
+    the threads and the candidates."""
+    return (f"{processor(device)} | torch {torch.__version__} | {cfg.model}{'' if cfg.batchnorm else ' no-bn'} | "
+            f"batch {len(images)} of {'x'.join(map(str, images.shape[1:]))} | threads {torch.get_num_threads()} | "
+            f"{' '.join(candidates)}")
+
+
+def read_cache() -> dict:
+    try:
+        with open(cache_path()) as f:
+            cache = json.load(f)
+        return cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: time again
+
+
+def write_cache(key: str, entry: dict) -> None:
+    """Add one choice, written whole (temp file + rename); a cache that cannot be written is
+    only a cost, never an error."""
+    path = cache_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        cache = read_cache()
+        cache[key] = entry
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(cache, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def described(choice: dict) -> str:
+    """The choice as the run's first line says it: how, and each candidate's time per step."""
+    times = choice.get("seconds_per_step")
+    return choice["how"] + (": " + ", ".join(f"{s} {1000 * t:.0f} ms" for s, t in times.items()) + " per step"
+                            if times else "")
 
 
 def apply(cfg: Config, choice: dict) -> None:
