@@ -14,7 +14,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
-# make bench - the headline benchmarks, about 45 minutes on 2 cores (as root: the bytes and
+# make bench - the headline benchmarks, about 90 minutes on 2 cores (as root: the bytes and
 # compression benchmarks start a cluster of network namespaces). Each writes its results file to
 # benchmarks/results/ (every round, medians, spreads, failed rounds with their reason); a failed
 # round does not stop the rest. Then the tables in README.md and docs/ are made again from them.
@@ -27,6 +27,9 @@ bench: setup
 	-$(PY) benchmarks/compression.py --acc-epochs 0 --schemes none powersgd topk --rates 1gbit 100mbit --repeats 2 --out $(BENCH_OUT)/compression
 	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np4 --epochs 6 --out $(BENCH_OUT)/convergence
 	-$(PY) benchmarks/reliability.py --out $(BENCH_OUT)/reliability
+	-$(PY) benchmarks/compute.py --out $(BENCH_OUT)/compute
+	-$(PY) benchmarks/compute.py --models vgg11 --repeats 6 --no-compile --tag vgg11 --out $(BENCH_OUT)/compute-vgg11
+	-$(PY) benchmarks/data_difficulty.py --out $(BENCH_OUT)/data_difficulty
 	$(PY) -m testbed.render_docs
 
 clean:

@@ -74,7 +74,7 @@ def train(model: str, seed: int, k: int, args) -> dict:
            "--epochs", str(epochs), "--seed", str(seed), "--no-progress", "--no-tensorboard",
            "--log-dir", runs, "--run-name", name]
     jobs.run(f"{model} seed {seed}", cmd, log=os.path.join(args.out, f"{name}.log"), timeout=args.timeout)
-    records = read_metrics(os.path.join(runs, name))
+    records = read_metrics(os.path.join(runs, name)).records
     acc = records[-1]["test_acc"]
     return {"final_acc": acc, "standard_error_points": 100 * (acc * (1 - acc) / args.test) ** 0.5,
             "rss_peak_mb": max(max(r["rss_peak_bytes"].values()) for r in records) / 1e6}

@@ -35,6 +35,10 @@ from hvd_cifar.core.names import runs_a_scheme
 
 ROUNDS = 3            # rounds over the candidates, each in a rotated order
 STEPS_PER_ROUND = 2   # timed training steps of a candidate per round (after one untimed warm-up step)
+# Seconds the timed steps may take together, judged from the warm-ups: a large model on a slow
+# processor times fewer steps (at least one per candidate), so that the other ranks, waiting for
+# rank 0's answer, stay well inside Horovod's stall limits.
+TIMED_BUDGET_S = 12.0
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
 
 
@@ -90,17 +94,20 @@ def time_settings(model: torch.nn.Module, images: torch.Tensor, labels: torch.Te
                   settings: list[str], device: torch.device) -> dict[str, float]:
     """Median seconds per training step (forward, backward, an SGD update) of a copy of
     ``model`` on the batch, in each setting: ROUNDS rounds in rotated order, STEPS_PER_ROUND
-    steps each, after one warm-up step per setting. The run's model, its RNG state and its
-    BatchNorm statistics are left as they were."""
+    steps each, after one warm-up step per setting (fewer when the warm-ups say that would
+    take more than TIMED_BUDGET_S). The run's model, its RNG state and its BatchNorm statistics
+    are left as they were."""
     seconds: dict[str, list[float]] = {s: [] for s in settings}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         copies = {s: copy.deepcopy(model).train() for s in settings}
         optimizers = {s: torch.optim.SGD(copies[s].parameters(), lr=1e-4, momentum=0.9) for s in settings}
-        for s in settings:
-            _step(copies[s], optimizers[s], images, labels, s, device)  # warm-up: kernels picked, memory laid out
-        for k in range(ROUNDS):
+        warm = sum(_step(copies[s], optimizers[s], images, labels, s, device)  # kernels picked, memory laid out
+                   for s in settings)
+        steps = max(1, min(ROUNDS * STEPS_PER_ROUND, int(TIMED_BUDGET_S / max(warm, 1e-9))))
+        rounds = min(ROUNDS, steps)
+        for k in range(rounds):
             for s in settings[k % len(settings):] + settings[:k % len(settings)]:
-                for _ in range(STEPS_PER_ROUND):
+                for _ in range(max(1, steps // rounds)):
                     seconds[s].append(_step(copies[s], optimizers[s], images, labels, s, device))
     return {s: statistics.median(v) for s, v in seconds.items()}
 

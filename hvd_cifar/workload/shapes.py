@@ -3,9 +3,9 @@ that digits' 360 test images cannot resolve and real CIFAR-10 cannot be download
 
 3x32x32 uint8 colour images in 10 classes, 50,000 training and 10,000 test images by default
 (``shapes_train``, ``shapes_test``). Each image is one object or textured patch (the class) drawn
-at a random position, scale (0.35-0.75 of the half-width), rotation and colour, on a background of
-a random colour with a brightness ramp, 2-5 clutter ellipses of other colours, often an occluding
-rectangle in front of it, and Gaussian pixel noise (sigma 4-20). The classes:
+at a random position, scale (0.3-0.7 of the half-width), rotation and colour, on a background of
+a random colour with a brightness ramp, up to 6 clutter ellipses of other colours, in 60 % of the
+images an occluding rectangle in front of it, and Gaussian pixel noise (sigma 6-28). The classes:
 
     0 disk      1 ring      2 square     3 triangle    4 cross
     5 star      6 crescent  7 stripes    8 checker     9 dots
@@ -53,12 +53,12 @@ def _uniform(rng, low, high, n):
 def _draw(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     n = len(labels)
     canvas = _background(n, rng)
-    for _ in range(5):  # clutter: 2-5 ellipses of their own colours, behind the object
+    for _ in range(6):  # clutter: up to 6 ellipses of their own colours, behind the object
         present = rng.random(n) < 0.7
-        _paint(canvas, _ellipse(n, rng, 0.08, 0.3) & present[:, None, None], _colours(n, rng))
+        _paint(canvas, _ellipse(n, rng, 0.08, 0.4) & present[:, None, None], _colours(n, rng))
     # The object: class shape in coordinates moved, scaled and rotated per image.
     tx, ty = _uniform(rng, -0.45, 0.45, n), _uniform(rng, -0.45, 0.45, n)
-    scale, angle = _uniform(rng, 0.35, 0.75, n), _uniform(rng, 0, 2 * np.pi, n)
+    scale, angle = _uniform(rng, 0.3, 0.7, n), _uniform(rng, 0, 2 * np.pi, n)
     u = (np.cos(angle) * (_X - tx) + np.sin(angle) * (_Y - ty)) / scale
     v = (-np.sin(angle) * (_X - tx) + np.cos(angle) * (_Y - ty)) / scale
     colour, second = _colours(n, rng), _colours(n, rng)
@@ -70,13 +70,13 @@ def _draw(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
             _paint(canvas, mask, colour, rows=rows)
             if pattern is not None:
                 _paint(canvas, mask & pattern, second, rows=rows)
-    # An occluding rectangle in front, in half the images.
-    present = rng.random(n) < 0.5
+    # An occluding rectangle in front, in 60 % of the images.
+    present = rng.random(n) < 0.6
     x0, y0 = _uniform(rng, -1, 0.6, n), _uniform(rng, -1, 0.6, n)
-    w, h = _uniform(rng, 0.2, 0.55, n), _uniform(rng, 0.2, 0.55, n)
+    w, h = _uniform(rng, 0.2, 0.6, n), _uniform(rng, 0.2, 0.6, n)
     box = (_X >= x0) & (_X < x0 + w) & (_Y >= y0) & (_Y < y0 + h) & present[:, None, None]
     _paint(canvas, box, _colours(n, rng))
-    canvas += rng.normal(0, 1, canvas.shape).astype(np.float32) * _uniform(rng, 4, 20, n)[:, None]
+    canvas += rng.normal(0, 1, canvas.shape).astype(np.float32) * _uniform(rng, 6, 28, n)[:, None]
     return np.clip(np.rint(canvas), 0, 255).astype(np.uint8)
 
 
