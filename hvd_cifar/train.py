@@ -256,6 +256,7 @@ def main(argv: list[str] | None = None) -> tuple[int, bool]:
         if launcher.launch_rank() == 0:
             sys.stdout.write(config_help.help_text())
         return 0, False
+
     def configured_run():
         cfg = load_config(argv)
         netstats.check_interface(cfg.nic)  # this host's, before anything starts

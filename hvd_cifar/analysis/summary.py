@@ -10,7 +10,7 @@ How the numbers are made:
   counting the images of all ranks.
 * speedup = img/s of a run / img/s of the run with world size 1 of the same configuration
   (core.names.RUN_IDENTITY: model, dataset, batch size per rank, sync, compression, local SGD
-  steps, accumulation steps, freeze)
+  steps, accumulation steps, freeze, precision)
   among the inputs (the first one given, if several); efficiency = speedup / world size.
   Throughput rather than epoch time, because with --max-steps-per-epoch each rank runs the
   same number of steps whatever the world size, so an epoch holds N times more images.
@@ -120,6 +120,8 @@ def setting(run: Run, key: str) -> Any:
         return "fp16" if run.config.get("fp16_allreduce", last.get("fp16_allreduce")) else "none"
     if key == "local_sgd_steps":
         return run.config.get(key, 1)
+    if key == "amp":
+        return run.config.get(key, "none")
     return run.config.get(key, last.get(key))
 
 
