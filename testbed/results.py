@@ -82,14 +82,17 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def commit() -> tuple[str, bool]:
-    """HEAD's short hash, and whether tracked files differ from it (uncommitted changes)."""
+def commit() -> tuple[str, list[str]]:
+    """HEAD's short hash, and the tracked files that differ from it (uncommitted changes), the
+    results files and docs left out: they are what a benchmark writes, not what it measures."""
     def git(*argv):
-        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout
     try:
-        return git("rev-parse", "--short", "HEAD") or "unknown", bool(git("status", "--porcelain", "--untracked-files=no"))
+        changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+        return git("rev-parse", "--short", "HEAD").strip() or "unknown", sorted(
+            p for p in changed if not p.startswith(("benchmarks/results/", "docs/", "README.md")))
     except (OSError, subprocess.SubprocessError):
-        return "unknown", False
+        return "unknown", []
 
 
 def utc_now() -> str:
@@ -135,7 +138,7 @@ class Results:
             "benchmark": benchmark, "tag": getattr(args, "tag", ""),
             "command": [os.path.relpath(sys.argv[0], ROOT) if sys.argv[0] else benchmark,
                         *(sys.argv[1:] if argv is None else argv)],
-            "commit": sha, "dirty": dirty, "started_utc": utc_now(), "finished_utc": "",
+            "commit": sha, "dirty": bool(dirty), "changed": dirty, "started_utc": utc_now(), "finished_utc": "",
             "machine": {"host": platform.node(), "cpu_model": cpu_model(), "cores": os.cpu_count(),
                         "python": platform.python_version(), "platform": platform.platform(),
                         "load_average_before": list(os.getloadavg()), "load_average_after": None},

@@ -204,6 +204,9 @@ def test_paired_comparisons_give_the_interval_and_say_when_it_cannot_resolve(tmp
         r.add(k, "b", {"final_acc": b, "images_per_s": slow})
         r.add(k, "c", {"final_acc": c})
     r.write()
+    # what the tracked tree held that differed from the commit, results files and docs left out
+    assert r.data["dirty"] == bool(r.data["changed"]) and not any(
+        p.startswith(("benchmarks/results/", "docs/")) for p in r.data["changed"])
     doc = ('<!-- results: demo-p.json show=paired test_size=360 pair="a|b" pair="c|a" -->\n<!-- /results -->\n'
            '<!-- results: demo-p.json show=paired figure=images_per_s ratio=true pair="a|b" -->\n<!-- /results -->\n')
     text = render_docs.render(doc, str(tmp_path))
