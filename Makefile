@@ -28,7 +28,7 @@ bench: setup
 	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np4 --epochs 6 --out $(BENCH_OUT)/convergence
 	-$(PY) benchmarks/reliability.py --out $(BENCH_OUT)/reliability
 	-$(PY) benchmarks/compute.py --out $(BENCH_OUT)/compute
-	-$(PY) benchmarks/compute.py --models vgg11 --repeats 6 --no-compile --tag vgg11 --out $(BENCH_OUT)/compute-vgg11
+	-$(PY) benchmarks/compute.py --models vgg11 --repeats 18 --no-compile --tag vgg11 --out $(BENCH_OUT)/compute-vgg11
 	-$(PY) benchmarks/data_difficulty.py --out $(BENCH_OUT)/data_difficulty
 	$(PY) -m testbed.render_docs
 
