@@ -106,8 +106,7 @@ def build(cfg: Config, sync: SyncMethod, device: torch.device) -> Training:
         if frozen != "auto" and frozen > depth:
             raise ConfigError(f"freeze: {frozen} blocks asked for but {cfg.model} has {depth}")
     # Precision and layout (compute: auto times them on rank 0 with this model and a real batch).
-    batch = ((ds.train_images[:cfg.batch_size].float().div(255) - mean.to(device)[:, None, None])
-             / std.to(device)[:, None, None], ds.train_labels[:cfg.batch_size])
+    batch = loader.normalize(ds.train_images[:cfg.batch_size]), ds.train_labels[:cfg.batch_size]
     choice = before_loop(sync, lambda: compute.decide(cfg, device, model, *batch, elastic=sync.elastic))
     compute.apply(cfg, choice)
     compute.check_device(cfg, device, choice)

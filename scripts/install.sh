@@ -212,7 +212,7 @@ patch("horovod/torch/mpi_ops_v2.cc",
 # hostfile when its value names a file, and the hostfile reader takes what Open MPI's does:
 # '#' comments, blank lines, 'HOST', 'HOST slots=N [max_slots=M]' and 'HOST:N'. A line it cannot
 # read ends the launch with one line naming the file and the line (status 2), not a traceback.
-# tests/test_launch.py runs both forms with 2 real ranks and a malformed file.
+# tests/test_cli.py runs both forms with 2 real ranks and a malformed file.
 patch("horovod/runner/common/util/hosts.py",
       "def parse_host_files(filename):\n"
       "    \"\"\"\n"

@@ -28,9 +28,9 @@ quoting):
                  ``test_size=N`` adds one run's binomial standard error on a test set of N images,
                  and the differences of a fraction are shown in points (x 100). ``ratio=true``:
                  A over B instead, the geometric mean of the rounds' ratios with the t-interval
-                 of their logarithms (for times and rates). ``target=X``: the verdict is against
-                 X instead of no difference (higher is better): met (the whole interval at or
-                 above it), not met (the whole interval below), unresolved.
+                 of their logarithms (for times and rates). ``target=X`` (a difference in points,
+                 or a ratio): the verdict is against X instead of no difference (higher is
+                 better): met (the whole interval at or above it), not met (below), unresolved.
   figures=a,b    the figures shown, of those the rows have (default: every declared one they have).
   configs=a,b    the configurations shown, in this order; match=REGEX: those it finds (re.search).
 
@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import shlex
@@ -197,61 +198,60 @@ def checks_table(data: dict, options: dict) -> list[str]:
 
 
 def paired_table(data: dict, options: dict) -> list[str]:
-    """Each ``pair``'s difference by round: mean, 95 % t-interval, n, and what it resolves."""
-    from scipy import stats as scipy_stats
-
+    """Each ``pair``'s A against B by round: the mean difference in points (or, ratio=true, the
+    geometric mean of A / B), its 95 % t-interval, n, and what it resolves."""
     key = options.get("figure", "final_acc")
     by_round: dict = {}
     for r in data["rounds"]:
         if r["ok"] and key in r["figures"]:
             by_round.setdefault(r["config"], {})[r["round"]] = r["figures"][key]
+    ratio = options.get("ratio") == "true"
     rows = []
-    if options.get("ratio") == "true":
-        return ratio_table(options, by_round, scipy_stats)
     for pair in options.get("pair", []):
         a, _, b = pair.partition("|")
         shared = sorted(set(by_round.get(a, {})) & set(by_round.get(b, {})))
         if len(shared) < 2:
             raise ValueError(f"pair {pair!r}: fewer than 2 rounds where both have {key}")
-        diffs = [100 * (by_round[a][k] - by_round[b][k]) for k in shared]
-        mean = statistics.fmean(diffs)
-        low, high = scipy_stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=scipy_stats.sem(diffs)) \
-            if len(set(diffs)) > 1 else (mean, mean)
-        words = ("no difference these rounds can resolve" if low <= 0 <= high
-                 else "lower" if high < 0 else "higher")
-        row = [f"{a} − {b}", f"{mean:+.2f}", f"{low:+.2f} to {high:+.2f}", str(len(diffs)), words]
-        if "test_size" in options:
+        if ratio:  # the t-interval of the log-ratios, shown as ratios
+            mean, low, high = _mean_interval([math.log(by_round[a][k] / by_round[b][k]) for k in shared])
+            words = _verdict(low, high, options, math.log, ("A higher", "A lower"))
+            row = [f"{a} / {b}", *(f"{math.exp(v):.3f}" for v in (mean, low)), f"{math.exp(high):.3f}"]
+        else:
+            mean, low, high = _mean_interval([100 * (by_round[a][k] - by_round[b][k]) for k in shared])
+            words = _verdict(low, high, options, float, ("higher", "lower"))
+            row = [f"{a} − {b}", *(f"{v:+.2f}" for v in (mean, low)), f"{high:+.2f}"]
+        row = [row[0], row[1], f"{row[2]} to {row[3]}", str(len(shared)), words]
+        if "test_size" in options and not ratio:
             p = statistics.fmean(by_round[b][k] for k in shared)
             row.insert(4, f"{100 * (p * (1 - p) / int(options['test_size'])) ** 0.5:.2f}")
         rows.append(row)
-    header = ["comparison", "mean difference (points)", "95 % interval", "pairs", "verdict"]
-    if "test_size" in options:
+    header = ["comparison", "ratio (geometric mean)" if ratio else "mean difference (points)", "95 % interval",
+              "pairs", "verdict"]
+    if "test_size" in options and not ratio:
         header.insert(4, f"one run's standard error on {options['test_size']} images (points)")
     return table(header, rows)
 
 
-def ratio_table(options: dict, by_round: dict, scipy_stats) -> list[str]:
-    """Each ``pair``'s A / B by round: geometric mean, 95 % t-interval of the log-ratios, n."""
-    import math
+def _mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """The mean of ``values`` and its 95 % t-interval (scipy.stats); all equal: the mean itself."""
+    from scipy import stats as scipy_stats  # imported here: scipy is slow to import, and only this needs it
 
-    rows = []
-    for pair in options.get("pair", []):
-        a, _, b = pair.partition("|")
-        shared = sorted(set(by_round.get(a, {})) & set(by_round.get(b, {})))
-        if len(shared) < 2:
-            raise ValueError(f"pair {pair!r}: fewer than 2 rounds where both have the figure")
-        logs = [math.log(by_round[a][k] / by_round[b][k]) for k in shared]
-        mean = statistics.fmean(logs)
-        low, high = scipy_stats.t.interval(0.95, len(logs) - 1, loc=mean, scale=scipy_stats.sem(logs)) \
-            if len(set(logs)) > 1 else (mean, mean)
-        words = ("no difference these rounds can resolve" if low <= 0 <= high
-                 else "A higher" if low > 0 else "A lower")
-        if "target" in options:
-            target = math.log(float(options["target"]))
-            words = f"**{'met' if low >= target else 'not met' if high < target else 'unresolved'}** (≥ {options['target']})"
-        rows.append([f"{a} / {b}", f"{math.exp(mean):.3f}", f"{math.exp(low):.3f} to {math.exp(high):.3f}",
-                     str(len(logs)), words])
-    return table(["comparison", "ratio (geometric mean)", "95 % interval", "pairs", "verdict"], rows)
+    mean = statistics.fmean(values)
+    if len(set(values)) == 1:
+        return mean, mean, mean
+    low, high = scipy_stats.t.interval(0.95, len(values) - 1, loc=mean, scale=scipy_stats.sem(values))
+    return mean, low, high
+
+
+def _verdict(low: float, high: float, options: dict, scale, words: tuple[str, str]) -> str:
+    """Against ``target`` (scaled as the interval is; higher is better): met, not met or
+    unresolved; without one, whether the interval resolves a difference from none."""
+    if "target" in options:
+        target = scale(float(options["target"]))
+        met = "met" if low >= target else "not met" if high < target else "unresolved"
+        return f"**{met}** (≥ {options['target']})"
+    # no difference: 0 points, or a log-ratio of 0
+    return "no difference these rounds can resolve" if low <= 0 <= high else words[0] if low > 0 else words[1]
 
 
 def provenance(data: dict, name: str, options: dict | None = None) -> str:

@@ -42,12 +42,17 @@ TIMED_BUDGET_S = 12.0
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
 
 
-def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+def cpuinfo_field(name: str, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The first processor's ``name`` line of /proc/cpuinfo ("" when there is none)."""
     try:
         with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(name)), "")
     except OSError:
-        return False
+        return ""
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    flags = cpuinfo_field("flags", cpuinfo).split()
     return any(flag in flags for flag in BF16_CPU_FLAGS)
 
 
@@ -146,15 +151,14 @@ def decide(cfg: Config, device: torch.device, model: torch.nn.Module, images: to
            labels: torch.Tensor, elastic: bool = False) -> dict:
     """What this run computes in: {"setting", "how", "seconds_per_step"} (the last only when
     candidates were timed). Run by rank 0; the caller hands the answer to every rank."""
+    given = next(s for s, v in COMPUTE_SETTINGS.items() if v == (cfg.amp, cfg.channels_last))
     if cfg.compute == "fixed":
-        setting = next(s for s, v in COMPUTE_SETTINGS.items() if v == (cfg.amp, cfg.channels_last))
-        return {"setting": setting, "how": "fixed (amp and channels_last as given)"}
+        return {"setting": given, "how": "fixed (amp and channels_last as given)"}
     if cfg.compute != "auto":
         return {"setting": cfg.compute, "how": "named in the config"}
     allowed = candidates(cfg, device)
     if not allowed:
-        setting = next(s for s, v in COMPUTE_SETTINGS.items() if v == (cfg.amp, cfg.channels_last))
-        return {"setting": setting, "how": "auto: the amp and channels_last given leave no candidate this device runs well"}
+        return {"setting": given, "how": "auto: the amp and channels_last given leave no candidate this device runs well"}
     if len(allowed) == 1 or elastic:
         how = "auto: the only candidate" if len(allowed) == 1 else "auto: not timed under elastic training (first candidate)"
         return {"setting": allowed[0], "how": how}
@@ -183,11 +187,7 @@ def cache_path() -> str:
 def processor(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "cpu")
-    except OSError:
-        return "cpu"
+    return cpuinfo_field("model name") or "cpu"
 
 
 def cache_key(cfg: Config, device: torch.device, images: torch.Tensor, candidates: list[str]) -> str:

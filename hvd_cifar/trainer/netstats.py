@@ -28,13 +28,12 @@ def missing_interface(wanted: str, names) -> str:
 def pick_interface(wanted: str) -> str | None:
     """``wanted`` itself, or for "auto" the busiest non-loopback interface so far (the one the
     job's traffic crosses on a cluster node); None when auto finds none. A named interface the
-    host lacks is a ConfigError (config.check_host refuses it before a run starts; this is for
-    callers that did not go through it)."""
-    counters = read_counters()
+    host lacks is a ConfigError (``check_interface``, which the trainer runs before a run starts;
+    this is for callers that did not)."""
     if wanted != "auto":
-        if wanted not in counters:
-            raise ConfigError(missing_interface(wanted, counters))
+        check_interface(wanted)
         return wanted
+    counters = read_counters()
     candidates = {name: sum(c) for name, c in counters.items() if name != "lo"}
     return max(candidates, key=candidates.get) if candidates else None
 

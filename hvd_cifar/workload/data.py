@@ -6,6 +6,7 @@ normalised with a handful of tensor operations on the training device.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gzip
 import importlib.util
@@ -55,14 +56,22 @@ def download(name: str, data_dir: str) -> None:
     (a lock file in ``data_dir``): the first downloads, the others find the files in place."""
     if name in TORCHVISION_FOLDERS:
         try:
-            os.makedirs(data_dir, exist_ok=True)
-            with open(os.path.join(data_dir, ".download.lock"), "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            with taking_turns(data_dir, ".download.lock"):
                 _torchvision_sets(name, data_dir, download=True)
         except (OSError, RuntimeError) as exc:  # no network, disk full, bad archive
             raise DataError(f"download: fetching {name} into {data_dir} failed ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else ''}); check the network or copy "
                             f"the data set there") from None
+
+
+@contextlib.contextmanager
+def taking_turns(folder: str, lock_name: str):
+    """Processes on this host that enter together take turns (an exclusive lock on a file in
+    ``folder``, which is made if missing): the first does the work, the others find it done."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, lock_name), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def load(name: str, data_dir: str, synthetic_size: int = 2048, seed: int = 0,
@@ -86,9 +95,7 @@ def _shapes(data_dir: str, n_train: int, n_test: int, seed: int) -> DataSet:
     root = os.path.join(data_dir, f"shapes-seed{seed}-{n_train}-{n_test}")
     folder = os.path.join(root, cifar_format.FORMATS["cifar10"][0])
     try:
-        os.makedirs(root, exist_ok=True)
-        with open(os.path.join(root, ".make.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        with taking_turns(root, ".make.lock"):
             if not os.path.exists(os.path.join(folder, "batches.meta")):  # written last: the set is whole
                 cifar_format.write(root, shapes.generate(n_train, seed, "train"), shapes.generate(n_test, seed, "test"),
                                    list(shapes.CLASSES))
