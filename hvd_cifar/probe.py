@@ -133,7 +133,7 @@ def gather_scatter_op():
 
     def average(t):
         if not gs.params or gs.params[0].numel() != t.numel():
-            gs.wrap(None, None, [("probe", torch.nn.Parameter(t))], 1, False)
+            gs.wrap(None, None, [("probe", torch.nn.Parameter(t))], 1)
         gs.average()
     return average
 

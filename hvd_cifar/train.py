@@ -59,8 +59,7 @@ def load_config(argv: list[str]) -> Config:
 
 # ----------------------------------------------------------------------------- building the run
 def start_backend(cfg: Config) -> tuple[SyncMethod, torch.device]:
-    sync = make_sync(cfg.sync, cfg)  # starts the communication backend (hvd.init() for Horovod)
-    sync.configure(cfg)
+    sync = make_sync(cfg.sync, cfg)  # starts the communication backend (hvd.init() for Horovod), configured
     torch.set_num_threads(compute.threads_for_rank(cfg, sync))
     if torch.cuda.is_available():
         # One GPU per local rank; more local ranks than GPUs share them round robin (a one-GPU

@@ -117,7 +117,7 @@ def test_the_server_update_is_torch_sgd():
     mpi = SimpleNamespace(FLOAT="MPI.FLOAT", UINT16_T="MPI.UINT16_T")
     server.MPI, server.rank, server.size, server.servers = mpi, 0, 2, 1
     optimizer, ref_optimizer = sgd(model), sgd(reference)
-    server.wrap(model, optimizer, list(model.named_parameters()), 1, False)
+    server.wrap(model, optimizer, list(model.named_parameters()), 1)
     server.begin_serving(optimizer)
     for lr in (0.1, 0.05, 0.02):
         grads = [torch.randn_like(p) for p in reference.parameters()]
@@ -148,13 +148,13 @@ def test_settings_it_cannot_honour_are_one_line(tmp_path):
                           "sync: mpi-async-ps needs at least 2 ranks")
     assert refused(3, ps_servers=3) == ("ps_servers: 3 server rank(s) leave no worker among 3 rank(s); "
                                         "sync: mpi-async-ps needs at least 4 ranks")
-    assert refused(3, fp16_allreduce=True) == "fp16_allreduce: not with sync: mpi-async-ps (pushes and pulls are fp32)"
+    assert refused(3, fp16_allreduce=True) == "compression: fp16: not with sync: mpi-async-ps (pushes and pulls are fp32)"
     # A real job: configure's error, raised on all 3 ranks, is one line from one rank and exit status 2.
     fp16 = run_train(["--config", TINY, *PS, "--fp16-allreduce", "--log-dir", str(tmp_path)], launcher="mpirun",
                      np=3, check=False)
     assert fp16.returncode == 2
     assert [line for line in fp16.stderr.splitlines() if "hvd_cifar" in line] == [
-        "hvd_cifar: error: fp16_allreduce: not with sync: mpi-async-ps (pushes and pulls are fp32)"]
+        "hvd_cifar: error: compression: fp16: not with sync: mpi-async-ps (pushes and pulls are fp32)"]
 
 
 @pytest.mark.timeout(300)

@@ -45,14 +45,13 @@ def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sg
                  topk_fraction=topk_fraction, topk_min_entries=topk_min_entries, topk_warmup_epochs=0,
                  compression_warmup_steps=0)
     scheme = make(cfg, Alone())
-    if scheme is None and compression != "fp16":
+    if scheme is None:
         return 0.0
     generator = torch.Generator().manual_seed(0)
     params = [(f"p{i}", torch.nn.Parameter(torch.zeros(shape))) for i, shape in enumerate(shapes)]
     grads = [torch.randn(shape, generator=generator) for shape in shapes]
-    if scheme is not None:
-        scheme.track(params, torch.optim.SGD([p for _, p in params], lr=0.1, momentum=0.9, nesterov=True,
-                                             weight_decay=5e-4))
+    scheme.track(params, torch.optim.SGD([p for _, p in params], lr=0.1, momentum=0.9, nesterov=True,
+                                         weight_decay=5e-4))
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
@@ -61,21 +60,16 @@ def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sg
             for (_, p), g in zip(params, grads):
                 p.grad = g.clone()  # as backward leaves it: the scheme overwrites .grad
             began = time.perf_counter()
-            one_update(scheme, params)
+            one_update(scheme)
             total += (time.perf_counter() - began) if update else 0.0
     finally:
         torch.set_num_threads(before)
     return total / updates
 
 
-def one_update(scheme, params) -> None:
-    """What one update computes beyond backward: the scheme's synchronize() and after_step(), or,
-    without a scheme (fp16), each gradient cast to fp16 for the wire and back into its fp32
-    buffer, as Horovod's and DDP's fp16 compression do (the MPI methods cast one flat buffer of
-    the same bytes)."""
-    if scheme is None:
-        for _, p in params:
-            p.grad.copy_(p.grad.half())
-        return
+def one_update(scheme) -> None:
+    """What one update computes beyond backward: the scheme's synchronize() and after_step()
+    (fp16: each gradient cast to fp16 for the wire, laid in one buffer, and back into its fp32
+    buffer, as Horovod's fusion buffer and DDP's buckets hold them)."""
     scheme.synchronize()
     scheme.after_step()

@@ -28,7 +28,7 @@ workers x updates-per-worker updates an epoch: as many as a one-rank run makes.
 Bytes: per update a worker sends S (its gradient) and receives S (the weights), S being the
 flat buffer's bytes; each server takes in and sends out S / ps_servers per update of any worker.
 
-Not here: fp16_allreduce and amp fp16 (refused in ``configure``), and preemption as a pause:
+Not here: compression: fp16 and amp fp16 (refused in ``configure``), and preemption as a pause:
 without a vote (a collective per update would make the workers wait for one another) the ranks
 cannot agree where to stop, so a stop signal ends the rank at its next update, which ends the
 job as a killed rank does; --resume continues from the last epoch's checkpoint.
@@ -141,8 +141,8 @@ class AsyncPsSync(MpiSync):
         if cfg.ps_servers >= self.size:
             raise ConfigError(f"ps_servers: {cfg.ps_servers} server rank(s) leave no worker among {self.size} "
                               f"rank(s); sync: mpi-async-ps needs at least {cfg.ps_servers + 1} ranks")
-        if cfg.fp16_allreduce:
-            raise ConfigError("fp16_allreduce: not with sync: mpi-async-ps (pushes and pulls are fp32)")
+        if cfg.compression == "fp16":
+            raise ConfigError("compression: fp16: not with sync: mpi-async-ps (pushes and pulls are fp32)")
         if cfg.amp == "fp16":
             raise ConfigError("amp: fp16 needs a grad scaler, which mpi-async-ps's servers do not keep; "
                               "use bf16 or none")
@@ -168,8 +168,8 @@ class AsyncPsSync(MpiSync):
         return self.serve_epoch if self.is_server else train_one_epoch
 
     # --- buffers ------------------------------------------------------------------------
-    def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
-        model, optimizer = super().wrap(model, optimizer, named_parameters, accumulation_steps, fp16)
+    def wrap(self, model, optimizer, named_parameters, accumulation_steps):
+        model, optimizer = super().wrap(model, optimizer, named_parameters, accumulation_steps)
         self.sgd = FlatSgd(optimizer, self.params)
         return model, optimizer
 

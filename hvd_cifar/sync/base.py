@@ -1,6 +1,7 @@
 """The interface every gradient synchronisation method implements (one module each beside this
 one), and nothing of the training loop: a method sees the model's gradients and parameters, its
-communicator and the run's config, and answers the loop's calls.
+communicator and the run's config, and answers the loop's calls. A compression scheme that
+replaces a method's averaging is held beside the method (schemes.py), never mixed into it.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import torch
 
+from hvd_cifar.compress.base import Collective
 from hvd_cifar.core import wire
 
 
@@ -37,6 +39,9 @@ class SyncMethod:
     size = 1
     local_rank = 0
     local_size = 1
+    # Gradients cross the wire as fp16 (compression: fp16, which every method does natively);
+    # set by hvd_cifar.sync.make from the scheme, before the first wrap().
+    fp16 = False
 
     def configure(self, cfg) -> None:
         """Read the config keys this method has (e.g. ``ps_servers``) once, right after ``make``,
@@ -67,8 +72,8 @@ class SyncMethod:
 
     # --- model and optimizer -------------------------------------------------------
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             named_parameters: list[tuple[str, torch.nn.Parameter]], accumulation_steps: int,
-             fp16: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+             named_parameters: list[tuple[str, torch.nn.Parameter]],
+             accumulation_steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """Return the (model, optimizer) the loop should use; called again when the set of
         trainable parameters changes, with the *unwrapped* model and a new optimizer."""
         raise NotImplementedError
@@ -127,10 +132,10 @@ class SyncMethod:
         """Take back this rank's ``rank_state()`` as a checkpoint saved it."""
 
     # --- accounting ----------------------------------------------------------------
-    def payload_bytes(self, named_parameters: list[tuple[str, torch.nn.Parameter]], fp16: bool) -> int:
+    def payload_bytes(self, named_parameters: list[tuple[str, torch.nn.Parameter]]) -> int:
         """Gradient bytes one synchronisation averages: every trainable parameter's gradient, as
         it crosses the wire (2 bytes an element with fp16 compression)."""
-        return sum(wire.gradient_bytes(p.numel(), fp16, p.element_size()) for _, p in named_parameters)
+        return sum(wire.gradient_bytes(p.numel(), self.fp16, p.element_size()) for _, p in named_parameters)
 
     def wire_bytes_per_sync(self, payload_bytes: int) -> int:
         """Bytes one rank sends per synchronisation of ``payload_bytes`` of gradients (the busiest
@@ -138,8 +143,27 @@ class SyncMethod:
         (N-1)/N of the payload."""
         return wire.ring_allreduce_bytes(self.size, payload_bytes)
 
+    def collective(self) -> Collective:
+        """The two collectives a compression scheme uses, on this method's backend: here through
+        allreduce_sum and allgather_object; a method with native ones returns those."""
+        return MethodCollective(self)
+
     def close(self) -> None:
         pass
+
+
+class MethodCollective(Collective):
+    """A scheme's collectives through any method's small collectives."""
+
+    def __init__(self, method: SyncMethod):
+        super().__init__(method.size)
+        self.method = method
+
+    def _allreduce_mean(self, tensor, name):
+        return self.method.allreduce_sum(tensor) / self.size
+
+    def _allgather(self, tensor, name):
+        return torch.cat(self.method.allgather_object(tensor))
 
 
 def average_buffers(model: torch.nn.Module, sync: SyncMethod) -> None:

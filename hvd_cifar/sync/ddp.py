@@ -32,7 +32,6 @@ from hvd_cifar.core import launcher
 from hvd_cifar.sync import overlap
 from hvd_cifar.sync import openmpi
 from hvd_cifar.sync.base import SyncMethod
-from hvd_cifar.sync.schemes import SchemeHooks
 
 
 def _launcher() -> tuple[int, int, int, int, Any]:
@@ -89,12 +88,12 @@ class DdpSync(SyncMethod):
 
     def configure(self, cfg):
         self.timeline = cfg.comm_timeline
-        if scheme := compress.make(cfg, TorchCollective(self.size)):  # powersgd, topk, local SGD
-            self.__class__ = DdpSchemes
-            self.use(scheme)
+
+    def collective(self):
+        return TorchCollective(self.size)
 
     # --- model and optimizer -------------------------------------------------------
-    def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
+    def wrap(self, model, optimizer, named_parameters, accumulation_steps):
         # Called again with the plain model when the trainable set changes: DDP decides which
         # parameters it reduces (those with requires_grad) and lays out its buckets when it is
         # built, so a new trainable set needs a new wrapper. Frozen parameters are skipped there,
@@ -111,8 +110,8 @@ class DdpSync(SyncMethod):
         )
         # fp16: gradients are cast to fp16 (and pre-divided by the world size) before allreduce,
         # and back to fp32 after. comm_timeline: DDP's own allreduce, as a hook, to time it.
-        hook = default_hooks.fp16_compress_hook if fp16 else default_hooks.allreduce_hook
-        if fp16 or self.timeline:
+        hook = default_hooks.fp16_compress_hook if self.fp16 else default_hooks.allreduce_hook
+        if self.fp16 or self.timeline:
             self.ddp.register_comm_hook(state=None, hook=self.timed(hook) if self.timeline else hook)
         return self.ddp, optimizer
 
@@ -196,14 +195,9 @@ class DdpSync(SyncMethod):
             dist.destroy_process_group()
 
 
-class DdpSchemes(SchemeHooks, DdpSync):
-    """torch.distributed with a scheme of hvd_cifar/compress/ in place of DDP's bucketed
-    allreduce: the model is not wrapped, and after the update's last backward the scheme's
-    collectives go through torch.distributed (TorchCollective)."""
-
-
 class TorchCollective(compress.Collective):
-    """The schemes' collectives on torch.distributed's process group (Gloo on CPU)."""
+    """The schemes' collectives on torch.distributed's process group (Gloo on CPU), in place of
+    DDP's bucketed allreduce."""
 
     def _allreduce_mean(self, tensor, name):
         out = tensor.detach().clone()

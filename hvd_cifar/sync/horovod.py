@@ -15,7 +15,6 @@ from hvd_cifar.core.errors import ConfigError
 from hvd_cifar.sync import overlap
 from hvd_cifar.sync import openmpi
 from hvd_cifar.sync.base import SyncMethod
-from hvd_cifar.sync.schemes import SchemeHooks
 
 
 def prepare_environment(elastic: bool, timeline: bool = False) -> None:
@@ -94,15 +93,12 @@ def apply_tuning(cfg) -> str | None:
 class HorovodSync(SyncMethod):
     name = "horovod"
 
-    def __init__(self, cfg=None):
-        self.elastic = elastic = bool(cfg and cfg.elastic)
-        launcher_log = os.environ.get("HOROVOD_AUTOTUNE_LOG")
-        self.autotune_log = apply_tuning(cfg)  # before hvd.init(), which reads them
-        self.owns_autotune_log = self.autotune_log not in (None, launcher_log)  # a temp file: removed at close()
+    def __init__(self, cfg, autotune_log: str | None, owns_autotune_log: bool):
+        """After start(cfg), which gave the autotune log and whether it is a temp file of ours."""
+        self.elastic = bool(cfg and cfg.elastic)
+        self.autotune_log = autotune_log
+        self.owns_autotune_log = owns_autotune_log  # a temp file: removed at close()
         self.kept_autotune_log: str | None = None  # its copy in the run folder, once made
-        prepare_environment(elastic, timeline=bool(cfg and cfg.comm_timeline))
-        openmpi.apply_defaults()  # Horovod runs its collectives on MPI unless launched with --gloo
-        hvd.init()
         self.optimizer = None
         self.timeline: Timeline | None = None  # comm_timeline: true
         self.waits: list[tuple[float, float]] = []  # this epoch's synchronize() calls, wall time
@@ -120,7 +116,7 @@ class HorovodSync(SyncMethod):
         # init) and calls train(state) again after broadcasting rank 0's state to all.
         return hvd.elastic.run(train) if self.elastic else train
 
-    def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
+    def wrap(self, model, optimizer, named_parameters, accumulation_steps):
         # Named parameters give every allreduce a stable name across ranks. Only trainable
         # parameters are passed: Horovod hooks what it is given when the optimizer is built,
         # so a frozen parameter left in would still have zeros allreduced every step.
@@ -133,7 +129,7 @@ class HorovodSync(SyncMethod):
         distributed = self.optimizer = hvd.DistributedOptimizer(
             optimizer,
             named_parameters=named_parameters,
-            compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none,
+            compression=hvd.Compression.fp16 if self.fp16 else hvd.Compression.none,
             # Horovod counts backward passes per parameter and allreduces on the k-th, so
             # k micro-batches cost one synchronisation.
             backward_passes_per_step=accumulation_steps,
@@ -158,17 +154,9 @@ class HorovodSync(SyncMethod):
             raise ConfigError("horovod_hierarchical: this Horovod has no hierarchical allreduce (built "
                               "without NCCL or DDL, which only GPU builds have); it would change nothing")
         self.timeline = Timeline() if cfg.comm_timeline else None
-        if scheme := compress.make(cfg, HorovodCollective()):  # powersgd, topk, local SGD
-            self.__class__ = HorovodSchemes
-            self.use(scheme)
-        elif self.size == 1 and not self.elastic and not self.timeline and not cfg.fp16_allreduce:
-            # A world of one has nothing to average: every gradient, stop vote and metric sum
-            # would only pass through Horovod's wrapper and background thread and come back
-            # unchanged, at a cost (docs/SYNC_METHODS.md, "One rank"). From here on this object
-            # trains locally. fp16_allreduce keeps Horovod's path: its rounding of each gradient
-            # to half precision and back, redone here with .half(), gave other weights after a
-            # few updates (cause not found), and compressing for no wire is no one's fast path.
-            self.__class__ = HorovodAlone
+
+    def collective(self):
+        return HorovodCollective()
 
     def epoch_loop(self, train_one_epoch):
         """With ``comm_timeline: true``: record Horovod's timeline (rank 0 writes RUN/timeline.json,
@@ -236,7 +224,7 @@ class HorovodAlone(HorovodSync):
     what the communicating path computes: an average or sum over one rank is the tensor itself
     (tests/test_horovod_alone.py)."""
 
-    def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
+    def wrap(self, model, optimizer, named_parameters, accumulation_steps):
         return model, optimizer  # gradients accumulate in .grad over the micro-batches as they are
 
     def synchronize(self, optimizer):
@@ -261,13 +249,9 @@ class HorovodAlone(HorovodSync):
         return [obj]
 
 
-class HorovodSchemes(SchemeHooks, HorovodSync):
-    """Horovod with a scheme of hvd_cifar/compress/ in place of its DistributedOptimizer: the
-    scheme's collectives go through hvd.allreduce / hvd.allgather (HorovodCollective)."""
-
-
 class HorovodCollective(compress.Collective):
-    """The schemes' collectives on Horovod. Each name carries the size, so that a collective
+    """The schemes' collectives on Horovod (hvd.allreduce, hvd.allgather), in place of its
+    DistributedOptimizer. Each name carries the size, so that a collective
     whose size changes (a new trainable set) is never matched with the old one's."""
 
     def __init__(self):
@@ -315,5 +299,26 @@ def unused_path(run_dir: str, stem: str, suffix: str) -> str:
     return path
 
 
+def start(cfg) -> tuple[str | None, bool]:
+    """Horovod's settings where hvd.init() reads them, then hvd.init(): the autotune log Horovod
+    will write (or None) and whether it is a temp file of ours."""
+    launcher_log = os.environ.get("HOROVOD_AUTOTUNE_LOG")
+    autotune_log = apply_tuning(cfg)
+    prepare_environment(bool(cfg and cfg.elastic), timeline=bool(cfg and cfg.comm_timeline))
+    openmpi.apply_defaults()  # Horovod runs its collectives on MPI unless launched with --gloo
+    hvd.init()
+    return autotune_log, autotune_log not in (None, launcher_log)
+
+
 def create(name: str, cfg=None) -> SyncMethod:
-    return HorovodSync(cfg)
+    """HorovodSync, or, where a world of one has nothing to average, HorovodAlone: every
+    gradient, stop vote and metric sum would only pass through Horovod's wrapper and background
+    thread and come back unchanged, at a cost (docs/SYNC_METHODS.md, "One rank"). Not under
+    elastic training or the timeline, and not with compression: fp16 (Horovod's rounding of each
+    gradient to half precision and back, redone with .half(), gave other weights after a few
+    updates, cause not found; compressing for no wire is no one's fast path) or another scheme
+    (which brings its own collectives)."""
+    started = start(cfg)
+    alone = (cfg is not None and hvd.size() == 1 and not cfg.elastic and not cfg.comm_timeline
+             and cfg.compression == "none" and cfg.local_sgd_steps == 1)
+    return (HorovodAlone if alone else HorovodSync)(cfg, *started)

@@ -71,14 +71,13 @@ class MpiSync(SyncMethod):
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
         self.params: list[torch.nn.Parameter] = []
-        self.fp16 = False
 
     # --- model and optimizer -------------------------------------------------------
-    def wrap(self, model, optimizer, named_parameters, accumulation_steps, fp16):
+    def wrap(self, model, optimizer, named_parameters, accumulation_steps):
         # Only the trainable parameters the loop hands over are averaged: a frozen layer costs
         # no bytes. The buffers are allocated here, once per trainable set, not per step.
         self.params = [p for _, p in named_parameters]
-        self.fp16 = fp16
+        fp16 = self.fp16
         numel = sum(p.numel() for p in self.params)
         # In host memory: MPI reads and writes it directly (no CUDA-aware MPI assumed).
         self.flat = torch.zeros(numel, dtype=torch.float32)

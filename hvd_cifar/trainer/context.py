@@ -76,9 +76,9 @@ class Training:
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         cfg = self.cfg
         self.net, self.optimizer = self.sync.wrap(self.model, optim.sgd(named, cfg, old_optimizer), named,
-                                                  cfg.accumulation_steps, cfg.fp16_allreduce)
-        self.payload_bytes = self.sync.payload_bytes(named, cfg.fp16_allreduce)
-        self.unfrozen_payload_bytes = self.sync.payload_bytes(list(self.model.named_parameters()), cfg.fp16_allreduce)
+                                                  cfg.accumulation_steps)
+        self.payload_bytes = self.sync.payload_bytes(named)
+        self.unfrozen_payload_bytes = self.sync.payload_bytes(list(self.model.named_parameters()))
         self.trainable = sum(p.numel() for _, p in named)
 
     def rank_states(self) -> list[dict] | None:
