@@ -51,8 +51,7 @@ import time
 from testbed import jobs, render_docs
 from testbed.hosts import Hosts
 from testbed.results import Figure, Results, add_options as add_results_options
-from hvd_cifar.compress import cost
-from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
+from hvd_cifar.compress import registry
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
 from hvd_cifar.analysis.summary import run_bytes, steady_mean, steady_nic_mean, time_to_target
@@ -119,8 +118,8 @@ def run_job(cluster: NetCluster, pass_name: str, name: str, flags: list[str], ar
 
 def scheme_label(config: dict) -> str:
     """A run's scheme as predict's compression column names it (fp16 kept apart from none)."""
-    return cost.label(config.get("compression", "none"), int(config.get("local_sgd_steps") or 1),
-                      int(config.get("powersgd_rank") or POWERSGD_RANK), float(config.get("topk_fraction") or TOPK_FRACTION))
+    name = config.get("compression", "none")
+    return registry.label(name, int(config.get("local_sgd_steps") or 1), registry.of(name, config))
 
 
 def accuracy_row(run_dir: str) -> dict:

@@ -49,8 +49,15 @@ CASES = {  # name: (ranks, extra flags)
     # The asynchronous parameter server: 1 server and 2 workers, against np2's 2 workers:
     "np3-async-ps": (3, ["--sync", "mpi-async-ps"]),
     "np2-freezeauto": (2, ["--freeze", "auto"]),
-    # Two passes of half the batch per update: the same global batch and lr as np2:
+    # Two passes of half the batch per update, the same images per update as np2: at the default
+    # lr (the schedule scales it by ranks x accumulation steps: twice np2's peak), and at half of
+    # it (per image, np2's rate):
     "np2-acc2": (2, ["--accumulation-steps", "2", "--batch-size", "16"]),
+    "np2-acc2-lr": (2, ["--accumulation-steps", "2", "--batch-size", "16", "--lr", "0.025"]),
+    # freeze: auto's threshold, to choose it on tuning seeds:
+    "np2-freezeauto-t0.1": (2, ["--freeze", "auto", "--freeze-auto-threshold", "0.1"]),
+    "np2-freezeauto-t0.05": (2, ["--freeze", "auto", "--freeze-auto-threshold", "0.05"]),
+    "np2-freezeauto-t0.02": (2, ["--freeze", "auto", "--freeze-auto-threshold", "0.02"]),
     "np2-freeze2": (2, ["--freeze", "2"]),
     # Alternatives to the default warm-up and scaling, to judge the defaults against over seeds:
     "np1-warm0.25": (1, ["--warmup-epochs", "0.25"]),

@@ -24,9 +24,8 @@ import sys
 from dataclasses import replace
 
 from hvd_cifar.analysis.plots import plot_prediction
-from hvd_cifar.compress import cost
+from hvd_cifar.compress import registry
 from hvd_cifar.core import units
-from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
 from hvd_cifar.core.errors import PredictError, ReportError
 from hvd_cifar.core.files import RunError
 from hvd_cifar.core.names import COMPRESSIONS, SCHEME_SYNC_METHODS
@@ -92,9 +91,14 @@ def measured_rows(paths: list[str]) -> list[dict]:
         rows.append({"run": s["run"], "method": s["sync"], "np": s["world_size"],
                      "fp16_allreduce": bool(s["fp16_allreduce"]), "accumulation_steps": int(s["accumulation_steps"]),
                      "freeze": int(run.metrics[-1].get("frozen_blocks", 0)),
-                     "compression": cost.label(**scheme_of(run.config)),
+                     "compression": scheme_label(scheme_of(run.config)),
                      "step_s": s["step_time_s"], "images_per_s": s["images_per_s"]})
     return rows
+
+
+def scheme_label(scheme: dict) -> str:
+    """A Scenario's scheme fields (scaling.scheme_of) as its table cell."""
+    return registry.label(scheme["compression"], scheme["local_sgd_steps"], dict(scheme["settings"]))
 
 
 def attach_measured(rows: list[dict], measured: list[dict]) -> None:
@@ -140,10 +144,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--compression", nargs="+", choices=list(COMPRESSIONS), default=[],
                    help="predict with each of these gradient compressions too (powersgd, topk: horovod and ddp)")
     p.add_argument("--local-sgd-steps", type=int, metavar="H", help="predict local SGD too (models averaged every H updates)")
-    p.add_argument("--powersgd-rank", type=int, default=POWERSGD_RANK,
-                   help=f"with --compression powersgd (default {POWERSGD_RANK})")
-    p.add_argument("--topk-fraction", type=float, default=TOPK_FRACTION,
-                   help=f"with --compression topk (default {TOPK_FRACTION})")
+    for key, (scheme, setting) in registry.settings().items():  # the settings that shape a scheme's bytes
+        if setting.bytes:
+            p.add_argument(f"--{key.replace('_', '-')}", type=setting.kind, default=setting.default,
+                           help=f"with --compression {scheme} (default {setting.default}): {setting.meaning}")
     p.add_argument("--ranks-per-host", type=int, default=1, help="for horovod-hierarchical (default 1)")
     p.add_argument("--shared-cores", type=int, default=0, metavar="C",
                    help="every rank runs on one machine with C cores (the namespace cluster, an "
@@ -156,8 +160,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.np) < 1 or args.ranks_per_host < 1 or (args.accumulation_steps or 1) < 1 or min(args.freeze or 0, args.shared_cores) < 0:
         p.error("--np, --ranks-per-host and --accumulation-steps must be >= 1, --freeze and --shared-cores >= 0")
-    if (args.local_sgd_steps or 2) < 2 or args.powersgd_rank < 1 or not 0 < args.topk_fraction <= 1:
-        p.error("--local-sgd-steps must be >= 2, --powersgd-rank >= 1, --topk-fraction in (0, 1]")
+    if (args.local_sgd_steps or 2) < 2:
+        p.error("--local-sgd-steps must be >= 2")
+    for key, (_, setting) in registry.settings().items():
+        if setting.bytes and not setting.allowed(getattr(args, key)):
+            p.error(f"--{key.replace('_', '-')}: {setting.rule}, got {getattr(args, key)}")
     return args
 
 
@@ -168,13 +175,12 @@ def with_schemes(plain: list[Scenario], args: argparse.Namespace) -> list[Scenar
              for name in args.compression]
     if args.local_sgd_steps:
         asked.append({"fp16": False, "compression": "none", "local_sgd_steps": args.local_sgd_steps})
-    fixed = {"powersgd_rank": args.powersgd_rank, "topk_fraction": args.topk_fraction}
     runs_schemes = [s for s in plain if s.method in SCHEME_SYNC_METHODS]
     if any(a["compression"] != "none" or a["local_sgd_steps"] > 1 for a in asked) and not runs_schemes:
         raise PredictError(f"--compression/--local-sgd-steps: powersgd, topk and local SGD run under "
                            f"{' and '.join(SCHEME_SYNC_METHODS)}; give one of them in --sync")
-    more = [replace(s, **a, **fixed) for s in plain for a in asked
-            if s in runs_schemes or (a["compression"] == "none" and a["local_sgd_steps"] == 1)]
+    more = [replace(s, **a, settings=tuple(registry.of(a["compression"], vars(args)).items())) for s in plain
+            for a in asked if s in runs_schemes or (a["compression"] == "none" and a["local_sgd_steps"] == 1)]
     return list(dict.fromkeys(plain + more))
 
 

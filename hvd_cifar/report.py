@@ -200,7 +200,8 @@ def compare_report(runs: list[Run], out: str) -> str:
     lines = ["# Run comparison\n",
             "Means and img/s are over all epochs but the first (warm-up) when a run has two or more. "
             "Speedup = img/s / img/s of the np=1 run of the same model, dataset, batch size per rank, "
-            "sync, fp16 allreduce, accumulation steps and freeze among these runs; efficiency = "
+            "sync, compression, local SGD steps, accumulation steps, freeze and precision (amp) among these "
+            "runs; efficiency = "
             "speedup / np; '-' where there is no such run. Bytes: gradient bytes sent per rank.\n",
             *([TARGET_NOTE] if any(r["target_acc"] for r in rows) else []),
             markdown_table(with_target_columns(COMPARE_COLUMNS, rows), rows), *time_went_section(runs, rows), "## Figures\n",

@@ -40,9 +40,9 @@ from hvd_cifar.trainer.ranks import before_loop, on_every_rank, on_main
 from hvd_cifar.trainer.recording import checkpoint_and_record, finish
 from hvd_cifar.trainer.restore import resume
 from hvd_cifar.workload import data
-from hvd_cifar.workload.epoch import SUMS, EpochResult, no_sums
+from hvd_cifar.workload.epoch import SUMS, EpochContext, EpochResult, no_sums
 from hvd_cifar.workload.models import build_model, set_frozen_blocks
-from hvd_cifar.workload.optim import LrSchedule
+from hvd_cifar.workload.optim import LrSchedule, OptimSettings
 
 
 def load_config(argv: list[str]) -> Config:
@@ -112,7 +112,7 @@ def build(cfg: Config, sync: SyncMethod, device: torch.device) -> Training:
     loader.channels_last = cfg.channels_last
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     return Training(cfg, sync, device, ds, loader, model, checkpoint.checkpoint_identity(cfg, ds.num_classes),
-                    freezing.make(cfg, model), scaler=scaler, compute_choice=choice)
+                    freezing.make(freezing.FreezeSettings.of(cfg), model), scaler=scaler, compute_choice=choice)
 
 
 # ----------------------------------------------------------------------------- the epoch loop
@@ -132,7 +132,7 @@ def begin(run: Training, state) -> None:
         checkpoint.restore_rank_buffers(run.model, run.resume_at, sync.rank, sync.size)
     run.loader.reshard(sync.worker_rank, sync.workers)  # shards for the ranks that train
     run.updates_per_epoch = math.ceil(len(run.loader) / cfg.accumulation_steps)
-    run.schedule = LrSchedule(cfg, sync.size, run.updates_per_epoch)
+    run.schedule = LrSchedule(OptimSettings.of(cfg), sync.size, run.updates_per_epoch)
 
 
 def first_start(run: Training) -> None:
@@ -174,7 +174,7 @@ def train(run: Training, state) -> None:
         set_frozen_blocks(run.model, run.frozen)  # train() switched frozen BatchNorm back to batch stats
         nic.start()
         usage.start()
-        result = run.sync.epoch_loop(loop.train_one_epoch)(run, state, epoch)
+        result = run.sync.run_epoch(epoch_context(run, epoch), lambda: loop.train_one_epoch(run, state, epoch))
         measured = metrics.Measured(nic.interface, nic.stop(), *usage.stop())
         run.freezing.end_epoch()  # the epoch's gradient measure, before it is recorded and saved
         last = epoch == end_epoch - 1
@@ -185,6 +185,14 @@ def train(run: Training, state) -> None:
     if run.board:
         run.board.close()
     run.log.close()
+
+
+def epoch_context(run: Training, epoch: int) -> EpochContext:
+    """What the sync method's epoch is told of the run."""
+    cfg, settings = run.cfg, OptimSettings.of(run.cfg)
+    return EpochContext(epoch, cfg.epochs, run.run_dir, len(run.loader), run.updates_per_epoch, run.optimizer,
+                        run.device, run.is_main and cfg.progress,
+                        lambda ranks, updates: LrSchedule(settings, ranks, updates))
 
 
 def evaluate_and_record(run: Training, state, epoch: int, result: EpochResult, measured: metrics.Measured,

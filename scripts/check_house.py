@@ -162,7 +162,9 @@ def layer_problems(package_root: Path, never: list[str]) -> list[str]:
                 found.append(f"{path}:{line}: imports {root} ({own} loads no torch)")
             elif allowed is not None and root == top and name.count(".") >= 2:
                 target = ".".join(name.split(".")[:2])
-                if target != own and (package_root / target.split(".")[1]).is_dir() and target not in allowed:
+                # An entry names a sub-package, or one module of it (the rest of it stays out).
+                named = any(name == entry or name.startswith(entry + ".") for entry in allowed)
+                if target != own and (package_root / target.split(".")[1]).is_dir() and not named:
                     found.append(f"{path}:{line}: imports {target} ({own} may import: "
                                  f"{', '.join(allowed) or 'nothing of ' + top})")
     return found

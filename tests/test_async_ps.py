@@ -135,13 +135,14 @@ def test_the_server_update_is_torch_sgd():
 
 def test_settings_it_cannot_honour_are_one_line(tmp_path):
     from hvd_cifar.sync.async_ps import AsyncPsSync
+    from hvd_cifar.sync.base import SyncSettings
 
     def refused(size: int, **settings) -> str:
         """What configure, which every rank runs before anything else, says at ``size`` ranks."""
         method = AsyncPsSync.__new__(AsyncPsSync)  # its checks need no MPI: none is started here
         method.size = size
         with pytest.raises(ConfigError) as err:
-            method.configure(Config(sync="mpi-async-ps", **settings).validate())
+            method.configure(SyncSettings.of(Config(sync="mpi-async-ps", **settings).validate()))
         return str(err.value)
 
     assert refused(1) == ("ps_servers: 1 server rank(s) leave no worker among 1 rank(s); "
@@ -226,7 +227,7 @@ def test_server_checkpoint_is_the_evaluated_model_and_resume_continues(first_epo
     cfg = Config(model="smallcnn", lr=0.05, epochs=6, warmup_epochs=1.0)  # the defaults, 6 epochs
     total = 2 * (DIGITS_TRAIN // 2 // 32)  # 2 workers x 22 updates an epoch, on a one-rank schedule
     for r in records:  # the rate of each epoch's last update, the resumed ones included
-        assert r["lr"] == pytest.approx(optim.LrSchedule(cfg, 1, total)((r["epoch"] + 1) * total - 1))
+        assert r["lr"] == pytest.approx(optim.LrSchedule(optim.OptimSettings.of(cfg), 1, total)((r["epoch"] + 1) * total - 1))
     final = torch.load(run / "checkpoint_last.pt", weights_only=True)
     assert final["epoch"] == 6
     assert _accuracy_of(final, "smallcnn") == pytest.approx(records[-1]["test_acc"], abs=1.5 / 360)

@@ -13,7 +13,7 @@ from hvd_cifar.compress import cost
 from hvd_cifar.compress.localsgd import LocalSGD
 from hvd_cifar.compress.powersgd import PowerSGD, orthonormalise
 from hvd_cifar.compress.topk import TopK
-from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION, TOPK_MIN_ENTRIES
+from hvd_cifar.compress.cost import POWERSGD_RANK, TOPK_FRACTION, TOPK_MIN_ENTRIES
 
 
 class World:
@@ -395,6 +395,12 @@ def test_local_sgd_diverging_where_every_rank_sees_it_ends_with_one_line(tmp_pat
 
 
 # ----------------------------------------------------------------------------- the scaling model
+def scenario(method, fp16, k, freeze, compression="none", local_sgd_steps=1, scheme_s=0.0, **settings):
+    """A scaling.Scenario, the scheme's settings given as keywords."""
+    from hvd_cifar.analysis import scaling
+    return scaling.Scenario(method, fp16, k, freeze, compression, local_sgd_steps, tuple(settings.items()), scheme_s)
+
+
 def scaling_case():
     from hvd_cifar.analysis import scaling
     # block 0: a conv (4, 2, 3, 3) and its bias; the head: a linear (10, 4) and its bias
@@ -425,7 +431,7 @@ def scaling_case():
 ])
 def test_the_scaling_model_counts_each_schemes_collectives(scheme, freeze, payload, comm_s, wire):
     scaling, prof, c, net = scaling_case()
-    row = scaling.predict_step(c, prof, net, scaling.Scenario("horovod", False, 1, freeze, **scheme), 4)
+    row = scaling.predict_step(c, prof, net, scenario("horovod", False, 1, freeze, **scheme), 4)
     assert row["payload_bytes"] == pytest.approx(payload)
     assert row["comm_s_per_sync"] == pytest.approx(comm_s)
     assert row["exposed_s_per_sync"] == pytest.approx(comm_s)  # after backward: nothing hides
@@ -443,7 +449,7 @@ def test_a_schemes_own_compute_is_timed_on_the_models_shapes_and_paid_once_per_u
     scaling, prof, c, net = scaling_case()
     plain = scaling.Scenario("horovod", False, 2, 0)
     from dataclasses import replace
-    timed_one = replace(plain, **option)
+    timed_one = replace(plain, **option) if "fp16" in option else scenario("horovod", False, 2, 0, **option)
     timed, same = scaling.time_schemes(prof, [timed_one, plain], threads=1)
     assert timed.scheme_s > 0 and same == plain
     untimed, row = (scaling.predict_step(c, prof, net, s, 4) for s in (timed_one, timed))
@@ -467,7 +473,7 @@ def test_a_scheme_pays_below_the_bandwidth_where_its_saved_bytes_outweigh_its_co
     from dataclasses import replace
     c = replace(c, hidden_fraction=0.0)
     plain = scaling.Scenario("horovod", False, 1, 0)
-    powersgd = scaling.Scenario("horovod", False, 1, 0, compression="powersgd", powersgd_rank=1, scheme_s=0.1)
+    powersgd = scenario("horovod", False, 1, 0, compression="powersgd", powersgd_rank=1, scheme_s=0.1)
     beta = scaling.break_even_bandwidth(c, prof, net, plain, powersgd, 4)
     assert beta == pytest.approx(1.5 * 304 / 0.1, rel=1e-6)
 

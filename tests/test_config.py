@@ -35,7 +35,8 @@ def test_flag_values_are_typed():
     assert cfg.lr == 1.0 and isinstance(cfg.lr, float)
     assert cfg.freeze_schedule == {0: 0, 3: 2}
     assert cfg.run_name == "2024"          # a string key keeps its text
-    assert cfg.frozen_blocks(0) == 0 and cfg.frozen_blocks(5) == 2
+    from hvd_cifar.trainer.freezing import FreezeSettings
+    assert FreezeSettings.of(cfg).frozen_blocks(0) == 0 and FreezeSettings.of(cfg).frozen_blocks(5) == 2
 
 
 @pytest.mark.parametrize("argv, key", [

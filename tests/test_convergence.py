@@ -9,13 +9,13 @@ import torch
 from conftest import TINY, SharedRun, read_metrics, run_train
 from hvd_cifar.core.config import Config
 from hvd_cifar.trainer.loop import guard_gradients
-from hvd_cifar.workload.optim import LrSchedule
+from hvd_cifar.workload.optim import LrSchedule, OptimSettings
 
 
 def schedule(np_: int, k: int = 1, scaling: str = "linear", updates_per_epoch: int = 0, **cfg) -> LrSchedule:
     """The schedule of a digits-sized run (1,437 images, 64 per rank) at ``np_`` ranks."""
     upe = updates_per_epoch or math.ceil(1437 // np_ // 64 / k)
-    return LrSchedule(Config(lr_scaling=scaling, accumulation_steps=k, **cfg).validate(), np_, upe)
+    return LrSchedule(OptimSettings.of(Config(lr_scaling=scaling, accumulation_steps=k, **cfg).validate()), np_, upe)
 
 
 @pytest.mark.parametrize("scaling, factor", [("linear", lambda m: m), ("sqrt", math.sqrt), ("none", lambda m: 1)])
@@ -173,7 +173,7 @@ def test_cifar10_recipe_states_the_rates_the_rule_gives():
     for ranks, images, peak, warmup in rows:
         cfg = config.from_args(["--config", path])
         upe = 50_000 // (cfg.batch_size * int(ranks))
-        s = LrSchedule(cfg, int(ranks), upe)
+        s = LrSchedule(OptimSettings.of(cfg), int(ranks), upe)
         assert int(images) == cfg.batch_size * int(ranks)
         assert s.peak == pytest.approx(float(peak))
         assert s.warmup / upe == pytest.approx(float(warmup), abs=0.05)

@@ -173,7 +173,7 @@ def test_the_epoch_loop_gives_the_scheme_its_epoch():
     scheme = TopK(alone(), 0.001, warmup_epochs=4)
     seen = []
     result = type("Result", (), {"extra": {}})()
-    scheme.epoch_loop(lambda run, state, epoch: seen.append(scheme.epoch) or result)(None, None, 3)
+    scheme.run_epoch(3, lambda: seen.append(scheme.epoch) or result)
     assert seen == [3] and result.extra["compression"] == "topk"
 
 

@@ -199,7 +199,7 @@ def test_report_says_where_the_time_went(tmp_path):
     assert f"({379_944 / 0.03 * 8 / 1e9:.3g} Gbit/s effective" in text
     assert "gather/scatter's step would take twice ring allreduce's from np=" in text
     # fp16 and each scheme the run's method (horovod) runs: where each would pay, by the model
-    from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION
+    from hvd_cifar.compress.cost import POWERSGD_RANK, TOPK_FRACTION
     for option in ("fp16 on ", f"powersgd r={POWERSGD_RANK} on ", f"topk f={TOPK_FRACTION:g} on ", "local SGD H=4 on "):
         assert option in text, option
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, STOP_FLAGS, TINY, launch_argv, read_metrics, run_train, seconds_until_it_ends, unmeasured
+from conftest import ROOT, STOP_FLAGS, launch_argv, read_metrics, run_train, seconds_until_it_ends, unmeasured
 from testbed import drill
 
 

@@ -22,7 +22,7 @@ from hvd_cifar.workload import data, optim
 from hvd_cifar.workload.models import build_model
 ds = data.load("digits", "")
 model = build_model("smallcnn", 10)
-opt = optim.sgd(list(model.named_parameters()), Config(lr=0.05).validate())
+opt = optim.sgd(list(model.named_parameters()), optim.OptimSettings.of(Config(lr=0.05).validate()))
 for _ in range(2):
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(ds.train_images[:8].float()), ds.train_labels[:8]).backward()
@@ -47,7 +47,7 @@ def test_sgd_computes_what_torch_sgd_computes():
     ours_model, torch_model = build_model("smallcnn", 10), build_model("smallcnn", 10)
     torch_model.load_state_dict(ours_model.state_dict())
     cfg = Config(lr=0.05).validate()
-    ours = optim.sgd(list(ours_model.named_parameters()), cfg)
+    ours = optim.sgd(list(ours_model.named_parameters()), optim.OptimSettings.of(cfg))
     theirs = torch.optim.SGD([{"params": [p for p in torch_model.parameters() if p.ndim > 1],
                                "weight_decay": cfg.weight_decay},
                               {"params": [p for p in torch_model.parameters() if p.ndim <= 1], "weight_decay": 0.0}],

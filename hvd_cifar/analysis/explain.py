@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from hvd_cifar.compress import registry
 from hvd_cifar.core.names import SCHEME_SYNC_METHODS
 from hvd_cifar.runfolder.reader import Run
 from hvd_cifar.analysis.scaling import (TRANSPORTS, Compute, Link, Network, Scenario, break_even_bandwidth,
@@ -39,14 +40,16 @@ def step_parts(c: Compute) -> dict:
     return parts
 
 
-def options(as_run: Scenario) -> list[Scenario]:
-    """What the run could have done instead: fp16, and where its method runs them, PowerSGD,
-    top-k (at the run's settings of theirs) and local SGD; each alone, the run's own left out."""
+def options(as_run: Scenario, config: dict) -> list[Scenario]:
+    """What the run could have done instead: fp16, and where its method runs them, each scheme of
+    the registry that replaces averaging (at the run's ``config``'s settings of theirs) and local
+    SGD; each alone, the run's own left out."""
     plain = replace(as_run, fp16=False, compression="none", local_sgd_steps=1, scheme_s=0.0)
     asked = [replace(plain, fp16=True)]
     if as_run.method in SCHEME_SYNC_METHODS:
-        asked += [replace(plain, compression="powersgd"), replace(plain, compression="topk"),
-                  replace(plain, local_sgd_steps=LOCAL_SGD_STEPS)]
+        asked += [replace(plain, compression=name, settings=tuple(registry.of(name, config).items()))
+                  for name in registry.replacing()]
+        asked.append(replace(plain, local_sgd_steps=LOCAL_SGD_STEPS))
     return [o for o in asked if (o.fp16, o.label) != (as_run.fp16, as_run.label)]
 
 
@@ -67,7 +70,7 @@ def explain(multi: Run, single: Run) -> dict:
     method = cn.sync if cn.sync in TRANSPORTS else "horovod"
     scheme = scheme_of(multi.config) if method in SCHEME_SYNC_METHODS else {}
     as_run = Scenario(method, cn.fp16, cn.accumulation_steps, cn.frozen_blocks, **scheme)
-    as_run, *others = time_schemes(prof, [as_run, *options(as_run)], cn.threads_per_rank)
+    as_run, *others = time_schemes(prof, [as_run, *options(as_run, multi.config)], cn.threads_per_rank)
     comm = cn.comm_s if cn.comm_s is not None else max(cn.sync_s - as_run.scheme_s, 0.0)  # the wire's share of the wait
     link = effective_link(c1, prof, as_run, n, comm)
     net = Network({method: link}, None)

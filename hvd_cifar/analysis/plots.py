@@ -251,7 +251,7 @@ def _series(row: dict) -> tuple:
 
 
 def _scenario_label(key: tuple) -> str:
-    method, fp16, k, freeze, scheme = key  # scheme: hvd_cifar.compress.cost.label's, "none" without one
+    method, fp16, k, freeze, scheme = key  # scheme: hvd_cifar.compress.registry.label's, "none" without one
     return (f"{method}{' fp16' if fp16 else ''}{f' accum {k}' if k > 1 else ''}{f' freeze {freeze}' if freeze else ''}"
             f"{f' {scheme}' if scheme != 'none' else ''}")
 

@@ -63,8 +63,9 @@ EPOCH_COLUMNS = [
 CONFIG_COLUMNS = [
     Column("run", "run"), Column("model", "model"), Column("dataset", "dataset"),
     Column("sync", "sync"), Column("np", "world_size"), Column("batch/rank", "batch_size"),
-    Column("fp16 allreduce", "fp16_allreduce"), Column("accum steps", "accumulation_steps"),
-    Column("freeze", "freeze"),
+    Column("fp16 allreduce", "fp16_allreduce"), Column("compression", "compression"),
+    Column("local SGD steps", "local_sgd_steps"), Column("accum steps", "accumulation_steps"),
+    Column("freeze", "freeze"), Column("amp", "amp"),
 ]
 
 COMPARE_COLUMNS = CONFIG_COLUMNS + [

@@ -24,7 +24,7 @@ import numpy as np
 from hvd_cifar.analysis.summary import setting, steady_epochs, value
 from hvd_cifar.compress import cost
 from hvd_cifar.core import wire
-from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION, TOPK_MIN_ENTRIES
+from hvd_cifar.compress import registry
 from hvd_cifar.core.errors import PredictError
 from hvd_cifar.core.names import PHASES
 from hvd_cifar.core.wire import allgather_bytes
@@ -307,28 +307,23 @@ class Scenario:
     fp16: bool
     accumulation_steps: int
     freeze: int
-    compression: str = "none"   # powersgd | topk: a scheme of hvd_cifar/compress/ (fp16: the flag above)
+    compression: str = "none"   # a scheme of hvd_cifar/compress/registry.py that replaces averaging (fp16: the flag above)
     local_sgd_steps: int = 1    # > 1: local SGD
-    powersgd_rank: int = POWERSGD_RANK
-    topk_fraction: float = TOPK_FRACTION
-    topk_min_entries: int = TOPK_MIN_ENTRIES
+    settings: tuple = ()        # the scheme's settings, as (key, value) pairs (registry.of); unnamed: defaults
     scheme_s: float = 0.0       # the scheme's (fp16: the casts') own compute per update, timed on a rank with cores of its own (time_schemes)
 
     @property
     def label(self) -> str:
         """The scheme and its setting as a table's cell (fp16 is a flag of its own)."""
-        return cost.label(self.compression, self.local_sgd_steps, self.powersgd_rank, self.topk_fraction,
-                          self.topk_min_entries)
+        return registry.label(self.compression, self.local_sgd_steps, dict(self.settings))
 
 
 def scheme_of(config: dict) -> dict:
     """A run's scheme of hvd_cifar/compress/ as Scenario's fields (fp16 is a flag of its own)."""
     compression = config.get("compression", "none")
-    return {"compression": compression if compression in ("powersgd", "topk") else "none",
-            "local_sgd_steps": int(config.get("local_sgd_steps") or 1),
-            "powersgd_rank": int(config.get("powersgd_rank") or POWERSGD_RANK),
-            "topk_fraction": float(config.get("topk_fraction") or TOPK_FRACTION),
-            "topk_min_entries": int(config.get("topk_min_entries", TOPK_MIN_ENTRIES))}
+    scheme = compression if compression in registry.replacing() else "none"
+    return {"compression": scheme, "local_sgd_steps": int(config.get("local_sgd_steps") or 1),
+            "settings": tuple(registry.of(scheme, config).items())}
 
 
 def time_schemes(prof: Profile, scenarios: list[Scenario], threads: int) -> list[Scenario]:
@@ -342,9 +337,10 @@ def time_schemes(prof: Profile, scenarios: list[Scenario], threads: int) -> list
     def with_compute(s: Scenario) -> Scenario:
         # fp16, a flag here, is a compression of its own there; a scheme's scenario times the scheme
         compression = "fp16" if s.fp16 and s.compression == "none" else s.compression
-        key = (compression, s.local_sgd_steps, s.powersgd_rank, s.topk_fraction, s.topk_min_entries, s.freeze)
+        key = (compression, s.local_sgd_steps, s.settings, s.freeze)
         if key not in timed:
-            timed[key] = seconds_per_update(prof.trainable_shapes(s.freeze), *key[:5], threads=threads)
+            timed[key] = seconds_per_update(prof.trainable_shapes(s.freeze), compression, s.local_sgd_steps,
+                                            dict(s.settings), threads=threads)
         return replace(s, scheme_s=timed[key])
     return [with_compute(s) for s in scenarios]
 
@@ -371,8 +367,7 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
     slower = (cpu_share(n, c.threads_per_rank, net.shared_cores)
               / cpu_share(c.world_size, c.threads_per_rank, net.shared_cores))
     backward = slower * c.backward_s * prof.backward_share(s.freeze) / prof.backward_share(c.frozen_blocks)
-    plan = cost.collectives(s.compression, s.local_sgd_steps, prof.trainable_shapes(s.freeze), s.powersgd_rank,
-                            s.topk_fraction, s.topk_min_entries)
+    plan = registry.plan(s.compression, s.local_sgd_steps, prof.trainable_shapes(s.freeze), dict(s.settings))
     if plan is None:
         payload = prof.payload_bytes(s.freeze, s.fp16)
         comm = comm_s(s.method, n, payload, link, net.local or link, net.ranks_per_host)

@@ -11,30 +11,41 @@ the method, which does it its own way. Any other scheme replaces the method's gr
 (``horovod``, ``ddp``; sync/schemes.py holds the method and the scheme side by side) and gets
 each update instead: ``synchronize()`` after the update's last backward,
 ``after_step()`` after the optimizer step, ``end_epoch()`` after the epoch's last update (through
-``epoch_loop``). The training loop does not know which scheme runs.
+``run_epoch``). The training loop does not know which scheme runs.
 
-No torch at import: the byte counts (cost.py) are read by the scaling model. The schemes' names
-are ``core.names.COMPRESSIONS``, their default settings ``core.config``'s.
+No torch at import: the byte counts (cost.py) are read by the scaling model. The schemes' names,
+settings, byte plans and labels are in one registry (registry.py), which the config, the scaling
+model, predict, explain and the reports loop over.
 
 May import: hvd_cifar.core.
 """
 from __future__ import annotations
 
+import importlib
+from types import SimpleNamespace
+
+from hvd_cifar.compress import registry
 from hvd_cifar.compress.base import Collective, Scheme
+
+LOCAL_SGD = ("local_sgd_steps", "compression_warmup_steps")  # what local SGD reads of the config
+
+
+def settings(cfg) -> SimpleNamespace:
+    """What the scheme ``cfg`` asks for reads of it: its own keys (registry.py) and those it names
+    in ``reads``; local SGD's, LOCAL_SGD. Nothing else of the config reaches a scheme."""
+    spec = registry.SCHEMES[cfg.compression]
+    keys = LOCAL_SGD if cfg.local_sgd_steps > 1 else (*spec.settings, *spec.reads)
+    return SimpleNamespace(**{key: getattr(cfg, key) for key in keys})
 
 
 def make(cfg, collective: Collective) -> Scheme | None:
-    """The scheme ``cfg`` asks for (compression, local_sgd_steps and their keys), or None: the
-    sync method's own averaging, uncompressed. Each scheme's module is imported only when asked
-    for (it loads torch)."""
+    """The scheme ``cfg`` asks for (compression, or local SGD with local_sgd_steps > 1), given its
+    settings alone, or None: the sync method's own averaging, uncompressed. Each scheme's module
+    is imported only when asked for (it loads torch)."""
     if cfg.local_sgd_steps > 1:
-        from hvd_cifar.compress import localsgd as module
-    elif cfg.compression == "powersgd":
-        from hvd_cifar.compress import powersgd as module
-    elif cfg.compression == "topk":
-        from hvd_cifar.compress import topk as module
-    elif cfg.compression == "fp16":
-        from hvd_cifar.compress import fp16 as module
+        module = importlib.import_module("hvd_cifar.compress.localsgd")
+    elif registry.SCHEMES[cfg.compression].module:
+        module = importlib.import_module(registry.SCHEMES[cfg.compression].module)
     else:
         return None
-    return module.create(cfg, collective)
+    return module.create(settings(cfg), collective)

@@ -14,7 +14,7 @@ class Collective:
 
     def __init__(self, size: int):
         self.size = size
-        self.sent_bytes = 0  # since the count was last reset (epoch_loop: per epoch)
+        self.sent_bytes = 0  # since the count was last reset (run_epoch: per epoch)
 
     def allreduce_mean(self, tensor, name: str):
         """The mean of ``tensor`` over the ranks; identical on every rank."""
@@ -52,7 +52,7 @@ class Scheme:
         self.collective = collective
         self.warmup_steps = warmup_steps  # updates averaged uncompressed first, as the papers do
         self.updates = 0                  # synchronize() calls so far (this process)
-        self.epoch = 0                    # the epoch being trained (epoch_loop sets it)
+        self.epoch = 0                    # the epoch being trained (run_epoch sets it)
         self.params: list = []            # (name, parameter) being trained
 
     def track(self, named_parameters, optimizer=None) -> None:
@@ -110,14 +110,12 @@ class Scheme:
         scheme gathers."""
         return ring_allreduce_bytes(self.collective.size, payload)
 
-    def epoch_loop(self, train_one_epoch):
-        """``train_one_epoch`` followed by ``end_epoch``, with the epoch's bytes as the
-        collectives counted them (the warm-up's full-size updates and local SGD's averages
+    def run_epoch(self, epoch: int, train):
+        """``train()`` (the epoch's step loop) followed by ``end_epoch``, with the epoch's bytes as
+        the collectives counted them (the warm-up's full-size updates and local SGD's averages
         included) as the metrics line's ``comm_bytes_per_rank``."""
-        def counted(run, state, epoch):
-            self.collective.sent_bytes, self.epoch = 0, epoch
-            result = train_one_epoch(run, state, epoch)
-            self.end_epoch()
-            result.extra.update({"compression": self.name, "comm_bytes_per_rank": self.collective.sent_bytes})
-            return result
-        return counted
+        self.collective.sent_bytes, self.epoch = 0, epoch
+        result = train()
+        self.end_epoch()
+        result.extra.update({"compression": self.name, "comm_bytes_per_rank": self.collective.sent_bytes})
+        return result

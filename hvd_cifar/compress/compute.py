@@ -17,7 +17,7 @@ import torch
 
 from hvd_cifar.compress import make
 from hvd_cifar.compress.base import Collective
-from hvd_cifar.core.config import POWERSGD_RANK, TOPK_FRACTION, TOPK_MIN_ENTRIES, Config
+from hvd_cifar.core.config import Config
 
 
 class Alone(Collective):
@@ -34,16 +34,14 @@ class Alone(Collective):
 
 
 def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sgd_steps: int = 1,
-                       powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION,
-                       topk_min_entries: int = TOPK_MIN_ENTRIES, threads: int = 0, updates: int = 8) -> float:
+                       values: dict | None = None, threads: int = 0, updates: int = 8) -> float:
     """Mean seconds of the scheme's synchronize() and after_step() (fp16: the casts) over
     ``updates`` updates (after one untimed: PowerSGD draws its first Q there) on random gradients
     of ``shapes``, with ``threads`` torch threads (0: as this process has them); 0 for none."""
     # Every technique as the defaults have it, past the warm-ups; the values of momentum, weight
     # decay and the clip threshold change what is computed, not how long it takes.
-    cfg = Config(compression=compression, local_sgd_steps=local_sgd_steps, powersgd_rank=powersgd_rank,
-                 topk_fraction=topk_fraction, topk_min_entries=topk_min_entries, topk_warmup_epochs=0,
-                 compression_warmup_steps=0)
+    cfg = Config(**{**(values or {}), "compression": compression, "local_sgd_steps": local_sgd_steps,
+                    "topk_warmup_epochs": 0, "compression_warmup_steps": 0})
     scheme = make(cfg, Alone())
     if scheme is None:
         return 0.0

@@ -1,13 +1,22 @@
 """What each scheme sends, from the parameters' shapes alone (no torch): the counts the schemes
-report as their payload (powersgd.py, topk.py, localsgd.py) and the collectives of one update,
-which the scaling model times (hvd_cifar.analysis.scaling.predict_step)."""
+report as their payload (powersgd.py, topk.py, localsgd.py) and the collectives of one update
+(their ``plan`` in registry.py), which the scaling model times
+(hvd_cifar.analysis.scaling.predict_step)."""
 from __future__ import annotations
 
 import math
 
-from hvd_cifar.core.config import (MIN_COMPRESSION_RATE, POWERSGD_RANK, TOPK_FRACTION, TOPK_MIN_ENTRIES,
-                                   WARMUP_START_FRACTION)
 from hvd_cifar.core.wire import FP32_BYTES, INDEX_BYTES, allgather_bytes
+
+# The schemes' byte-shaping settings by default (registry.py makes them config keys).
+POWERSGD_RANK = 4         # PowerSGD's columns of P and Q (rank 2 lost accuracy at 4 ranks in runs of 66 updates)
+TOPK_FRACTION = 0.004     # top-k's share sent after its warm-up (99.6 % sparsity): 50x fewer bytes than a ring
+                          # allreduce at 4 ranks, and DGC's 0.001 lagged in runs of a few hundred updates
+TOPK_MIN_ENTRIES = 4096   # top-k averages a smaller matrix whole, as it does the vectors (docs/COMM_OPTIONS.md)
+WARMUP_START_FRACTION = 0.25  # top-k's share in its sparsity warm-up's first epoch (DGC: 75 % sparsity)
+# PowerSGD sends a matrix whole unless r·(rows + cols) times this is below rows·cols (PyTorch's
+# PowerSGDState.min_compression_rate, whose default it is).
+MIN_COMPRESSION_RATE = 2.0
 
 
 def matrix_shape(shape: tuple[int, ...], rank: int, min_rate: float = MIN_COMPRESSION_RATE) -> tuple[int, int] | None:
@@ -74,22 +83,22 @@ def localsgd_payload(numel: int, every: int) -> int:
     return round(numel * FP32_BYTES / every)
 
 
-def collectives(compression: str, local_sgd_steps: int, shapes: list[tuple[int, ...]],
-                powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION,
-                topk_min_entries: int = TOPK_MIN_ENTRIES) -> list[tuple[str, int, float]] | None:
-    """One update's collectives under a scheme, as (kind, bytes, share): ``allreduce`` (bytes:
-    the buffer) or ``allgather`` (bytes: one rank's part), run in ``share`` of the updates (local
-    SGD: 1/H). None without a scheme (the sync method's own allreduce, fp16 or not)."""
-    if local_sgd_steps > 1:
-        return [("allreduce", sum(math.prod(s) for s in shapes) * FP32_BYTES, 1 / local_sgd_steps)]
-    if compression == "powersgd":
-        return [("allreduce", part, 1.0) for part in powersgd_parts(shapes, powersgd_rank) if part]
-    if compression == "topk":
-        sparse, whole = topk_parts(shapes, topk_fraction, topk_min_entries)
-        entries = sparse // (FP32_BYTES + INDEX_BYTES)
-        return [("allgather", entries * FP32_BYTES, 1.0), ("allgather", entries * INDEX_BYTES, 1.0),
-                *([("allreduce", whole, 1.0)] if whole else [])]
-    return None
+def powersgd_plan(shapes: list[tuple[int, ...]], rank: int, min_rate: float) -> list[tuple[str, int, float]]:
+    """PowerSGD's update: three allreduces (every P, every Q, the gradients sent whole)."""
+    return [("allreduce", part, 1.0) for part in powersgd_parts(shapes, rank, min_rate) if part]
+
+
+def topk_plan(shapes: list[tuple[int, ...]], fraction: float, min_entries: int) -> list[tuple[str, int, float]]:
+    """top-k's update: the kept values and their indices gathered, the rest averaged whole."""
+    sparse, whole = topk_parts(shapes, fraction, min_entries)
+    entries = sparse // (FP32_BYTES + INDEX_BYTES)
+    return [("allgather", entries * FP32_BYTES, 1.0), ("allgather", entries * INDEX_BYTES, 1.0),
+            *([("allreduce", whole, 1.0)] if whole else [])]
+
+
+def localsgd_plan(shapes: list[tuple[int, ...]], every: int) -> list[tuple[str, int, float]]:
+    """Local SGD: the fp32 model averaged in one allreduce, once every ``every`` updates."""
+    return [("allreduce", sum(math.prod(s) for s in shapes) * FP32_BYTES, 1 / every)]
 
 
 def allgather_s(n: int, contribution: int, link) -> float:
@@ -98,13 +107,3 @@ def allgather_s(n: int, contribution: int, link) -> float:
     if n <= 1:
         return 0.0
     return link.per_op_s + (n - 1) * link.alpha_s + allgather_bytes(n, contribution) / link.beta_bytes_per_s
-
-
-def label(compression: str, local_sgd_steps: int = 1, powersgd_rank: int = POWERSGD_RANK, topk_fraction: float = TOPK_FRACTION,
-          topk_min_entries: int = TOPK_MIN_ENTRIES) -> str:
-    """A scheme and its setting in a table's cell: none, fp16, powersgd r=2, topk f=0.001 (with
-    ``min=N`` when topk_min_entries is not the default), local SGD H=4."""
-    if local_sgd_steps > 1:
-        return f"local SGD H={local_sgd_steps}"
-    topk = f"topk f={topk_fraction:g}" + (f" min={topk_min_entries}" if topk_min_entries != TOPK_MIN_ENTRIES else "")
-    return {"powersgd": f"powersgd r={powersgd_rank}", "topk": topk}.get(compression, compression)

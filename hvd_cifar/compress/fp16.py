@@ -30,5 +30,5 @@ class Fp16(Scheme):
         return sum(gradient_bytes(p.numel(), True, p.element_size()) for _, p in named_parameters)
 
 
-def create(cfg, collective: Collective) -> Fp16:
+def create(settings, collective: Collective) -> Fp16:
     return Fp16(collective)

@@ -74,5 +74,5 @@ class LocalSGD(Scheme):
         return localsgd_payload(sum(p.numel() for _, p in named_parameters), self.every)
 
 
-def create(cfg, collective: Collective) -> LocalSGD:
-    return LocalSGD(collective, cfg.local_sgd_steps, cfg.compression_warmup_steps)
+def create(settings, collective: Collective) -> LocalSGD:
+    return LocalSGD(collective, settings.local_sgd_steps, settings.compression_warmup_steps)

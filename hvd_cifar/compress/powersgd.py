@@ -34,9 +34,8 @@ import zlib
 import torch
 
 from hvd_cifar.compress.base import Collective, Scheme
-from hvd_cifar.compress.cost import matrix_shape, powersgd_payload
+from hvd_cifar.compress.cost import MIN_COMPRESSION_RATE, matrix_shape, powersgd_payload
 from hvd_cifar.compress.flat import average_in_place, flatten, unflatten
-from hvd_cifar.core.config import MIN_COMPRESSION_RATE
 
 EPS = 1e-8  # a column of norm below this is left at zero, not divided by
 
@@ -125,6 +124,6 @@ class PowerSGD(Scheme):
         return powersgd_payload([tuple(p.shape) for _, p in named_parameters], self.rank, self.min_rate)
 
 
-def create(cfg, collective: Collective) -> PowerSGD:
-    return PowerSGD(collective, cfg.powersgd_rank, cfg.compression_warmup_steps, cfg.powersgd_min_compression_rate,
-                    cfg.powersgd_error_feedback, cfg.powersgd_warm_start)
+def create(settings, collective: Collective) -> PowerSGD:
+    return PowerSGD(collective, settings.powersgd_rank, settings.compression_warmup_steps, settings.powersgd_min_compression_rate,
+                    settings.powersgd_error_feedback, settings.powersgd_warm_start)

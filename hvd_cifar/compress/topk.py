@@ -174,7 +174,7 @@ class TopK(Scheme):
         return allgather_bytes(self.collective.size, sparse) + ring_allreduce_bytes(self.collective.size, whole)
 
 
-def create(cfg, collective: Collective) -> TopK:
-    return TopK(collective, cfg.topk_fraction, cfg.compression_warmup_steps, cfg.topk_warmup_epochs,
-                cfg.topk_momentum_correction, cfg.topk_momentum_masking,
-                cfg.grad_clip if cfg.topk_local_clip else 0.0, cfg.topk_min_entries)
+def create(settings, collective: Collective) -> TopK:
+    return TopK(collective, settings.topk_fraction, settings.compression_warmup_steps, settings.topk_warmup_epochs,
+                settings.topk_momentum_correction, settings.topk_momentum_masking,
+                settings.grad_clip if settings.topk_local_clip else 0.0, settings.topk_min_entries)

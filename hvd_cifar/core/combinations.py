@@ -4,6 +4,7 @@ after each key was checked on its own), and which keys a combination leaves with
 (``inert_keys``: a warning, not a refusal)."""
 from __future__ import annotations
 
+from hvd_cifar.compress import registry
 from hvd_cifar.core.errors import ConfigError
 from hvd_cifar.core.names import SCHEME_SYNC_METHODS, runs_a_scheme
 
@@ -69,11 +70,7 @@ def validate_compression(cfg) -> None:
     if cfg.fp16_allreduce:
         cfg.compression = "fp16"
     cfg.fp16_allreduce = cfg.compression == "fp16"
-    if not 0 < cfg.topk_fraction <= 1:
-        raise ConfigError(f"topk_fraction: must be in (0, 1], got {cfg.topk_fraction}")
-    if cfg.powersgd_min_compression_rate < 1:
-        raise ConfigError(f"powersgd_min_compression_rate: must be >= 1 (below 1 a matrix would be sent as "
-                          f"factors larger than itself), got {cfg.powersgd_min_compression_rate}")
+    registry.validate_settings(cfg)
     if cfg.local_sgd_steps > 1 and cfg.compression != "none":
         raise ConfigError(f"local_sgd_steps: averages whole models every {cfg.local_sgd_steps} updates, "
                           f"not with compression: {cfg.compression}",
@@ -93,33 +90,16 @@ def validate_compression(cfg) -> None:
     if cfg.amp == "fp16" and cfg.local_sgd_steps == 1:
         raise ConfigError(f"{what}: not with amp: fp16 (its error feedback would carry loss-scaled "
                           f"gradients across changes of the scale)", fixes=(["--amp", "bf16"], ["--amp", "none"]))
-    if cfg.compression == "topk":
-        validate_topk(cfg)
+    registry.check(cfg)
     if cfg.freeze == "auto" and cfg.local_sgd_steps > 1:
         raise ConfigError(f"{what}: not with freeze: auto, which measures averaged gradients "
                           f"(local SGD averages none after its warm-up)", fixes=(["--freeze", "0"],))
-
-
-def validate_topk(cfg) -> None:
-    """Deep Gradient Compression's techniques: the combinations that mean something."""
-    if cfg.topk_momentum_masking and not cfg.topk_momentum_correction:
-        raise ConfigError("topk_momentum_masking: clears the velocity that topk_momentum_correction accumulates, "
-                          "and that is off", fixes=(["--no-topk-momentum-masking"], ["--topk-momentum-correction"]))
-    if cfg.topk_local_clip and not cfg.grad_clip:
-        raise ConfigError("topk_local_clip: clips each rank's gradient at grad_clip x sqrt(ranks), and grad_clip is 0",
-                          fixes=(["--grad-clip", "1.0"], ["--no-topk-local-clip"]))
-    if cfg.topk_momentum_correction and cfg.freeze == "auto":
-        raise ConfigError("freeze: auto measures averaged gradients, and with topk_momentum_correction the ranks "
-                          "average velocities",
-                          fixes=(["--no-topk-momentum-correction", "--no-topk-momentum-masking"], ["--freeze", "0"]))
 
 
 # Keys that do nothing under the other settings: (key or key prefix, when it is inert, why).
 # A key the user gave (YAML or flag) that is inert gets one warning line and is recorded in
 # meta.json ("inert_keys"); the run still trains.
 _INERT = (
-    ("powersgd_", lambda c: c.compression != "powersgd", lambda c: f"a PowerSGD setting, and compression is {c.compression}"),
-    ("topk_", lambda c: c.compression != "topk", lambda c: f"a top-k setting, and compression is {c.compression}"),
     ("compression_warmup_steps", lambda c: not runs_a_scheme(c.compression, c.local_sgd_steps),
      lambda c: "the warm-up of powersgd, topk and local SGD, and none of them runs"),
     ("horovod_", lambda c: c.sync != "horovod", lambda c: f"Horovod's own tuning, and sync is {c.sync}"),
@@ -138,6 +118,8 @@ def inert_keys(cfg, given: set[str]) -> dict[str, str]:
     validated ``cfg``'s other settings."""
     out = {}
     for key in sorted(given):
+        if key in registry.settings() and (why := registry.inert(cfg, key)):
+            out[key] = why
         for name, inert, why in _INERT:
             if (key == name or (name.endswith("_") and key.startswith(name))) and inert(cfg):
                 out[key] = why(cfg)

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from hvd_cifar.compress import registry
 from hvd_cifar.core import combinations
 from hvd_cifar.core.errors import ConfigError  # noqa: F401 (config.ConfigError: the name its callers know)
 from hvd_cifar.core.files import atomic_write
@@ -37,15 +38,6 @@ DATASETS = ("digits", "shapes", "cifar10", "cifar100", "svhn", "synthetic")
 # CNN learns slowly at VGG-11's 0.02; the deeper VGGs are unmeasured and take VGG-11's.
 MODEL_LR = {"vgg11": 0.02, "vgg13": 0.02, "vgg16": 0.02, "vgg19": 0.02, "resnet18": 0.02, "smallcnn": 0.05}
 MODELS = tuple(MODEL_LR)
-# The compression schemes' settings by default, which the scaling model and predict share.
-POWERSGD_RANK = 4         # PowerSGD's columns of P and Q (rank 2 lost accuracy at 4 ranks in runs of 66 updates)
-TOPK_FRACTION = 0.004     # top-k's share sent after its warm-up (99.6 % sparsity): 50x fewer bytes than a ring
-                          # allreduce at 4 ranks, and DGC's 0.001 lagged in runs of a few hundred updates
-TOPK_MIN_ENTRIES = 4096   # top-k averages a smaller matrix whole, as it does the vectors (docs/COMM_OPTIONS.md)
-WARMUP_START_FRACTION = 0.25  # top-k's share in its sparsity warm-up's first epoch (DGC: 75 % sparsity)
-# PowerSGD sends a matrix whole unless r·(rows + cols) times this is below rows·cols (PyTorch's
-# PowerSGDState.min_compression_rate, whose default it is).
-MIN_COMPRESSION_RATE = 2.0
 SCHEDULES = ("onecycle", "cosine", "step")
 LR_SCALINGS = ("linear", "sqrt", "none")
 AMP_MODES = ("none", "fp16", "bf16")
@@ -91,17 +83,7 @@ class Config:
     sync: str = "horovod"              # how the ranks share gradients (docs/SYNC_METHODS.md)
     fp16_allreduce: bool = False       # gradients cross the wire as fp16: the same as compression: fp16
     # Communication reduction (hvd_cifar/compress/, docs/COMM_OPTIONS.md); powersgd, topk and local SGD: horovod, ddp
-    compression: str = "none"          # gradients on the wire: none | fp16 | powersgd | topk (one of COMPRESSIONS)
-    powersgd_rank: int = POWERSGD_RANK  # powersgd: columns of P and Q per matrix-shaped gradient
-    powersgd_min_compression_rate: float = MIN_COMPRESSION_RATE  # powersgd: a matrix whose rows*cols / (rank*(rows+cols)) is not above this is sent whole
-    powersgd_error_feedback: bool = True  # powersgd: what the approximation left out is added to the next update's gradient
-    powersgd_warm_start: bool = True   # powersgd: each update's power step starts from the last update's Q (false: a new random Q)
-    topk_fraction: float = TOPK_FRACTION  # topk: share of each gradient's entries a rank sends after the warm-up, in (0, 1]
-    topk_min_entries: int = TOPK_MIN_ENTRIES  # topk: a matrix of fewer entries is averaged whole, like the vectors
-    topk_warmup_epochs: float = 4.0    # topk: epochs over which the share sent falls from 0.25 to topk_fraction; 0 = none
-    topk_momentum_correction: bool = True  # topk: accumulate the velocity, not the gradient; the optimizer steps without momentum
-    topk_momentum_masking: bool = True  # topk: clear the velocity of the entries sent (needs topk_momentum_correction)
-    topk_local_clip: bool = True       # topk: each rank clips its gradient at grad_clip x sqrt(ranks) before accumulating it
+    compression: str = "none"          # gradients on the wire: one of hvd_cifar/compress/registry.py's schemes (none | fp16 | powersgd | topk); each scheme's own keys are in its group below
     compression_warmup_steps: int = 20  # powersgd, topk, local SGD: first updates average the gradients whole (PowerSGD's start iteration, post-local SGD's switch-over)
     local_sgd_steps: int = 1           # > 1: after compression_warmup_steps updates, no gradient averaging; the models are averaged every this many updates
     accumulation_steps: int = 1        # local forward/backward passes per synchronisation
@@ -139,13 +121,13 @@ class Config:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
         positive = ("epochs", "batch_size", "accumulation_steps", "eval_batch_size", "synthetic_size", "shapes_train",
                     "shapes_test",
-                    "commit_every", "ps_servers", "powersgd_rank", "local_sgd_steps")
+                    "commit_every", "ps_servers", "local_sgd_steps")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
         non_negative = ("warmup_epochs", "momentum", "weight_decay", "grad_clip", "seed", "shapes_seed",
                         "threads_per_rank", "max_steps_per_epoch", "checkpoint_every", "stop_after",
-                        "compression_warmup_steps", "topk_warmup_epochs", "topk_min_entries")
+                        "compression_warmup_steps")
         for key in non_negative:
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
@@ -180,14 +162,6 @@ class Config:
             raise ConfigError(f"run_name: must be a plain folder name, got {self.run_name!r}")
         return self
 
-    def frozen_blocks(self, epoch: int) -> int:
-        """Feature blocks frozen during ``epoch`` (0-based): ``freeze``, then the schedule."""
-        frozen = self.freeze
-        for start in sorted(self.freeze_schedule):
-            if epoch >= start:
-                frozen = self.freeze_schedule[start]
-        return frozen
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -196,7 +170,21 @@ class Config:
         atomic_write(path, lambda f: f.write(yaml.safe_dump(self.to_dict(), sort_keys=False).encode()))
 
 
+# Each compression scheme's own keys (hvd_cifar/compress/registry.py) come after the keys above,
+# in the Config every part of hvd_cifar uses; CoreConfig is the class written here, whose source
+# (the comments beside the fields) the --help reads.
+CoreConfig = Config
+Config = dataclasses.make_dataclass(  # type: ignore[misc]
+    "Config", [(key, s.kind, field(default=s.default)) for key, (_, s) in registry.settings().items()],
+    bases=(CoreConfig,))
+Config.__module__, Config.__doc__ = __name__, "The run's config: the keys above, then each compression scheme's own."
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def settings_for(kind: type, cfg: Config):
+    """The typed settings a part of the trainer reads (``kind``, a dataclass whose fields are
+    config keys), taken from ``cfg``: what that part is given instead of the whole Config."""
+    return kind(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(kind)})
 CHOICES = {"dataset": DATASETS, "model": MODELS, "sync": SYNC_METHODS, "schedule": SCHEDULES, "amp": AMP_MODES,
            "lr_scaling": LR_SCALINGS, "compression": COMPRESSIONS, "compute": COMPUTE_CHOICES}  # the keys that take one of a list
 _HINTS = typing.get_type_hints(Config)

@@ -9,6 +9,7 @@ import inspect
 import re
 import textwrap
 
+from hvd_cifar.compress import registry
 from hvd_cifar.core import config
 
 _GROUP = re.compile(r"^\s*# --- (?P<name>.+?) ---\s*$")
@@ -18,14 +19,17 @@ USAGE = ("usage: python -m hvd_cifar.train [--config FILE] [--KEY VALUE | --FLAG
 
 
 def groups() -> dict[str, list[tuple[str, str]]]:
-    """{group: [(key, meaning)]} in the dataclass's order, from its source."""
+    """{group: [(key, meaning)]} in the dataclass's order, from its source; then a group per
+    compression scheme with keys of its own (``compression: NAME``), from the registry."""
     out: dict[str, list[tuple[str, str]]] = {}
     current = "other"
-    for line in inspect.getsource(config.Config).splitlines():
+    for line in inspect.getsource(config.CoreConfig).splitlines():
         if m := _GROUP.match(line):
             current = m["name"]
         elif (m := _FIELD.match(line)) and m["key"] in config.FIELDS:
             out.setdefault(current, []).append((m["key"], (m["meaning"] or "").strip()))
+    for key, (scheme, setting) in registry.settings().items():
+        out.setdefault(f"compression: {scheme}", []).append((key, setting.meaning))
     return out
 
 

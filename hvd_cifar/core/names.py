@@ -3,15 +3,17 @@ validates against them, the registries (``hvd_cifar.sync.make``, ``hvd_cifar.com
 map each name to its code, and the readers and tables use the same spellings."""
 from __future__ import annotations
 
+from hvd_cifar.compress import registry
+
 # Gradient synchronisation methods (config key ``sync``); hvd_cifar/sync/ has one module each.
 SYNC_METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp", "mpi-async-ps")
 
-# Communication reduction (config key ``compression``); ``none`` and ``fp16`` are the sync
-# method's own averaging, the others a scheme under hvd_cifar/compress/. ``local_sgd_steps`` > 1
-# selects local SGD, a scheme too.
-COMPRESSIONS = ("none", "fp16", "powersgd", "topk")
-SCHEMES = ("powersgd", "topk")
-SCHEME_SYNC_METHODS = ("horovod", "ddp")  # the sync methods that run the schemes
+# Communication reduction (config key ``compression``), from hvd_cifar/compress/registry.py:
+# ``none`` and ``fp16`` are the sync method's own averaging, the others (SCHEMES) a scheme that
+# replaces it. ``local_sgd_steps`` > 1 selects local SGD, a scheme too.
+COMPRESSIONS = registry.names()
+SCHEMES = registry.replacing()
+SCHEME_SYNC_METHODS = ("horovod", "ddp")  # the sync methods that run local SGD and the schemes that replace averaging
 
 # A run's identity: the config keys that make two runs the same configuration, world size being
 # what differs between them (a scaling group, a speed-up's baseline). Every table and report

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from hvd_cifar import compress
 from hvd_cifar.core.names import SYNC_METHODS
-from hvd_cifar.sync.base import SyncMethod
+from hvd_cifar.sync.base import SyncMethod, SyncSettings
 from hvd_cifar.sync.schemes import SchemeSync
 
 
@@ -33,11 +33,12 @@ def make(name: str, cfg=None) -> SyncMethod:
         from hvd_cifar.sync import async_ps as module
     else:  # mpi-allreduce, mpi-gather-scatter
         from hvd_cifar.sync import mpi as module
-    method = module.create(name, cfg)
+    settings = None if cfg is None else SyncSettings.of(cfg)  # all a method is given of the config
+    method = module.create(name, settings)
     if cfg is None:
         return method
-    method.configure(cfg)
-    scheme = compress.make(cfg, method.collective())
+    method.configure(settings)
+    scheme = compress.make(cfg, method.collective())  # the scheme, given its own keys alone
     if scheme is None:
         return method
     if scheme.native is None:  # powersgd, topk, local SGD: the scheme averages, the method carries

@@ -17,7 +17,7 @@ Pushes and pulls are buffer-based (uppercase) mpi4py calls on numpy views of the
 on a duplicate of COMM_WORLD of their own, so no small collective can ever match one of them.
 
 Where it meets the loop (docs/ARCHITECTURE.md): a server rank runs ``serve_epoch`` where a worker
-runs loop.train_one_epoch (``epoch_loop``); after the epoch every rank takes the servers'
+runs loop.train_one_epoch (``run_epoch``); after the epoch every rank takes the servers'
 weights and momentum and the workers' mean BatchNorm statistics (``consolidate``), so evaluation
 and rank 0's checkpoint (rank 0 is a server) see the servers' model, and --resume gives it back.
 
@@ -44,8 +44,7 @@ from hvd_cifar.core.errors import ConfigError
 from hvd_cifar.core.names import PHASES
 from hvd_cifar.sync.base import SyncMethod
 from hvd_cifar.sync.mpi import MpiSync
-from hvd_cifar.workload.epoch import EpochResult, progress_bar, zero_sums
-from hvd_cifar.workload.optim import LrSchedule
+from hvd_cifar.workload.epoch import EpochContext, EpochResult, progress_bar, zero_sums
 
 _PUSH = 21  # worker -> server: a gradient shard
 _PULL = 22  # server -> worker: the weight shard after applying it
@@ -164,8 +163,8 @@ class AsyncPsSync(MpiSync):
         # A server takes worker 0's shard only to know how many steps a worker's epoch has.
         return max(self.rank - self.servers, 0)
 
-    def epoch_loop(self, train_one_epoch):
-        return self.serve_epoch if self.is_server else train_one_epoch
+    def run_epoch(self, ctx, train):
+        return self.serve_epoch(ctx) if self.is_server else train()
 
     # --- buffers ------------------------------------------------------------------------
     def wrap(self, model, optimizer, named_parameters, accumulation_steps):
@@ -200,19 +199,19 @@ class AsyncPsSync(MpiSync):
         copy_into(self.weights, self.params)
 
     # --- a server's epoch ---------------------------------------------------------------
-    def serve_epoch(self, run, state, epoch: int) -> EpochResult:
+    def serve_epoch(self, ctx: EpochContext) -> EpochResult:
         """Apply every worker's pushes as they come and answer each with the weights, until every
         worker has made its updates of the epoch; the server's figures go into the metrics line."""
-        per_worker, cfg = run.updates_per_epoch, run.cfg
+        per_worker, epoch = ctx.updates_per_epoch, ctx.epoch
         total = per_worker * self.workers
-        schedule = LrSchedule(cfg, 1, total)  # a push is one worker's batch: a one-rank run's rate
-        self.begin_serving(run.optimizer)
+        schedule = ctx.lr_schedule(1, total)  # a push is one worker's batch: a one-rank run's rate
+        self.begin_serving(ctx.optimizer)
         pulled = [0] * self.workers  # the version (updates applied this epoch) each worker last pulled
         left = [per_worker] * self.workers
         receives = [self.receive(k) for k in range(self.workers)]
         replies = [self.MPI.REQUEST_NULL] * self.workers
         staleness, lr = [], 0.0
-        bar = progress_bar(total, 0, f"epoch {epoch + 1}/{cfg.epochs} server", run.is_main and cfg.progress)
+        bar = progress_bar(total, 0, f"epoch {epoch + 1}/{ctx.epochs} server", ctx.progress)
         began = time.perf_counter()
         for version in range(total):
             k = self.MPI.Request.Waitany(receives)
@@ -231,8 +230,8 @@ class AsyncPsSync(MpiSync):
         self.MPI.Request.Waitall(replies)
         bar.close()
         seconds = time.perf_counter() - began
-        return EpochResult(zero_sums(run.device), dict.fromkeys(PHASES, 0.0),
-                           len(run.loader), 0, per_worker, seconds, lr,
+        return EpochResult(zero_sums(ctx.device), dict.fromkeys(PHASES, 0.0),
+                           ctx.steps, 0, per_worker, seconds, lr,
                            serving_figures(self.servers_comm, staleness, seconds) | {"ps_servers": self.servers})
 
     def receive(self, k: int):

@@ -6,12 +6,36 @@ replaces a method's averaging is held beside the method (schemes.py), never mixe
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 from hvd_cifar.compress.base import Collective
 from hvd_cifar.core import wire
+from hvd_cifar.core.config import settings_for
+from hvd_cifar.workload.epoch import EpochContext, EpochResult
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """What the sync methods read of the run's config (Horovod's tuning, elastic, the timeline,
+    the parameter server's servers, and what of the compression and precision a method must
+    refuse or choose its path by)."""
+    elastic: bool = False
+    comm_timeline: bool = False
+    ps_servers: int = 1
+    compression: str = "none"
+    local_sgd_steps: int = 1
+    amp: str = "none"
+    horovod_cycle_time_ms: float | None = None
+    horovod_fusion_threshold_mb: float | None = None
+    horovod_hierarchical: bool | None = None
+    horovod_autotune: bool | None = None
+
+    @classmethod
+    def of(cls, cfg) -> "SyncSettings":
+        return settings_for(cls, cfg)
 
 
 class SyncMethod:
@@ -43,7 +67,7 @@ class SyncMethod:
     # set by hvd_cifar.sync.make from the scheme, before the first wrap().
     fp16 = False
 
-    def configure(self, cfg) -> None:
+    def configure(self, cfg: SyncSettings) -> None:
         """Read the config keys this method has (e.g. ``ps_servers``) once, right after ``make``,
         on every rank; a setting it cannot honour is a ConfigError."""
 
@@ -58,11 +82,11 @@ class SyncMethod:
         """This rank's data shard, in [0, workers)."""
         return self.rank
 
-    def epoch_loop(self, train_one_epoch):
-        """What this rank runs for one epoch, called as ``(run, state, epoch) -> EpochResult``:
-        the step loop given (loop.train_one_epoch), unless the method gives this rank another
-        part (a parameter server's ranks serve the workers instead)."""
-        return train_one_epoch
+    def run_epoch(self, ctx: EpochContext, train: Callable[[], EpochResult]) -> EpochResult:
+        """This rank's part of epoch ``ctx.epoch``: ``train()``, the step loop
+        (loop.train_one_epoch), unless the method gives this rank another part (a parameter
+        server's ranks serve the workers instead) or records something around it."""
+        return train()
 
     def consolidate(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """After an epoch's training, before evaluation and the checkpoint: make every rank hold

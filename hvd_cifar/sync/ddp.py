@@ -136,18 +136,14 @@ class DdpSync(SyncMethod):
         if len(self.comm) > first:
             self.waits.append((max(ready for ready, _ in self.comm[first:]), time.perf_counter()))
 
-    def epoch_loop(self, train_one_epoch):
+    def run_epoch(self, ctx, train):
         """With ``comm_timeline: true``: the epoch's allreduce time, split into what ran while
         backward still computed (hidden) and what backward waited for at its end (exposed)."""
-        if not self.timeline:
-            return train_one_epoch
-
-        def timed(run, state, epoch):
-            self.comm, self.waits = [], []
-            result = train_one_epoch(run, state, epoch)
+        self.comm, self.waits = [], []
+        result = train()
+        if self.timeline:
             result.extra.update(overlap.hidden_and_exposed(self.comm, self.waits))
-            return result
-        return timed
+        return result
 
     def accumulate(self, model, sync_now):
         # no_sync(): backward only accumulates into .grad; the update's last backward

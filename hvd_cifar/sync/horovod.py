@@ -85,7 +85,7 @@ def apply_tuning(cfg) -> str | None:
         os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
         return None
     # The run folder does not exist yet on a fresh run: Horovod writes here, and rank 0 copies
-    # the log into the run folder after each epoch (HorovodSync.epoch_loop).
+    # the log into the run folder after each epoch (HorovodSync.run_epoch).
     return os.environ.setdefault("HOROVOD_AUTOTUNE_LOG", os.path.join(
         tempfile.gettempdir(), f"hvd_cifar-autotune-{os.getpid()}.csv"))
 
@@ -158,24 +158,20 @@ class HorovodSync(SyncMethod):
     def collective(self):
         return HorovodCollective()
 
-    def epoch_loop(self, train_one_epoch):
+    def run_epoch(self, ctx, train):
         """With ``comm_timeline: true``: record Horovod's timeline (rank 0 writes RUN/timeline.json,
         cycles marked) and split the epoch's allreduce time into what ran while synchronize()
-        waited (exposed) and what ran during backward (hidden)."""
-        if not self.timeline and not self.autotune_log:
-            return train_one_epoch
-
-        def recorded(run, state, epoch):
-            if self.rank == 0 and self.timeline and self.timeline.path is None:
-                self.timeline.start(run.run_dir)
-            self.waits, began = [], time.time()
-            result = train_one_epoch(run, state, epoch)
-            if self.rank == 0 and self.timeline:
-                result.extra.update(self.timeline.epoch_overlap((began, time.time()), self.waits))
-            if self.rank == 0 and self.autotune_log:
-                self.keep_autotune_log(run.run_dir)
-            return result
-        return recorded
+        waited (exposed) and what ran during backward (hidden). Under the autotuner, rank 0 keeps
+        its log in the run folder after each epoch."""
+        if self.rank == 0 and self.timeline and self.timeline.path is None:
+            self.timeline.start(ctx.run_dir)
+        self.waits, began = [], time.time()
+        result = train()
+        if self.rank == 0 and self.timeline:
+            result.extra.update(self.timeline.epoch_overlap((began, time.time()), self.waits))
+        if self.rank == 0 and self.autotune_log:
+            self.keep_autotune_log(ctx.run_dir)
+        return result
 
     def keep_autotune_log(self, run_dir: str) -> None:
         """Copy Horovod's autotune log (rank 0 writes it, a line per sample) into the run folder:

@@ -120,14 +120,12 @@ class MpiSync(SyncMethod):
         """Replace ``self.flat`` (this rank's gradients) with the mean over all ranks."""
         raise NotImplementedError
 
-    def epoch_loop(self, train_one_epoch):
+    def run_epoch(self, ctx, train):
         """Nothing moves during backward here: the whole wait in synchronize() is exposed
         communication, none is hidden (hvd_cifar/sync/overlap.py's figures, measured as they are)."""
-        def timed(run, state, epoch):
-            result = train_one_epoch(run, state, epoch)
-            result.extra.update(comm_hidden_s=0.0, comm_exposed_s=result.phase_times["sync"])
-            return result
-        return timed
+        result = train()
+        result.extra.update(comm_hidden_s=0.0, comm_exposed_s=result.phase_times["sync"])
+        return result
 
     def broadcast_state(self, model):
         for tensor in model.state_dict().values():  # parameters and buffers (BN statistics)

@@ -64,8 +64,8 @@ class SchemeSync(SyncMethod):
         """Local SGD after its warm-up: each rank checks its own gradients, which no other rank sees."""
         return self.scheme.shares_gradients()
 
-    def epoch_loop(self, train_one_epoch):
-        return self.method.epoch_loop(self.scheme.epoch_loop(train_one_epoch))
+    def run_epoch(self, ctx, train):
+        return self.method.run_epoch(ctx, lambda: self.scheme.run_epoch(ctx.epoch, train))
 
     def wrap(self, model, optimizer, named_parameters, accumulation_steps):
         self.scheme.track(named_parameters, optimizer)

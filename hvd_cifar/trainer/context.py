@@ -75,7 +75,7 @@ class Training:
         set_frozen_blocks(self.model, frozen)
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         cfg = self.cfg
-        self.net, self.optimizer = self.sync.wrap(self.model, optim.sgd(named, cfg, old_optimizer), named,
+        self.net, self.optimizer = self.sync.wrap(self.model, optim.sgd(named, optim.OptimSettings.of(cfg), old_optimizer), named,
                                                   cfg.accumulation_steps)
         self.payload_bytes = self.sync.payload_bytes(named)
         self.unfrozen_payload_bytes = self.sync.payload_bytes(list(self.model.named_parameters()))

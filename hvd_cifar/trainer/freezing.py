@@ -20,17 +20,40 @@ Both policies answer the same calls, so the loop (hvd_cifar/trainer/loop.py) and
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
+from hvd_cifar.core.config import settings_for
+
 from hvd_cifar.runfolder import writer
+
+
+@dataclass(frozen=True)
+class FreezeSettings:
+    """What the freezing policies read of the run's config."""
+    freeze: int | str
+    freeze_schedule: dict
+    freeze_auto_threshold: float
+
+    @classmethod
+    def of(cls, cfg) -> "FreezeSettings":
+        return settings_for(cls, cfg)
+
+    def frozen_blocks(self, epoch: int) -> int:
+        """Feature blocks frozen during ``epoch`` (0-based): ``freeze``, then the schedule."""
+        frozen = self.freeze
+        for start in sorted(self.freeze_schedule):
+            if epoch >= start:
+                frozen = self.freeze_schedule[start]
+        return frozen
 
 
 class ConfigFreezing:
     """``freeze: N`` and ``freeze_schedule``: the config says what is frozen in each epoch."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, settings: FreezeSettings):
+        self.settings = settings
 
     def observe(self, scaler) -> None:
         """Nothing to measure."""
@@ -39,7 +62,7 @@ class ConfigFreezing:
         """Nothing to close."""
 
     def frozen_blocks(self, epoch: int, current: int) -> int:
-        return self.cfg.frozen_blocks(epoch)
+        return self.settings.frozen_blocks(epoch)
 
     def record(self) -> dict:
         """What goes into the epoch's metrics line (nothing: config.yaml says it)."""
@@ -127,11 +150,11 @@ def decide(changes: list[float | None], threshold: float, current: int) -> int:
     return max(current, passed[-1] + 1) if passed else current
 
 
-def make(cfg, model: torch.nn.Module):
+def make(settings: FreezeSettings, model: torch.nn.Module):
     """The policy the config asks for, over ``model``'s feature blocks."""
-    if cfg.freeze == "auto":
-        return AutoFreeze(model.feature_blocks, cfg.freeze_auto_threshold)
-    return ConfigFreezing(cfg)
+    if settings.freeze == "auto":
+        return AutoFreeze(model.feature_blocks, settings.freeze_auto_threshold)
+    return ConfigFreezing(settings)
 
 
 def event(epoch: int, before: int, after: int, trainable: int, why: dict) -> dict:

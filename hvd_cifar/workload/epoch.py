@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -54,6 +55,23 @@ class EpochResult:
     lr: float                          # the rate of the last update
     extra: dict = field(default_factory=dict)
     cpu_s: float = 0.0                 # this process's CPU seconds in the pass (resources.process_cpu_s)
+
+
+@dataclass(frozen=True)
+class EpochContext:
+    """What a sync method's or a scheme's epoch is told of the run (``run_epoch``), and nothing
+    else of the trainer."""
+    epoch: int                         # 0-based
+    epochs: int                        # in the whole run
+    run_dir: str
+    steps: int                         # a worker's steps (batches) in the epoch
+    updates_per_epoch: int             # a worker's optimizer updates in the epoch
+    optimizer: torch.optim.Optimizer   # the plain optimizer (its state: momentum)
+    device: torch.device
+    progress: bool                     # this rank shows a progress bar
+    # The learning rate per update for ``ranks`` ranks of ``updates`` updates an epoch:
+    # lr_schedule(ranks, updates)(update) (workload.optim.LrSchedule).
+    lr_schedule: Callable[[int, int], Callable[[int], float]]
 
 
 class PlainProgress:

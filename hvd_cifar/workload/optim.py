@@ -2,8 +2,29 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+from hvd_cifar.core.config import settings_for
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """What the optimizer and its learning-rate schedule read of the run's config."""
+    lr: float
+    momentum: float
+    nesterov: bool
+    weight_decay: float
+    lr_scaling: str
+    warmup_epochs: float
+    schedule: str
+    epochs: int
+    accumulation_steps: int
+
+    @classmethod
+    def of(cls, cfg) -> "OptimSettings":
+        return settings_for(cls, cfg)
 
 
 def _undecorated(method):
@@ -35,10 +56,10 @@ class SGD(torch.optim.SGD):
             return self._step(self, closure)
 
 
-def sgd(named: list[tuple[str, torch.nn.Parameter]], cfg, old: torch.optim.Optimizer | None = None
+def sgd(named: list[tuple[str, torch.nn.Parameter]], cfg: OptimSettings, old: torch.optim.Optimizer | None = None
         ) -> SGD:
-    """SGD with momentum (``cfg.lr``, ``momentum``, ``nesterov``) over ``named``, weight decay
-    on weights only; the momentum ``old`` held for parameters still in ``named`` carries over."""
+    """SGD with momentum (``lr``, ``momentum``, ``nesterov``) over ``named``, weight decay on
+    weights only; the momentum ``old`` held for parameters still in ``named`` carries over."""
     decay = [p for n, p in named if p.ndim > 1]           # no weight decay on biases / BN
     no_decay = [p for n, p in named if p.ndim <= 1]
     opt = SGD([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -72,7 +93,7 @@ class LrSchedule:
     docs/CONVERGENCE.md has the measurements behind the rule and the defaults.
     """
 
-    def __init__(self, cfg, world_size: int, updates_per_epoch: int):
+    def __init__(self, cfg: OptimSettings, world_size: int, updates_per_epoch: int):
         multiplier = world_size * cfg.accumulation_steps
         factor = {"linear": multiplier, "sqrt": math.sqrt(multiplier), "none": 1.0}[cfg.lr_scaling]
         self.peak = cfg.lr * factor
