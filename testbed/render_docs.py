@@ -219,6 +219,8 @@ def paired_table(data: dict, options: dict) -> list[str]:
         else:
             mean, low, high = _mean_interval([100 * (by_round[a][k] - by_round[b][k]) for k in shared])
             words = _verdict(low, high, options, float, ("higher", "lower"))
+            if words.startswith("no difference"):  # the smallest difference these rounds could have shown
+                words += f" (they resolve about ±{(high - low) / 2:.2f} points)"
             row = [f"{a} − {b}", *(f"{v:+.2f}" for v in (mean, low)), f"{high:+.2f}"]
         row = [row[0], row[1], f"{row[2]} to {row[3]}", str(len(shared)), words]
         if "test_size" in options and not ratio:

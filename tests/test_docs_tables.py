@@ -212,6 +212,11 @@ def test_paired_comparisons_give_the_interval_and_say_when_it_cannot_resolve(tmp
     text = render_docs.render(doc, str(tmp_path))
     assert "| a − b | +2.00 | +2.00 to +2.00 | 3 |" in text and "| higher |" in text
     assert "| c − a | +0.00 |" in text and "no difference these rounds can resolve" in text
+    # ... and says the smallest difference they could have shown: the interval's half-width
+    from scipy import stats as st
+    diffs = [1.0, -2.0, 1.0]
+    half = st.t.ppf(0.975, 2) * st.sem(diffs)
+    assert f"no difference these rounds can resolve (they resolve about ±{half:.2f} points)" in text, text
     import math
     from scipy import stats
     logs = [math.log(2.0), math.log(2.1), math.log(1.9)]
