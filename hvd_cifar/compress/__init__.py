@@ -27,25 +27,26 @@ from types import SimpleNamespace
 from hvd_cifar.compress import registry
 from hvd_cifar.compress.base import Collective, Scheme
 
-LOCAL_SGD = ("local_sgd_steps", "compression_warmup_steps")  # what local SGD reads of the config
+CHOICE = ("compression", "local_sgd_steps")  # which scheme runs
+LOCAL_SGD = ("compression_warmup_steps",)     # what local SGD reads besides its period
 
 
 def settings(cfg) -> SimpleNamespace:
-    """What the scheme ``cfg`` asks for reads of it: its own keys (registry.py) and those it names
-    in ``reads``; local SGD's, LOCAL_SGD. Nothing else of the config reaches a scheme."""
+    """All of the config that compress reads: which scheme runs and that scheme's own keys
+    (registry.py) with those it names in ``reads`` (local SGD: LOCAL_SGD)."""
     spec = registry.SCHEMES[cfg.compression]
-    keys = LOCAL_SGD if cfg.local_sgd_steps > 1 else (*spec.settings, *spec.reads)
+    keys = (*CHOICE, *(LOCAL_SGD if cfg.local_sgd_steps > 1 else (*spec.settings, *spec.reads)))
     return SimpleNamespace(**{key: getattr(cfg, key) for key in keys})
 
 
-def make(cfg, collective: Collective) -> Scheme | None:
-    """The scheme ``cfg`` asks for (compression, or local SGD with local_sgd_steps > 1), given its
-    settings alone, or None: the sync method's own averaging, uncompressed. Each scheme's module
-    is imported only when asked for (it loads torch)."""
-    if cfg.local_sgd_steps > 1:
+def make(settings: SimpleNamespace, collective: Collective) -> Scheme | None:
+    """The scheme ``settings`` (compress.settings) asks for (compression, or local SGD with
+    local_sgd_steps > 1), or None: the sync method's own averaging, uncompressed. Each scheme's
+    module is imported only when asked for (it loads torch)."""
+    if settings.local_sgd_steps > 1:
         module = importlib.import_module("hvd_cifar.compress.localsgd")
-    elif registry.SCHEMES[cfg.compression].module:
-        module = importlib.import_module(registry.SCHEMES[cfg.compression].module)
+    elif registry.SCHEMES[settings.compression].module:
+        module = importlib.import_module(registry.SCHEMES[settings.compression].module)
     else:
         return None
-    return module.create(settings(cfg), collective)
+    return module.create(settings, collective)

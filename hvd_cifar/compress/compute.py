@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from hvd_cifar.compress import make
+from hvd_cifar.compress import make, settings
 from hvd_cifar.compress.base import Collective
 from hvd_cifar.core.config import Config
 
@@ -42,7 +42,7 @@ def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sg
     # decay and the clip threshold change what is computed, not how long it takes.
     cfg = Config(**{**(values or {}), "compression": compression, "local_sgd_steps": local_sgd_steps,
                     "topk_warmup_epochs": 0, "compression_warmup_steps": 0})
-    scheme = make(cfg, Alone())
+    scheme = make(settings(cfg), Alone())
     if scheme is None:
         return 0.0
     generator = torch.Generator().manual_seed(0)

@@ -38,7 +38,7 @@ def make(name: str, cfg=None) -> SyncMethod:
     if cfg is None:
         return method
     method.configure(settings)
-    scheme = compress.make(cfg, method.collective())  # the scheme, given its own keys alone
+    scheme = compress.make(compress.settings(cfg), method.collective())  # the scheme, given its own keys alone
     if scheme is None:
         return method
     if scheme.native is None:  # powersgd, topk, local SGD: the scheme averages, the method carries
