@@ -52,9 +52,6 @@ class SchemeSync(SyncMethod):
     def allgather_object(self, obj):
         return self.method.allgather_object(obj)
 
-    def collective(self):
-        return self.scheme.collective
-
     def close(self):
         self.method.close()
 
