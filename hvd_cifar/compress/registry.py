@@ -134,9 +134,8 @@ def defaults(name: str) -> dict[str, Any]:
 def of(name: str, values: Any) -> dict[str, Any]:
     """Scheme ``name``'s settings from ``values`` (a Config, or a run's saved config as a dict):
     each key there, else its default."""
-    get = values.get if isinstance(values, dict) else lambda key, default: getattr(values, key, default)
-    return {key: s.kind(get(key, s.default) if get(key, s.default) is not None else s.default)
-            for key, s in SCHEMES[name].settings.items()}
+    get = values.get if isinstance(values, dict) else lambda key: getattr(values, key, None)
+    return {key: s.default if get(key) is None else s.kind(get(key)) for key, s in SCHEMES[name].settings.items()}
 
 
 def validate_settings(cfg) -> None:
