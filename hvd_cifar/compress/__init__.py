@@ -6,8 +6,8 @@ beside it, written against the two collectives of ``Collective``.
     compression: topk       topk.py: the largest fraction of each gradient, values and indices gathered
     local_sgd_steps: H > 1  localsgd.py: after a warm-up of averaged gradients, the models averaged every H updates
 
-A scheme whose ``native`` names what a sync method's own averaging can do (fp16) is handed to
-the method, which does it its own way. Any other scheme replaces the method's gradient averaging
+A scheme whose registry entry's ``native`` names what a sync method's own averaging can do (fp16)
+is handed to the method, which does it its own way (``native``). Any other scheme replaces the method's gradient averaging
 (``horovod``, ``ddp``; sync/schemes.py holds the method and the scheme side by side) and gets
 each update instead: ``synchronize()`` after the update's last backward,
 ``after_step()`` after the optimizer step, ``end_epoch()`` after the epoch's last update (through
@@ -37,6 +37,12 @@ def settings(cfg) -> SimpleNamespace:
     spec = registry.SCHEMES[cfg.compression]
     keys = (*CHOICE, *(LOCAL_SGD if cfg.local_sgd_steps > 1 else (*spec.settings, *spec.reads)))
     return SimpleNamespace(**{key: getattr(cfg, key) for key in keys})
+
+
+def native(settings: SimpleNamespace) -> str | None:
+    """What of the chosen scheme a sync method's own averaging does natively ("fp16"), or None:
+    the scheme, if any, replaces that averaging."""
+    return None if settings.local_sgd_steps > 1 else registry.SCHEMES[settings.compression].native
 
 
 def make(settings: SimpleNamespace, collective: Collective) -> Scheme | None:

@@ -43,10 +43,6 @@ class Scheme:
     # states stay alike and the checkpoint's (rank 0's) serves every rank (sync/schemes.py's rank_state);
     # local SGD: no. Whether one update's gradients were shared: shares_gradients().
     averages_gradients = True
-    # What of the scheme a sync method's own averaging does natively (fp16: the gradients on the
-    # wire as half precision), so that the method keeps its averaging and does it its own way;
-    # None: the scheme replaces the method's averaging and gets every update (synchronize()).
-    native: str | None = None
 
     def __init__(self, collective: Collective, warmup_steps: int = 0):
         self.collective = collective

@@ -1,5 +1,5 @@
 """fp16 on the wire: each gradient crosses it as half precision and is averaged back into its
-fp32 buffer. Every sync method that takes it does it natively (``native = "fp16"``): Horovod's
+fp32 buffer. Every sync method that takes it does it natively (its registry entry's ``native``): Horovod's
 ``Compression.fp16`` inside its DistributedOptimizer, DDP's ``fp16_compress_hook``, the MPI
 methods' cast of their flat buffer; so the method keeps its own averaging, overlapped with
 backward where it overlaps. ``synchronize`` is the same arithmetic through the two collectives,
@@ -16,7 +16,6 @@ from hvd_cifar.core.wire import gradient_bytes
 
 class Fp16(Scheme):
     name = "fp16"
-    native = "fp16"
 
     def synchronize(self) -> None:
         grads = [p.grad for _, p in self.params if p.grad is not None]

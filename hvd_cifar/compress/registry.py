@@ -39,7 +39,7 @@ class Spec:
     # Config keys beyond its own that ``create`` reads (the warm-up, the clipping threshold).
     reads: tuple[str, ...] = ()
     # (shapes, settings) -> one update's collectives [(kind, bytes, share)], kind allreduce or
-    # allgather; None: the sync method's own allreduce of every gradient (cost.gradient_plan).
+    # allgather; None: the sync method's own allreduce of every gradient.
     plan: Callable[[list, dict], list] | None = None
     label: Callable[[dict], str] | None = None  # settings -> its cell in a table; None: the name
     # "fp16": the sync methods' own averaging does it natively (they keep their averaging);

@@ -38,10 +38,11 @@ def make(name: str, cfg=None) -> SyncMethod:
     if cfg is None:
         return method
     method.configure(settings)
-    scheme = compress.make(compress.settings(cfg), method.collective())  # the scheme, given its own keys alone
+    chosen = compress.settings(cfg)  # which scheme, and its own keys alone
+    scheme = compress.make(chosen, method.collective())
     if scheme is None:
         return method
-    if scheme.native is None:  # powersgd, topk, local SGD: the scheme averages, the method carries
+    if compress.native(chosen) is None:  # powersgd, topk, local SGD: the scheme averages, the method carries
         return SchemeSync(method, scheme)
-    method.fp16 = scheme.native == "fp16"
+    method.fp16 = compress.native(chosen) == "fp16"
     return method
