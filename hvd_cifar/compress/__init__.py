@@ -49,10 +49,5 @@ def make(settings: SimpleNamespace, collective: Collective) -> Scheme | None:
     """The scheme ``settings`` (compress.settings) asks for (compression, or local SGD with
     local_sgd_steps > 1), or None: the sync method's own averaging, uncompressed. Each scheme's
     module is imported only when asked for (it loads torch)."""
-    if settings.local_sgd_steps > 1:
-        module = importlib.import_module("hvd_cifar.compress.localsgd")
-    elif registry.SCHEMES[settings.compression].module:
-        module = importlib.import_module(registry.SCHEMES[settings.compression].module)
-    else:
-        return None
-    return module.create(settings, collective)
+    name = "hvd_cifar.compress.localsgd" if settings.local_sgd_steps > 1 else registry.SCHEMES[settings.compression].module
+    return None if name is None else importlib.import_module(name).create(settings, collective)

@@ -42,7 +42,8 @@ def make(name: str, cfg=None) -> SyncMethod:
     scheme = compress.make(chosen, method.collective())
     if scheme is None:
         return method
-    if compress.native(chosen) is None:  # powersgd, topk, local SGD: the scheme averages, the method carries
+    native = compress.native(chosen)
+    if native is None:  # powersgd, topk, local SGD: the scheme averages, the method carries
         return SchemeSync(method, scheme)
-    method.fp16 = compress.native(chosen) == "fp16"
+    method.fp16 = native == "fp16"
     return method
