@@ -191,15 +191,19 @@ def test_a_divergence_in_the_reduced_epoch_loss_is_said_once_by_rank_0(tmp_path)
 
 
 def _accuracy_of(checkpoint: dict, model_name: str) -> float:
-    """The test accuracy of a checkpoint's model, computed here in one process."""
+    """The test accuracy of a checkpoint's model, computed here in one process, in the precision
+    and layout the run computed in (compute: auto may choose bf16, whose rounding moves a few
+    near-tied test images either way)."""
+    cfg = checkpoint["config"]
     ds = data.load("digits", "data")
     mean, std = ds.channel_stats()
-    normalize = data.ShardedLoader(ds.train_images, ds.train_labels, 32, 0, 1, 0, mean, std).normalize
+    normalize = data.ShardedLoader(ds.train_images, ds.train_labels, 32, 0, 1, 0, mean, std,
+                                   channels_last=cfg["channels_last"]).normalize
     model = build_model(model_name, ds.num_classes)
     model.load_state_dict(checkpoint["model"])
     model.eval()
     correct = 0
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg["amp"] == "bf16"):
         for x, y in data.eval_batches(ds.test_images, ds.test_labels, 400, 0, 1, normalize):
             correct += (model(x).argmax(1) == y).sum().item()
     return correct / len(ds.test_labels)
