@@ -59,6 +59,14 @@ CASES = {  # name: (ranks, extra flags)
     "np2-freezeauto-t0.05": (2, ["--freeze", "auto", "--freeze-auto-threshold", "0.05"]),
     "np2-freezeauto-t0.02": (2, ["--freeze", "auto", "--freeze-auto-threshold", "0.02"]),
     "np2-freeze2": (2, ["--freeze", "2"]),
+    # The small CNN's lr (per rank at batch 32), to choose it on tuning seeds, and freeze: auto's
+    # threshold at the rate chosen:
+    "np1-lr0.1": (1, ["--lr", "0.1"]),
+    "np2-lr0.1": (2, ["--lr", "0.1"]),
+    "np4-lr0.1": (4, ["--lr", "0.1"]),
+    "np2-lr0.2": (2, ["--lr", "0.2"]),
+    "np2-lr0.1-freezeauto-t0.05": (2, ["--lr", "0.1", "--freeze", "auto", "--freeze-auto-threshold", "0.05"]),
+    "np2-lr0.1-freezeauto-t0.02": (2, ["--lr", "0.1", "--freeze", "auto", "--freeze-auto-threshold", "0.02"]),
     # Alternatives to the default warm-up and scaling, to judge the defaults against over seeds:
     "np1-warm0.25": (1, ["--warmup-epochs", "0.25"]),
     "np2-warm0.25": (2, ["--warmup-epochs", "0.25"]),
