@@ -19,7 +19,7 @@ so with the settings training runs use (Open MPI's yield and ring rules, Horovod
 Per transport: the fastest and the median of the timed iterations (the first is warm-up, left
 out) over --rounds rounds (rotated order), and the payload rate, 2(N-1)/N x bytes x 8 / time,
 which a ring at line rate brings to the link rate. Every job is a round of the results file
-benchmarks/results/allreduce_transports.json (``testbed.results``: --tag, --results); the
+benchmarks/results/allreduce_transports.json (``hvd_cifar.measure.results``: --tag, --results); the
 table and the samples also go to OUT/allreduce_transports.json and .md, then printed.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ import sys
 import time
 
 from testbed import jobs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 from hvd_cifar.launch.commands import ROOT
 

@@ -13,7 +13,7 @@ model's lr, one epoch of warm-up, onecycle). Bytes over the run are sums over al
 first included: what a run costs, not a steady state. --repeats rounds, the two in an order that
 alternates. Each job's run folder lands in OUT/runs/NAME-rK and its output in OUT/logs/; the
 figures are made from the runs' metrics.jsonl and events.jsonl alone and written to the results
-file benchmarks/results/autofreeze.json (testbed.results: every round, medians and spreads, per
+file benchmarks/results/autofreeze.json (hvd_cifar.measure.results: every round, medians and spreads, per
 round auto's bytes over none's and its accuracy against none's; each auto run's freezes kept
 with its round), whose table is printed.
 """
@@ -26,7 +26,7 @@ import sys
 import time
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
 from hvd_cifar.analysis.summary import run_bytes

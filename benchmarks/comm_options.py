@@ -24,7 +24,7 @@ Per-epoch numbers are means over the epochs after the first (the first pays for 
 carries the tail of the initial weight broadcast). --repeats rounds of every job, the options in
 a rotated order each round. Each job's run folder lands in OUT/runs/PASS/NAME-rK and its output
 in OUT/logs/PASS-NAME-rK.log; the figures are made from the runs' metrics.jsonl alone and written
-to the results file benchmarks/results/comm_options.json (testbed.results: every round, medians,
+to the results file benchmarks/results/comm_options.json (hvd_cifar.measure.results: every round, medians,
 spreads, and per round each option's measured bytes over fp32's at the same np; a failed job is
 a failed round with its reason); the tables, rendered from it, are printed and left in
 OUT/comm_options.md.
@@ -38,7 +38,7 @@ import sys
 import time
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.launch.commands import ROOT
 from hvd_cifar.workload.models import build_model
 from testbed.netcluster import NetCluster

@@ -36,7 +36,7 @@ own rate (its label ``hosts``; --rates and --acc-rate are not applied).
 
 Run folders land in OUT/runs/PASS/NAME-rK, outputs in OUT/logs/, the predictions in
 OUT/predict-RATE-rK/. The figures are made from the runs' files alone and written to the results
-file benchmarks/results/compression.json (testbed.results: every round, medians and spreads,
+file benchmarks/results/compression.json (hvd_cifar.measure.results: every round, medians and spreads,
 each scheme's step and bytes over none's per round; a failed job is a failed round with its
 reason); the tables, rendered from it, are printed and left in OUT/compression.md.
 """
@@ -50,7 +50,7 @@ import time
 
 from testbed import jobs, render_docs
 from testbed.hosts import Hosts
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.compress import registry
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster

@@ -18,7 +18,7 @@ topk_warmup_epochs 0): the trainer's analytic ``comm_bytes_per_sync`` and each h
 update in the second epoch. ``--time-one`` times one accuracy run of each model at the largest np
 and stops (the projection of the whole grid).
 
-Writes the results file benchmarks/results/compression_seeds.json (``testbed.results``: --tag,
+Writes the results file benchmarks/results/compression_seeds.json (``hvd_cifar.measure.results``: --tag,
 --results; the run folders and logs go to logs/bench-compression_seeds/): per round (a seed) each
 (model, np, scheme)'s final test accuracy and accuracy per epoch, and each scheme's points against
 none's of the same seed and model and np; the bytes pass as round 1 of its own configurations,
@@ -34,7 +34,7 @@ import sys
 from hvd_cifar.launch.commands import ROOT, argv
 from hvd_cifar.runfolder.reader import read_metrics
 from testbed import jobs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 
 from compression import SCHEMES  # benchmarks/compression.py: each scheme's trainer flags at its defaults
 

@@ -15,7 +15,7 @@ after its first epoch; hvd_cifar's from its epochs after the first), the setting
 the compile's first epoch against a steady one, and the seconds hvd_cifar spent timing its
 candidates (each hvd_cifar job starts with an empty cache of choices). Paired within each round: hvd_cifar against the
 plain loop's fp32 NCHW, and against the plain setting that is fastest by its median over all
-rounds. Written to benchmarks/results/compute.json (testbed.results); the docs' tables
+rounds. Written to benchmarks/results/compute.json (hvd_cifar.measure.results); the docs' tables
 (docs/BENCHMARKS.md, "Compute") are rendered from it.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from hvd_cifar.launch import commands
 from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.trainer.compute import device_candidates
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HVD = "hvd_cifar auto"

@@ -14,7 +14,7 @@ training and evaluation time up to that epoch), img/s over the epochs after the 
 whether the case passes (final >= target);
 per round and model the spread of the final accuracies at np = 1, 2, 4 (target: within 2
 points). --repeats rounds, the cases in a rotated order each round. Written to the results file
-benchmarks/results/convergence.json (testbed.results, written again after every round; a case that exits non-zero, e.g. the
+benchmarks/results/convergence.json (hvd_cifar.measure.results, written again after every round; a case that exits non-zero, e.g. the
 divergence guard's status 3, is a failed round with its one line of stderr). With --seeds, round
 k runs every case at the k-th seed (--repeats is the number of seeds), so cases pair by seed; the tables,
 rendered from it, are printed and left in OUT/convergence.md. Run folders: OUT/runs/MODEL-CASE-rK.
@@ -32,7 +32,7 @@ from hvd_cifar.launch import commands
 from hvd_cifar.runfolder.reader import load_run
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 
 TARGETS = {"digits": 0.95, "shapes": 0.80}  # --target's default per data set
 CASES = {  # name: (ranks, extra flags)

@@ -23,7 +23,7 @@ categories:
   Python, other     the interpreter; everything else
 
 Needs `perf` (Debian: linux-perf), and root (or kernel.perf_event_paranoid <= 0) for `-a`.
-Written to the results file benchmarks/results/cpu_profile.json (testbed.results: every run,
+Written to the results file benchmarks/results/cpu_profile.json (hvd_cifar.measure.results: every run,
 medians and spreads, per round each method's img/s over the best's), whose table is printed.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ import time
 from hvd_cifar.launch import commands
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.runfolder.reader import read_metrics
 
 METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp")

@@ -11,7 +11,7 @@ round, the run's seed changes), then each model trained under horovodrun -np 2 o
 Before the rounds: the seconds to generate and write the data set (its first use) and to read it
 back (every later use). Figures: final test accuracy; each rank's peak memory; the binomial
 standard error of an accuracy on the test set. Written to benchmarks/results/data_difficulty.json
-(testbed.results, the seeds and their role named); docs/DATA.md renders its tables.
+(hvd_cifar.measure.results, the seeds and their role named); docs/DATA.md renders its tables.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from hvd_cifar.launch import commands
 from hvd_cifar.runfolder.reader import read_metrics
 from hvd_cifar.workload import data
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 
 FIGURES = {
     "final_acc": Figure("final test acc", ".4f"),

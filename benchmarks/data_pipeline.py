@@ -5,7 +5,7 @@ with per-sample PIL transforms, same images, same augmentation, same batch, one 
         [--repeats 3] [--tag TAG] [--results benchmarks/results]
 
 --repeats rounds of both pipelines, the first in each round alternating. Writes the results file
-benchmarks/results/data_pipeline.json (testbed.results: every round's images/s, medians and
+benchmarks/results/data_pipeline.json (hvd_cifar.measure.results: every round's images/s, medians and
 spreads, and per round the ratio tensor loader / DataLoader; target >= 20x), then prints its table.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from hvd_cifar.workload import data
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 
 FIGURES = {"images_per_s": Figure("images/s", ",.0f"), "ratio": Figure("tensor loader / DataLoader", ".1f")}
 TENSOR, PIL = "hvd_cifar tensor loader", "torchvision DataLoader with PIL transforms"

@@ -14,7 +14,7 @@ Horovod's autotuner. ``horovod_hierarchical`` is tried too: a CPU build of Horov
 Each round runs every setting once, in an order that rotates from round to round; synthetic
 data, the same seed. A run's step time and img/s are hvd_cifar.analysis.summary's steady-state figures
 (the epochs after the first), CPU s/image the ranks' mean. Written to the results file
-benchmarks/results/horovod_tuning.json (testbed.results: every run, medians and spreads, and per
+benchmarks/results/horovod_tuning.json (hvd_cifar.measure.results: every run, medians and spreads, and per
 round each setting's img/s over the defaults'; a refused or failed run is a failed round with
 its one line), whose table is printed.
 """
@@ -25,7 +25,7 @@ import os
 import time
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from testbed.netcluster import NetCluster
 from hvd_cifar.analysis.summary import summarize
 from hvd_cifar.runfolder.reader import load_run

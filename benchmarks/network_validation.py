@@ -13,7 +13,7 @@ sum cost, as predict uses them); measured: the np=3/4 probe's median. Only the n
 training step's compute is not in it (4 ranks on this machine's 2 cores would not have the
 compute an np=1 run measured; see docs/SCALING.md). Writes OUT/network_validation.json (every
 probe whole) and .md, then prints the table; every row, as a configuration of one round, also
-goes to the results file benchmarks/results/network_validation.json (``testbed.results``: --tag,
+goes to the results file benchmarks/results/network_validation.json (``hvd_cifar.measure.results``: --tag,
 --results), a rate whose cluster or probes failed as a failed round with its reason.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from hvd_cifar.analysis import scaling
 
 from testbed import jobs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 from hvd_cifar.launch.commands import ROOT
 

@@ -16,7 +16,7 @@ place by a sitecustomize hook that also times every call on each rank:
 
 Each round runs the same training once per variant under ``mpirun -np 2``, in an order that
 rotates between rounds. Written to the results file benchmarks/results/preemption_cost.json
-(testbed.results): per method and variant, every round's steady-state step time
+(hvd_cifar.measure.results): per method and variant, every round's steady-state step time
 (hvd_cifar.analysis.summary.steady_mean of ``step_time_s``: the epochs after the first) and the
 mean wall time of one vote as the ranks saw it (for the blocking vote this includes waiting for
 the slower rank, time the next gradient allreduce would otherwise have waited), with medians and
@@ -35,7 +35,7 @@ from pathlib import Path
 from hvd_cifar.launch import commands
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.analysis.summary import steady_mean
 
 ROOT = Path(__file__).resolve().parents[1]

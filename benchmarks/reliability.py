@@ -23,7 +23,7 @@ through the launcher (SIGUSR1, which mpirun passes on) or straight to one or bot
 with one line from hvd_cifar, one ``preempted`` event and no rank left, and ``--resume`` under
 the same launcher finishes the run.
 
-Output: the results file benchmarks/results/reliability.json (testbed.results: every case a
+Output: the results file benchmarks/results/reliability.json (hvd_cifar.measure.results: every case a
 configuration of one round, its seconds; a case that did not pass is a failed round with why;
 per group the cases that passed and the slowest), three Markdown tables (printed, and
 OUT/reliability.md) and OUT/reliability.json with every case's exit code, seconds, and stderr. Each case works in its own folder under OUT.
@@ -46,7 +46,7 @@ from testbed import drill
 from testbed.drill import BAD_INPUT_BOUND_S, BAD_INPUTS, KILL_BOUND_S, KILL_JOBS, PREEMPT_BOUND_S, PREEMPT_JOBS
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 from hvd_cifar.core.files import write_json, write_text
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 
 FIGURES = {"seconds": Figure("seconds to exit", ".1f"), "passed": Figure("passed", ".0f"),
            "cases": Figure("cases", ".0f"), "slowest_s": Figure("slowest (s)", ".1f")}

@@ -3,7 +3,7 @@ once as ``sbatch launch/slurm.sbatch`` (srun --mpi=pmix, one task per node) and 
 ``launch/mpirun.sh`` (one rank per host, over ssh), on the same 2 hosts of a namespace cluster
 whose links run at --rate: a Slurm cluster with ``netcluster=True`` (testbed.slurmcluster),
 whose hosts mpirun.sh reaches too. The two alternate, the first launcher changing each round.
-Written to the results file benchmarks/results/slurm_vs_mpirun.json (testbed.results): each
+Written to the results file benchmarks/results/slurm_vs_mpirun.json (hvd_cifar.measure.results): each
 job's final test accuracy, steady-state img/s (hvd_cifar.analysis.summary: the epochs after the
 first) and wall seconds, medians and spreads, and per round Slurm's img/s over mpirun's; a failed
 job is a failed round with its reason. Its table is printed.
@@ -24,7 +24,7 @@ import sys
 import time
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.runfolder.reader import load_run
 from testbed.slurmcluster import SlurmCluster
 from hvd_cifar.analysis.summary import summarize

@@ -8,7 +8,7 @@ Each repeat runs the bare loop (benchmarks/bare_horovod.py) and hvd_cifar.train 
 augmentation on) back to back under horovodrun, and takes the mean step time of the epochs after
 the first from each (hvd_cifar: its 2 epochs' metrics.jsonl, summarised by hvd_cifar.report, so
 the second epoch's). Writes the results file benchmarks/results/step_overhead.json (with --plain:
-step_overhead-plain.json unless --tag names another; testbed.results: every run's step time,
+step_overhead-plain.json unless --tag names another; hvd_cifar.measure.results: every run's step time,
 medians, spreads, and per round hvd_cifar / bare; target <= 1.05), then prints its table.
 
 ``--plain`` (np = 1): one process each, no launcher, as a new user runs them:
@@ -28,7 +28,7 @@ from pathlib import Path
 from hvd_cifar.launch import commands
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.analysis.summary import summarize
 from hvd_cifar.runfolder.reader import load_run
 

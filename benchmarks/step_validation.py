@@ -15,7 +15,7 @@ put beside its prediction (predict's --measured). Every job runs --epochs whole 
 steps per rank; step times are the epochs after the first (hvd_cifar.report's rule). Writes
 OUT/step_validation.json and .md (the table), the runs, probes and predictions; prints the table.
 Every row is also a configuration of round 1 in the results file
-benchmarks/results/step_validation.json (``testbed.results``: --tag, --results); a rate whose
+benchmarks/results/step_validation.json (``hvd_cifar.measure.results``: --tag, --results); a rate whose
 cluster, job or prediction failed is a failed round with its reason.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from hvd_cifar import predict
 
 from testbed import jobs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 from hvd_cifar.launch.commands import ROOT
 

@@ -39,7 +39,7 @@ median over the rounds and its spread (min-max):
 
 The figures are made from the runs' metrics.jsonl alone, over the epochs after the first (the
 first pays for warm-up), written to the results file benchmarks/results/sync_methods.json (with
---tag: sync_methods-TAG.json; testbed.results), every round's and their medians and spreads, and
+--tag: sync_methods-TAG.json; hvd_cifar.measure.results), every round's and their medians and spreads, and
 per round the ratios the targets read (Horovod's img/s over the best other method's, its CPU per
 image over DDP's, hvd_cifar's np=1 img/s over the plain loop's); the tables, rendered from it by
 testbed.render_docs, are printed and left in OUT/sync_methods.md. A job that fails is a failed
@@ -76,7 +76,7 @@ import time
 from hvd_cifar.launch import commands
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
 from hvd_cifar.analysis.summary import steady_epochs, steady_per_step, summarize as summarize_run

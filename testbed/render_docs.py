@@ -18,9 +18,11 @@ quoting):
   show=rounds    every round's raw figures, one row per round and configuration.
   show=failed    only the rounds that failed, each with its reason (or a line saying none did).
   show=checks    one row per ``check="CONFIG:FIGURE>=TARGET"`` (or <=), repeatable: the
-                 figure's median, spread and n, and the verdict of testbed.results.verdict over
-                 all of its rounds: met, not met, or within noise. ``FIGURE.mean`` judges the
-                 mean of the rounds instead (a target set on a mean): met or not met.
+                 figure's median over its rounds, their 95 % interval (a t-interval; of the
+                 logarithms when every value is positive: hvd_cifar.measure.stats), n, and the
+                 verdict of hvd_cifar.measure.results.verdict: met (the whole interval on the
+                 target's right side), not met (wholly on the wrong side) or unresolved.
+                 ``FIGURE.mean`` shows the mean instead of the median.
   show=paired    one row per ``pair="A|B"`` (repeatable): FIGURE of A minus FIGURE of B paired by
                  round (a round is a seed where the benchmark runs one per seed), the mean
                  difference and its 95 % t-interval over the pairs (scipy.stats), n, and in words
@@ -49,7 +51,8 @@ import shlex
 import statistics
 import sys
 
-from testbed.results import RESULTS_DIR, ROOT, stats, verdict
+from hvd_cifar.measure.results import RESULTS_DIR, ROOT, verdict
+from hvd_cifar.measure.stats import interval_of, t_interval
 
 # A marker is a line of its own; the text may quote the syntax inline without starting a block.
 BLOCK = re.compile(r"(?P<open>^<!-- results: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(?P<close>^<!-- /results -->)",
@@ -165,11 +168,21 @@ def failed_list(data: dict, options: dict) -> list[str]:
     return failures(data, configs)[1:] or [f"None of the {ok} rounds failed."]
 
 
-def mean_of_rounds(data: dict, config: str, key: str) -> dict | None:
-    """The median, min, max and n of ``key`` over the rounds of ``config`` that did not fail (as
-    the summary holds them), and their mean."""
-    values = [r["figures"][key] for r in data["rounds"] if r["config"] == config and r["ok"] and key in r["figures"]]
-    return {**stats(values), "mean": statistics.fmean(values)} if values else None
+def values_of(data: dict, config: str, key: str) -> list[float]:
+    """``key`` in every round of ``config`` that did not fail and has it."""
+    return [r["figures"][key] for r in data["rounds"] if r["config"] == config and r["ok"] and key in r["figures"]]
+
+
+def interval_cell(values: list[float], figure: dict, centre: str) -> str:
+    """The median (or the mean) of the rounds, and their 95 % interval (``interval_of``); one
+    round: the value alone."""
+    if not values:
+        return "-"
+    iv = interval_of(values)
+    middle = shown(statistics.median(values) if centre == "median" else statistics.fmean(values), figure)
+    if len(values) == 1:
+        return middle
+    return f"{middle} ({shown(iv.low, figure)}–{shown(iv.high, figure)})"
 
 
 def checks_table(data: dict, options: dict) -> list[str]:
@@ -180,19 +193,10 @@ def checks_table(data: dict, options: dict) -> list[str]:
             raise ValueError(f"check {check!r} is not CONFIG:FIGURE>=TARGET, CONFIG:FIGURE.mean>=TARGET or <=TARGET")
         config, key, op, target = m["config"], m["figure"], m["op"], float(m["target"])
         checked.append(config)
-        figure = figure_of(data, key)
-        if m["mean"]:
-            spread = mean_of_rounds(data, config, key)
-            ok = sum(1 for r in data["rounds"] if r["config"] == config and r["ok"])
-            # The mean alone is judged: as one round at the mean, it meets the target or not.
-            judged = {"min": spread["mean"], "max": spread["mean"], "n": 1} if spread else {}
-            rows.append([f"{config}: {figure['label']}, mean of the rounds", f"{SYMBOL[op]} {target:g}",
-                         cell(spread, figure, ok, "mean"), str(spread["n"] if spread else 0),
-                         f"**{verdict(judged, op, target)}**"])
-            continue
-        spread = data["summary"].get(config, {}).get(key)
-        rows.append([f"{config}: {figure['label']}", f"{SYMBOL[op]} {target:g}", cell(spread, figure),
-                     str(spread["n"] if spread else 0), f"**{verdict(spread or {}, op, target)}**"])
+        figure, values = figure_of(data, key), values_of(data, config, key)
+        label = f"{config}: {figure['label']}" + (", mean of the rounds" if m["mean"] else "")
+        rows.append([label, f"{SYMBOL[op]} {target:g}", interval_cell(values, figure, "mean" if m["mean"] else "median"),
+                     str(len(values)), f"**{verdict(values, op, target)}**"])
     return table(["figure", "target", cells_are(options), "rounds", "verdict"], rows, numeric_from=2) + \
         failures(data, checked, " and ".join(f"{c}s" for c in centres(options)))
 
@@ -213,11 +217,11 @@ def paired_table(data: dict, options: dict) -> list[str]:
         if len(shared) < 2:
             raise ValueError(f"pair {pair!r}: fewer than 2 rounds where both have {key}")
         if ratio:  # the t-interval of the log-ratios, shown as ratios
-            mean, low, high = _mean_interval([math.log(by_round[a][k] / by_round[b][k]) for k in shared])
+            mean, low, high = t_interval([math.log(by_round[a][k] / by_round[b][k]) for k in shared])
             words = _verdict(low, high, options, math.log, ("A higher", "A lower"))
             row = [f"{a} / {b}", *(f"{math.exp(v):.3f}" for v in (mean, low)), f"{math.exp(high):.3f}"]
         else:
-            mean, low, high = _mean_interval([100 * (by_round[a][k] - by_round[b][k]) for k in shared])
+            mean, low, high = t_interval([100 * (by_round[a][k] - by_round[b][k]) for k in shared])
             words = _verdict(low, high, options, float, ("higher", "lower"))
             if words.startswith("no difference"):  # the smallest difference these rounds could have shown
                 words += f" (they resolve about ±{(high - low) / 2:.2f} points)"
@@ -232,17 +236,6 @@ def paired_table(data: dict, options: dict) -> list[str]:
     if "test_size" in options and not ratio:
         header.insert(4, f"one run's standard error on {options['test_size']} images (points)")
     return table(header, rows)
-
-
-def _mean_interval(values: list[float]) -> tuple[float, float, float]:
-    """The mean of ``values`` and its 95 % t-interval (scipy.stats); all equal: the mean itself."""
-    from scipy import stats as scipy_stats  # imported here: scipy is slow to import, and only this needs it
-
-    mean = statistics.fmean(values)
-    if len(set(values)) == 1:
-        return mean, mean, mean
-    low, high = scipy_stats.t.interval(0.95, len(values) - 1, loc=mean, scale=scipy_stats.sem(values))
-    return mean, low, high
 
 
 def _verdict(low: float, high: float, options: dict, scale, words: tuple[str, str]) -> str:
@@ -279,6 +272,9 @@ def cells_are(options: dict) -> str:
     if options.get("show") == "paired":
         return "the mean of the differences paired by round, with its t-interval,"
     shown_as = centres(options)
+    if options.get("show") == "checks":
+        return (f"{shown_as[0]} (95 % interval)" if len(shown_as) == 1
+                else "median, or mean where the row says, (95 % interval)")
     return f"{shown_as[0]} (min–max)" if len(shown_as) == 1 else "median, or mean where the row says, (min–max)"
 
 

@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from testbed import render_docs, results
-from testbed.results import Figure, Results, verdict
+from testbed import render_docs
+from hvd_cifar.measure import results
+from hvd_cifar.measure.results import Figure, Results, verdict
 
 
 @pytest.mark.parametrize("path", render_docs.doc_files(), ids=os.path.basename)
@@ -38,23 +39,43 @@ def test_every_marker_names_a_results_file_that_exists_and_parses():
                 assert data["rounds"] and data["summary"] and data["benchmark"], f"{path}: {name} holds no rounds"
 
 
-@pytest.mark.parametrize("low, high, op, target, expected", [
-    (0.98, 1.02, ">=", 0.97, "met"),
-    (0.90, 0.96, ">=", 0.97, "not met"),
-    (0.95, 0.99, ">=", 0.97, "within noise"),
-    (0.97, 0.99, ">=", 0.97, "met"),          # on the target counts as meeting it
-    (0.80, 1.05, "<=", 1.10, "met"),
-    (1.12, 1.30, "<=", 1.10, "not met"),
-    (1.05, 1.15, "<=", 1.10, "within noise"),
+@pytest.mark.parametrize("values, op, target, expected", [
+    ([0.99, 1.00, 1.01], ">=", 0.97, "met"),          # the whole interval above the target
+    ([0.90, 0.91, 0.92], ">=", 0.97, "not met"),      # wholly below
+    ([0.95, 0.99, 0.97], ">=", 0.97, "unresolved"),   # the interval holds the target
+    ([0.98, 0.98, 0.98], ">=", 0.98, "met"),          # on the target counts as meeting it
+    ([1.03, 1.04, 1.05], "<=", 1.10, "met"),
+    ([1.20, 1.21, 1.22], "<=", 1.10, "not met"),
+    ([1.05, 1.12, 1.15], "<=", 1.10, "unresolved"),
+    # every round meets the target, but two rounds this far apart do not resolve it: the old
+    # min-max rule said "met"
+    ([0.98, 1.30], ">=", 0.97, "unresolved"),
+    ([-1.1, -1.0, -0.9], ">=", -3.0, "met"),           # a figure that is not positive: a plain t-interval
+    ([1.5], ">=", 1.0, "unresolved"),                 # one round has no spread: never resolved
 ])
-def test_verdict_over_every_round(low, high, op, target, expected):
-    assert verdict({"median": (low + high) / 2, "min": low, "max": high, "n": 3}, op, target) == expected
+def test_verdict_judges_the_interval_of_the_rounds(values, op, target, expected):
+    assert verdict(values, op, target) == expected
+
+
+def test_verdict_interval_is_scipys_t_interval_of_the_logarithms():
+    """The interval the verdict uses, checked against scipy.stats directly."""
+    import math
+
+    from scipy import stats as scipy_stats
+
+    from hvd_cifar.measure.stats import interval_of
+    values = [0.95, 1.01, 0.99, 1.03]
+    logs = [math.log(v) for v in values]
+    low, high = scipy_stats.t.interval(0.95, 3, loc=sum(logs) / 4, scale=scipy_stats.sem(logs))
+    iv = interval_of(values)
+    assert iv.low == pytest.approx(math.exp(low)) and iv.high == pytest.approx(math.exp(high))
+    assert verdict(values, ">=", math.exp(low) - 1e-9) == "met" and verdict(values, ">=", math.exp(high) + 1e-9) == "not met"
 
 
 def test_verdict_of_no_rounds_and_of_a_bad_comparison():
-    assert verdict({}, ">=", 1.0) == "no rounds"
+    assert verdict([], ">=", 1.0) == "no rounds"
     with pytest.raises(ValueError):
-        verdict({"median": 1, "min": 1, "max": 1, "n": 1}, ">", 1.0)
+        verdict([1.0, 1.1], ">", 1.0)
 
 
 def made(tmp_path, rounds: list[tuple]) -> dict:
@@ -77,9 +98,13 @@ def made(tmp_path, rounds: list[tuple]) -> dict:
 def test_summary_is_median_min_max_n_of_the_rounds_that_did_not_fail(tmp_path):
     data = made(tmp_path, [(1, "a", 100.0), (1, "b", 50.0), (2, "a", 90.0), (2, "b", "exit status 1"),
                            (3, "a", 120.0), (3, "b", 60.0)])
-    assert data["summary"]["a"]["images_per_s"] == {"median": 100.0, "min": 90.0, "max": 120.0, "n": 3}
-    assert data["summary"]["b"]["images_per_s"] == {"median": 55.0, "min": 50.0, "max": 60.0, "n": 2}
-    assert data["summary"]["a / b"]["ratio"] == {"median": 2.0, "min": 2.0, "max": 2.0, "n": 2}
+    summary = data["summary"]["a"]["images_per_s"]
+    assert {k: summary[k] for k in ("median", "min", "max", "n")} == {"median": 100.0, "min": 90.0, "max": 120.0, "n": 3}
+    assert summary["low"] < summary["mean"] < summary["high"] and summary["unstable"]  # sd 15.3 of 103.3: > 10 %
+    b = data["summary"]["b"]["images_per_s"]
+    assert {k: b[k] for k in ("median", "min", "max", "n")} == {"median": 55.0, "min": 50.0, "max": 60.0, "n": 2}
+    assert data["summary"]["a / b"]["ratio"] == {"median": 2.0, "mean": 2.0, "low": 2.0, "high": 2.0, "min": 2.0,
+                                               "max": 2.0, "n": 2, "unstable": False}
     failed = [r for r in data["rounds"] if not r["ok"]]
     assert [(r["config"], r["round"]) for r in failed] == [("b", 2), ("a / b", 2)]
     assert "exit status 1" == failed[0]["reason"] and "failed jobs: b" in failed[1]["reason"]
@@ -96,7 +121,8 @@ def test_a_figure_derived_in_named_rounds_only(tmp_path):
     r.add(1, "b", {"x": 4.0})
     r.derive("b / a", "ratio", lambda by: by["b"]["x"] / by["a"]["x"], rounds=[1])
     assert [(x["round"], x["config"], x["ok"]) for x in r.data["rounds"] if x.get("derived")] == [(1, "b / a", True)]
-    assert r.summarize()["b / a"]["ratio"] == {"median": 4.0, "min": 4.0, "max": 4.0, "n": 1}
+    assert r.summarize()["b / a"]["ratio"] == {"median": 4.0, "mean": 4.0, "low": None, "high": None, "min": 4.0,
+                                               "max": 4.0, "n": 1, "unstable": False}
 
 
 def test_a_job_of_rows_makes_a_configuration_of_each_row_and_fails_as_one_round(tmp_path):
@@ -133,12 +159,13 @@ def test_undeclared_figure_is_an_error(tmp_path):
 def test_a_block_renders_medians_spreads_failures_and_verdicts(tmp_path):
     made(tmp_path, [(1, "a", 100.0), (1, "b", 50.0), (2, "a", 90.0), (2, "b", 100.0)])
     doc = ("Text.\n<!-- results: demo-t.json figures=images_per_s configs=a,b -->\nold\n<!-- /results -->\n"
-           "<!-- results: demo-t.json show=checks check=\"a / b:ratio>=0.95\" check=\"a / b:ratio<=3\" -->\n"
+           "<!-- results: demo-t.json show=checks check=\"a / b:ratio>=0.95\" check=\"a / b:ratio<=300\" -->\n"
            "<!-- /results -->\n")
     new = render_docs.render(doc, str(tmp_path))
     assert "| a | 95.0 (90.0–100.0) | 2 |" in new and "| b | 75.0 (50.0–100.0) | 2 |" in new
-    assert "| a / b: a / b | ≥ 0.95 | 1.450 (0.900–2.000) | 2 | **within noise** |" in new
-    assert "| a / b: a / b | ≤ 3 | 1.450 (0.900–2.000) | 2 | **met** |" in new
+    # ratios 2.0 and 0.9: two rounds this far apart resolve nothing near 1, only a bound far off
+    assert "| a / b: a / b | ≥ 0.95 | 1.450 (0.008–214.197) | 2 | **unresolved** |" in new
+    assert "| a / b: a / b | ≤ 300 | 1.450 (0.008–214.197) | 2 | **met** |" in new
     assert " --np 2`, commit " in new and "Failed rounds" not in new
     assert render_docs.stale_blocks(doc, str(tmp_path)) and not render_docs.stale_blocks(new, str(tmp_path))
     edited = new.replace("95.0 (90.0–100.0)", "99.0 (90.0–100.0)")  # a hand edit goes red
@@ -151,7 +178,7 @@ def test_failed_rounds_are_listed_with_their_reason_under_tables_and_verdicts(tm
            "<!-- results: demo-t.json show=checks check=\"a / b:ratio>=1.5\" -->\n<!-- /results -->\n")
     new = render_docs.render(doc, str(tmp_path))
     assert "- b, round 2: exit status 1; see b-r2.log" in new
-    assert "| a / b: a / b | ≥ 1.5 | 2.000 | 1 | **met** |" in new
+    assert "| a / b: a / b | ≥ 1.5 | 2.000 | 1 | **unresolved** |" in new  # one round: no interval
     assert "- a / b, round 2: cannot be computed (KeyError: 'b'); failed jobs: b" in new
     listed = render_docs.render("<!-- results: demo-t.json show=failed match=^[ab]$ -->\n<!-- /results -->", str(tmp_path))
     assert "- b, round 2: exit status 1; see b-r2.log" in listed and "- a," not in listed
@@ -159,25 +186,25 @@ def test_failed_rounds_are_listed_with_their_reason_under_tables_and_verdicts(tm
     assert "None of the 2 rounds failed." in none
 
 
-def test_a_check_on_the_mean_judges_the_mean_of_the_rounds_not_their_spread(tmp_path):
-    """A target set on a mean (each scheme's mean accuracy against none's): the mean of the
-    rounds that did not fail against the target, met or not met, with the spread shown."""
-    made(tmp_path, [(1, "a", 100.0), (1, "b", 50.0), (2, "a", 90.0), (2, "b", 100.0), (3, "a", 40.0),
+def test_a_check_on_the_mean_shows_the_mean_and_judges_the_interval(tmp_path):
+    """A target set on a mean shows the mean of the rounds that did not fail; every check is
+    judged by the rounds' interval: met, not met, or unresolved."""
+    made(tmp_path, [(1, "a", 110.0), (1, "b", 100.0), (2, "a", 112.0), (2, "b", 100.0), (3, "a", 114.0),
                     (3, "b", 100.0)])
     doc = ("<!-- results: demo-t.json show=checks check=\"a / b:ratio.mean>=1\" check=\"a / b:ratio.mean<=1\" "
-           "check=\"a / b:ratio>=1\" -->\n<!-- /results -->\n")
+           "check=\"a / b:ratio>=1.12\" -->\n<!-- /results -->\n")
     new = render_docs.render(doc, str(tmp_path))
-    assert "| figure | target | median, or mean where the row says, (min–max) | rounds | verdict |" in new
-    # ratios 2.0, 0.9, 0.4: mean 1.1, median 0.9
-    assert "| a / b: a / b, mean of the rounds | ≥ 1 | 1.100 (0.400–2.000) | 3 | **met** |" in new
-    assert "| a / b: a / b, mean of the rounds | ≤ 1 | 1.100 (0.400–2.000) | 3 | **not met** |" in new
-    assert "| a / b: a / b | ≥ 1 | 0.900 (0.400–2.000) | 3 | **within noise** |" in new
-    assert "Cells: median, or mean where the row says, (min–max) over the rounds." in new
-    only_means = render_docs.render(doc.replace(' check="a / b:ratio>=1"', ""), str(tmp_path))
-    assert "Cells: mean (min–max) over the rounds." in only_means and "| mean (min–max) |" in only_means
+    assert "| figure | target | median, or mean where the row says, (95 % interval) | rounds | verdict |" in new
+    # ratios 1.10, 1.12, 1.14: their interval lies above 1 and holds 1.12
+    assert "| a / b: a / b, mean of the rounds | ≥ 1 | 1.120 (1.071–1.171) | 3 | **met** |" in new
+    assert "| a / b: a / b, mean of the rounds | ≤ 1 | 1.120 (1.071–1.171) | 3 | **not met** |" in new
+    assert "| a / b: a / b | ≥ 1.12 | 1.120 (1.071–1.171) | 3 | **unresolved** |" in new
+    assert "Cells: median, or mean where the row says, (95 % interval) over the rounds." in new
+    only_means = render_docs.render(doc.replace(' check="a / b:ratio>=1.12"', ""), str(tmp_path))
+    assert "Cells: mean (95 % interval) over the rounds." in only_means and "| mean (95 % interval) |" in only_means
     made(tmp_path, [(1, "a", 100.0), (1, "b", 50.0), (2, "a", 90.0), (2, "b", "exit status 1")])
     failed = render_docs.render(doc, str(tmp_path))
-    assert "| a / b: a / b, mean of the rounds | ≥ 1 | 2.000 | 1 | **met** |" in failed
+    assert "| a / b: a / b, mean of the rounds | ≥ 1 | 2.000 | 1 | **unresolved** |" in failed
     assert "Failed rounds (left out of the medians and means):" in failed
 
 

@@ -8,12 +8,12 @@
     path = results.write()                                  # load after, summary, the file
 
 A file holds: ``benchmark``, ``tag``, ``command`` (the argv that made it), ``commit`` (and
-``dirty``: tracked files differed from it), ``started_utc`` / ``finished_utc``, ``machine``
+``dirty``: tracked files other than results files and docs differed from it, ``changed``: which), ``started_utc`` / ``finished_utc``, ``machine``
 (host, CPU model, cores, Python, platform, load average before and after), ``settings`` (the
 parsed options), ``figures`` (each figure's label, format, unit scale), ``rounds`` (every job:
 round number, configuration, its raw figures; a failed one with ``ok: false`` and its reason),
-and ``summary``: per configuration and figure the median, min, max and n over its rounds that
-did not fail. A derived figure (a ratio of two configurations' figures) is computed per round,
+and ``summary``: per configuration and figure the median, the 95 % interval of the mean (low,
+high), min, max, n and ``unstable`` over its rounds that did not fail (``stats.spread``). A derived figure (a ratio of two configurations' figures) is computed per round,
 so it too has a spread. No torch here.
 """
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -29,8 +28,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from hvd_cifar.core.files import write_json
+from hvd_cifar.measure.stats import interval_of, judge, spread
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The project checkout this package runs from (an editable install): where benchmarks/results is.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")
 
 
@@ -53,22 +54,19 @@ def file_name(benchmark: str, tag: str = "") -> str:
 
 
 def stats(values: list[float]) -> dict:
-    """median, min, max and n of a figure's rounds."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    """A figure over its rounds (``stats.spread``): median, the mean's 95 % interval (low, high),
+    min, max, n, and whether the rounds are unstable."""
+    return spread(values)
 
 
-def verdict(spread: dict, op: str, target: float) -> str:
-    """A target against every round of a figure: ``met`` when all rounds meet it, ``not met``
-    when none does, ``within noise`` when the target lies between the rounds' min and max.
-    ``op``: ">=" (higher is better) or "<="."""
-    if not spread or not spread.get("n"):
+def verdict(values: list[float], op: str, target: float) -> str:
+    """A target against a figure's rounds, by their 95 % interval (``stats.interval_of``): ``met`` when the
+    whole interval is on the right side, ``not met`` when it is wholly on the wrong side,
+    ``unresolved`` when it holds the target (one round always: it has no spread). ``op``: ">="
+    (higher is better) or "<="."""
+    if not values:
         return "no rounds"
-    low, high = spread["min"], spread["max"]
-    if op == ">=":
-        return "met" if low >= target else "not met" if high < target else "within noise"
-    if op == "<=":
-        return "met" if high <= target else "not met" if low > target else "within noise"
-    raise ValueError(f"verdict: unknown comparison {op!r} (>= or <=)")
+    return judge(interval_of(values), op, target)
 
 
 def cpu_model() -> str:
