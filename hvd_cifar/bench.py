@@ -28,17 +28,22 @@ for twice runs once. Each configuration is one run of ``python -m hvd_cifar.trai
                one job at a time: submitted, then watched until it ends (scontrol show job)
 np=1 runs are launched the same way as the others, so that they differ in the count alone.
 
-Everything goes under --out (default logs/bench-YYYYmmdd-HHMMSS):
-  runs/NAME/          the run folders (metrics.jsonl, ...)
-  logs/NAME.stdout.txt, logs/NAME.stderr.txt   each job's output
-  scaling.md, scaling.csv, scaling.png          the table and the plot
+Rounds: every configuration once per round, --repeats rounds (default 3; or one per --seeds
+seed), each round's order rotated one further; --resolve MARGIN adds rounds until every img/s
+comparison's 95 % interval is clear of 1 +- MARGIN, or --budget minutes. Everything goes under
+--out (default logs/bench-YYYYmmdd-HHMMSS):
+  runs/NAME-rK/       the run folders (metrics.jsonl, ...)
+  logs/NAME-rK.stdout.txt, logs/NAME-rK.stderr.txt   each job's output
+  scaling.md, scaling.csv, scaling.png  per configuration the median over its rounds and its
+                      95 % interval, the comparisons in words (analysis.sweep), the plot
+  runs.csv, bench.json                  every job, every round (measure.results)
 Numbers are made by ``hvd_cifar.report`` (means over epochs after the first when there are two
-or more; speedup from img/s against np=1 of the same configuration; time to --target-acc from
-each run's eval.json, and its speedup against np=1 when both reached it). A configuration that
-fails (non-zero exit, a Slurm job that ends otherwise or that sbatch refuses, or no end
-within --timeout seconds: then the job is stopped or cancelled) is a row with status
-``failed (...)`` and its stderr tail in scaling.md; the sweep goes on. Exit status: 0 when
-every configuration ran, 1 when some failed, 2 for bad options.
+or more; speedup from img/s against np=1 of the same configuration in the same round; time to
+--target-acc from each run's eval.json, and its speedup against np=1 when both reached it). A
+job that fails (non-zero exit, a Slurm job that ends otherwise or that sbatch refuses, or no end
+within --timeout seconds: then the job is stopped or cancelled) is a failed round with its
+stderr tail in scaling.md; the sweep goes on. Exit status: 0 when every job ran, 1 when some
+failed, 2 for bad options, 130 when interrupted.
 """
 from __future__ import annotations
 
@@ -46,19 +51,34 @@ import argparse
 import datetime as dt
 import itertools
 import os
-import re
 import shlex
 import sys
+import time
 
-from hvd_cifar.analysis.plots import plot_scaling
-from hvd_cifar.analysis.run_tables import TARGET_CSV_COLUMNS, TARGET_NOTE, with_target_columns
-from hvd_cifar.analysis.summary import MB, add_speedup, summarize
-from hvd_cifar.analysis.tabulate import Column, OneLineParser, markdown_table, num, write_csv
+from hvd_cifar.analysis.summary import add_speedup
+from hvd_cifar.analysis.sweep import (
+    by_configuration,
+    collect,
+    comparisons,
+    first_error,
+    target_note,
+    unresolved,
+)
+from hvd_cifar.analysis.sweep_outputs import FIGURES, write_outputs
+from hvd_cifar.analysis.tabulate import OneLineParser
 from hvd_cifar.core import config as config_mod
+from hvd_cifar.core.argtypes import (
+    boolean,
+    fraction,
+    freeze_value,
+    margin,
+    non_negative,
+    positive,
+)
 from hvd_cifar.core.errors import ConfigError
-from hvd_cifar.core.errors import ReportError
-from hvd_cifar.launch.runners import Ended, LocalRunner, SlurmRunner
-from hvd_cifar.runfolder.reader import load_run
+from hvd_cifar.launch.runners import LocalRunner, SlurmRunner
+from hvd_cifar.measure.results import Figure, Results
+from hvd_cifar.measure.rounds import Disturbance, rotated
 
 # Swept options: (bench flag / row key, trainer flag)
 SWEEP = (("model", "--model"), ("sync", "--sync"), ("batch_size", "--batch-size"),
@@ -68,9 +88,9 @@ SWEEP = (("model", "--model"), ("sync", "--sync"), ("batch_size", "--batch-size"
 OWNED_KEYS = ("model", "sync", "batch_size", "fp16_allreduce", "accumulation_steps", "freeze",
               "dataset", "epochs", "max_steps_per_epoch", "target_acc", "log_dir", "run_name", "resume",
               "progress")
-STDERR_TAIL_LINES = 20
-# The trainer's own one-line verdict, without the "[1,0]<stderr>:" tags launchers add around it.
-ERROR_LINE = re.compile(r"hvd_cifar: (?:error: |rank \d+ failed).*?(?=\[\d+,\d+\]<std|$)")
+# A configuration's identity (a job's row keys); comparisons pair jobs of the same identity.
+KEYS = ("model", "sync", "batch_size", "fp16_allreduce", "accumulation_steps", "freeze", "world_size", "dataset")
+MAX_ROUNDS = 50  # --resolve adds rounds up to this many, whatever the budget
 
 
 class BenchError(RuntimeError):
@@ -78,51 +98,6 @@ class BenchError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- options
-def boolean(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def integer(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if n < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {n}")
-        return n
-    parse.__name__ = "integer"  # argparse names the type in its messages
-    return parse
-
-
-positive, non_negative = integer(1), integer(0)
-
-
-def freeze_value(text: str) -> int | str:
-    """A freeze setting: a number of leading frozen blocks, or auto (config's freeze: auto)."""
-    if text == "auto":
-        return text
-    try:
-        return non_negative(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a number of blocks (>= 0) or auto, got {text!r}") from None
-
-
-def fraction(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= x <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1] (a fraction, e.g. 0.95), got {text}")
-    return x
-
-
 def add_sweep_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     """The options whose values span a cartesian product; an --also sweep's have no defaults
     (what it leaves out, it takes from the main sweep)."""
@@ -189,6 +164,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", help="output folder (default: logs/bench-YYYYmmdd-HHMMSS)")
     p.add_argument("--extra", default="", help='more trainer flags, e.g. "--lr 0.1 --threads-per-rank 1"')
     p.add_argument("--timeout", type=positive, default=900, help="seconds per configuration (default 900)")
+    p.add_argument("--repeats", type=positive, default=3,
+                   help="rounds: every configuration once per round, in an order rotated each round (default 3)")
+    p.add_argument("--seeds", nargs="+", type=non_negative, default=[],
+                   help="one round per seed (--seed to the trainer): accuracy compared paired by seed")
+    p.add_argument("--resolve", type=margin, default=0.0, metavar="MARGIN",
+                   help="after the rounds, add rounds until every img/s comparison's 95 %% interval lies "
+                        "wholly above 1+MARGIN, below 1/(1+MARGIN) or between them (e.g. 0.05), or --budget ends")
+    p.add_argument("--budget", type=positive, default=60, metavar="MINUTES",
+                   help="with --resolve: no round starts that would end after this many minutes (default 60)")
+    p.add_argument("--repeat-disturbed", type=boolean, default=True,
+                   help="run a job again at its round's end when the machine was disturbed while it ran (default true)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     args.np = sorted(set(args.np))  # np=1 first, so a group's baseline runs before the others
@@ -265,110 +251,109 @@ def make_runner(args) -> LocalRunner | SlurmRunner:
         raise BenchError(f"--sbatch: cannot split {args.sbatch!r} ({exc})") from None
 
 
-def tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "\n".join(f.read().splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def first_error(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            for line in f:
-                found = ERROR_LINE.search(line.rstrip("\n"))
-                if found:
-                    return found.group(0).strip()
-    except OSError:
-        pass
-    return ""
-
-
-def collect(cfg: dict, run_dir: str, ended: Ended, timeout: int) -> dict:
-    """The table row of one job: its configuration, status and (when it ran) its numbers."""
-    row = dict(cfg, run=os.path.basename(run_dir), run_dir=run_dir)
-    if ended.why:
-        row["status"] = f"failed ({ended.why})"
-    elif ended.code is None:
-        row["status"] = f"failed (timeout after {timeout} s)"
-    elif ended.code != 0:
-        row["status"] = f"failed (exit {ended.code})"
-    else:
-        try:
-            summary = summarize(load_run(run_dir))
-        except ReportError as exc:
-            row["status"] = f"failed (exit 0 but {exc})"
-        else:
-            row.update({k: v for k, v in summary.items() if k not in cfg})
-            row["status"] = "ok"
+# ----------------------------------------------------------------------------- the rounds
+def run_job(cfg: dict, k: int, seed: int | None, args, runner, extra: list[str], dirs: tuple[str, str],
+            taken: set[str]) -> dict:
+    """One configuration's job of round ``k`` (at ``seed``): launched, waited for, its row, with
+    the machine's noise around it (measure.rounds.Disturbance; not sampled under Slurm)."""
+    runs_dir, logs_dir = dirs
+    name = unique_name(runs_dir, f"{run_name(cfg)}-r{k}", taken)
+    flags = train_flags(cfg, args, runs_dir, name, extra) + ([] if seed is None else ["--seed", str(seed)])
+    cmd = runner.command(cfg["world_size"], flags)
+    stdout_file, stderr_file = (os.path.join(logs_dir, f"{name}.{s}.txt") for s in ("stdout", "stderr"))
+    with Disturbance() as noise:
+        ended = runner.run(cmd, stdout_file, stderr_file, args.timeout)
+    row = collect(cfg, os.path.join(runs_dir, name), ended, args.timeout)
+    row.update(round=k, seed=seed, command=shlex.join(cmd), stderr_file=stderr_file, seconds=ended.seconds,
+               error=first_error(stderr_file) if row["status"] != "ok" else "")
+    if not args.slurm:
+        row.update(noise.figures, disturbed=noise.disturbed)
     return row
 
 
-def target_note(row: dict) -> str:
-    """The progress line's word on the target: when (and in which epoch) it was reached."""
-    if not row.get("target_acc"):
-        return ""
-    if row.get("time_to_target_s") is None:
-        return f"; {row['target_acc']:.2%} not reached"
-    return f"; {row['target_acc']:.2%} reached in {row['time_to_target_s']:.1f} s (epoch {row['epochs_to_target']})"
+def run_round(configs: list[dict], k: int, seed: int | None, args, runner, extra, dirs, taken) -> list[dict]:
+    """Round ``k``: every configuration once, in the order rotated by k - 1; a disturbed job is
+    run again at the round's end (--repeat-disturbed), the repeat counted in its place."""
+    rows = []
+    for i, cfg in enumerate(rotated(configs, k - 1), 1):
+        print(f"[round {k}, {i}/{len(configs)}] {run_name(cfg)} ... ", end="", flush=True)
+        row = run_job(cfg, k, seed, args, runner, extra, dirs, taken)
+        rows.append(row)
+        print(f"{row['status']} ({row['seconds']:.1f} s){' disturbed' if row.get('disturbed') else ''}"
+              f"{' ' + row['error'] if row['error'] else ''}{target_note(row)}", flush=True)
+    for row in [r for r in rows if r.get("disturbed")] if args.repeat_disturbed else []:
+        cfg = {key: row[key] for key in configs[0]}
+        print(f"[round {k}, again] {run_name(cfg)} (disturbed) ... ", end="", flush=True)
+        again = run_job(cfg, k, seed, args, runner, extra, dirs, taken)
+        row["superseded"] = True
+        rows.append(again)
+        print(f"{again['status']} ({again['seconds']:.1f} s){' disturbed' if again.get('disturbed') else ''}", flush=True)
+    add_speedup([r for r in rows if not r.get("superseded")])  # speedups paired within the round
+    return rows
 
 
-# ----------------------------------------------------------------------------- the table
-# The time-to-target columns (run_tables.TARGET_COLUMNS) go between these and the status when there
-# is a target, beside img/s and its scaling.
-SCALING_COLUMNS = [
-    Column("np", "world_size"), Column("sync", "sync"), Column("model", "model"), Column("dataset", "dataset"),
-    Column("batch/rank", "batch_size"), Column("fp16 allreduce", "fp16_allreduce"),
-    Column("accum steps", "accumulation_steps"), Column("freeze", "freeze"),
-    num("epoch time (s)", "mean_epoch_time_s", ".3f"),
-    num("step time (ms)", "step_time_s", ".2f", 1e-3),
-    num("sync time (ms/step)", "sync_time_per_step_s", ".2f", 1e-3),
-    num("bytes/step/rank (MB)", "bytes_per_step_per_rank", ".4f", MB),
-    num("final test acc (%)", "final_test_acc", ".2f", 0.01),
-    num("img/s", "images_per_s", ".1f"),
-    num("speedup vs np=1", "speedup", ".2f"),
-    num("efficiency", "efficiency", ".2f"),
-]
-STATUS_COLUMN = Column("status", "status")
-CSV_COLUMNS = SCALING_COLUMNS + TARGET_CSV_COLUMNS + [
-    STATUS_COLUMN, Column("run", "run"), Column("epochs", "epochs"), Column("elapsed_s", "elapsed_s"),
-    Column("run_dir", "run_dir"), Column("error", "error"), Column("stderr", "stderr_file"),
-    Column("command", "command")]
+def seed_of(args, k: int) -> int | None:
+    """Round k's seed: the k-th of --seeds, then one more than the last for each round --resolve adds."""
+    if not args.seeds:
+        return None
+    return args.seeds[k - 1] if k <= len(args.seeds) else args.seeds[-1] + k - len(args.seeds)
 
 
-def write_outputs(rows: list[dict], args, runner, out: str, argv: list[str]) -> str:
-    add_speedup(rows)
-    table = markdown_table([*with_target_columns(SCALING_COLUMNS, rows), STATUS_COLUMN], rows)
-    write_csv(os.path.join(out, "scaling.csv"), CSV_COLUMNS, rows)
-    ok = [r for r in rows if r["status"] == "ok"]
-    if ok:
-        plot_scaling(ok, os.path.join(out, "scaling.png"))
-    lines = ["# Scaling sweep\n",
-             f"`python -m hvd_cifar.bench {shlex.join(argv)}`\n",
-             f"{dt.datetime.now().isoformat(timespec='seconds')}; {runner.describe()}; "
-             f"{args.epochs} {'whole epoch(s)' if not args.steps else f'epoch(s) of {args.steps} steps per rank'}; "
-             f"data set {args.dataset}"
-             f"{f'; target test accuracy {args.target_acc:.2%}' if args.target_acc else ''}.\n",
-             "Times, img/s (all ranks) and bytes are means over the epochs after the first when there are "
-             "two or more. Step and sync times are per training step (sync: mean over ranks). Bytes: gradient "
-             "bytes one rank sends per step. Speedup: img/s over img/s of np=1 with the same other "
-             "settings; efficiency: speedup / np.\n",
-             *([TARGET_NOTE] if args.target_acc else []),
-             table]
-    lines += ["![scaling](scaling.png)\n"] if ok else ["No configuration finished; no plot.\n"]
-    failed = [r for r in rows if r["status"] != "ok"]
-    if failed:
-        lines.append("## Failed configurations\n")
-        for r in failed:
-            lines += [f"### {r['run']}: {r['status']}\n", f"`{r['command']}`\n",
-                      *([f"Error: {r['error']}\n"] if r.get("error") else []),
-                      f"Last lines of stderr (all of it: `{r['stderr_file']}`):\n",
-                      "```", tail(r["stderr_file"]) or "(empty)", "```\n"]
-    path = os.path.join(out, "scaling.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
-    return table
+def judge(jobs: list[dict], args, order: dict) -> list:
+    test_size = next((j["test_images"] for j in jobs if j.get("test_images")), 0)
+    return comparisons(jobs, KEYS, order, pair_by="seed" if args.seeds else "round", accuracy=bool(args.seeds),
+                       test_size=test_size)
+
+
+def sweep(configs: list[dict], args, runner, extra, dirs) -> tuple[list[dict], bool]:
+    """--repeats rounds (or one per seed); with --resolve, more until every throughput comparison
+    is resolved or --budget minutes would be passed. Returns (every job's row, interrupted)."""
+    jobs: list[dict] = []
+    taken: set[str] = set()
+    began, k = time.monotonic(), 0
+    rounds = len(args.seeds) if args.seeds else args.repeats
+    try:
+        while True:
+            k += 1
+            jobs += run_round(configs, k, seed_of(args, k), args, runner, extra, dirs, taken)
+            if k < rounds or not args.resolve or k >= MAX_ROUNDS:
+                if k >= rounds:
+                    break
+                continue
+            spent = time.monotonic() - began
+            if not unresolved(judge(jobs, args, order_of(args)), args.resolve) or spent * (k + 1) / k > args.budget * 60:
+                break
+            print(f"bench: unresolved against ±{args.resolve:.0%} after {k} rounds; one more", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        return jobs, True
+    return jobs, False
+
+
+def order_of(args) -> dict[str, list]:
+    """Each swept option's values in the order asked (the first is a comparison's baseline)."""
+    order = {key: [] for key in KEYS}
+    for sweep_ in (sweep_values(args), *args.also):
+        for key, values in sweep_.items():
+            order[key] += [v for v in values if v not in order[key]]
+    order["world_size"] = sorted(order["world_size"])
+    order["dataset"] = [args.dataset]
+    return order
+
+
+def write_results_file(jobs: list[dict], args, out: str, argv: list[str]) -> str:
+    """Every job into OUT/bench.json (measure.results: the same schema as the project's benchmarks)."""
+    results = Results("bench", argparse.Namespace(**{**vars(args), "results": out, "tag": ""}),
+                      {key: Figure(key) for key in FIGURES}, argv=argv)
+    for job in jobs:
+        label = run_name({key: job[key] for key in KEYS})
+        info = {k: job[k] for k in ("seed", "disturbed", "superseded", "steal_share", "foreign_cpus", "run")
+                if job.get(k) is not None}
+        if job["status"] == "ok":
+            results.add(job["round"], label, {k: job[k] for k in FIGURES if isinstance(job.get(k), (int, float))}, **info)
+        else:
+            results.fail(job["round"], label, job["status"], **info)
+    return results.write()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,40 +379,48 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     configs = configurations(args)
-    taken: set[str] = set()
-    rows, interrupted = [], False
-    print(f"bench: {len(configs)} configuration(s), output in {out}", flush=True)
-    for i, cfg in enumerate(configs, 1):
-        name = unique_name(runs_dir, run_name(cfg), taken)
-        cmd = runner.command(cfg["world_size"], train_flags(cfg, args, runs_dir, name, extra))
-        if args.dry_run:
-            print(shlex.join(cmd))
-            continue
-        stdout_file = os.path.join(logs_dir, f"{name}.stdout.txt")
-        stderr_file = os.path.join(logs_dir, f"{name}.stderr.txt")
-        print(f"[{i}/{len(configs)}] {name} ... ", end="", flush=True)
-        try:
-            ended = runner.run(cmd, stdout_file, stderr_file, args.timeout)
-        except KeyboardInterrupt:
-            print("interrupted", flush=True)
-            interrupted = True
-            break
-        row = collect(cfg, os.path.join(runs_dir, name), ended, args.timeout)
-        row.update(command=shlex.join(cmd), stderr_file=stderr_file,
-                   error=first_error(stderr_file) if row["status"] != "ok" else "")
-        rows.append(row)
-        print(f"{row['status']} ({ended.seconds:.1f} s){' ' + row['error'] if row['error'] else ''}"
-              f"{target_note(row)}", flush=True)
-    if args.dry_run:
+    rounds = len(args.seeds) if args.seeds else args.repeats
+    print(f"bench: {len(configs)} configuration(s) x {rounds} round(s), output in {out}", flush=True)
+    if args.dry_run:  # every round's commands, in their rotated order
+        taken: set[str] = set()
+        for k in range(1, rounds + 1):
+            for cfg in rotated(configs, k - 1):
+                seed = seed_of(args, k)
+                flags = train_flags(cfg, args, runs_dir, unique_name(runs_dir, f"{run_name(cfg)}-r{k}", taken), extra)
+                print(shlex.join(runner.command(cfg["world_size"], flags + ([] if seed is None else ["--seed", str(seed)]))))
         return 0
-
-    table = write_outputs(rows, args, runner, out, argv)
+    jobs, interrupted = sweep(configs, args, runner, extra, (runs_dir, logs_dir))
+    order = order_of(args)
+    found = judge(jobs, args, order)
+    left = unresolved(found, args.resolve) if args.resolve else []
+    table = write_outputs(by_configuration(jobs, KEYS, FIGURES), jobs, found, header(args, runner, argv, jobs), out,
+                          args.resolve, left)
+    results_file = write_results_file(jobs, args, out, argv)
     print("\n" + table)
-    print(f"bench: table in {os.path.join(out, 'scaling.md')} and scaling.csv"
-          f"{', plot in scaling.png' if any(r['status'] == 'ok' for r in rows) else ''}")
+    for c in found:
+        print(c.sentence)
+    print(f"bench: table in {os.path.join(out, 'scaling.md')}, scaling.csv and runs.csv, every round in "
+          f"{results_file}{', plot in scaling.png' if any(r['status'] == 'ok' for r in jobs) else ''}")
     if interrupted:
         return 130
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    return 0 if all(r["status"] == "ok" or r.get("superseded") for r in jobs) else 1
+
+
+def header(args, runner, argv: list[str], jobs: list[dict]) -> list[str]:
+    rounds = max((j["round"] for j in jobs), default=0)
+    return ["# Scaling sweep\n",
+            f"`python -m hvd_cifar.bench {shlex.join(argv)}`\n",
+            f"{dt.datetime.now().isoformat(timespec='seconds')}; {runner.describe()}; "
+            f"{args.epochs} {'whole epoch(s)' if not args.steps else f'epoch(s) of {args.steps} steps per rank'}; "
+            f"data set {args.dataset}; {rounds} round(s), each configuration once per round in a rotated order"
+            f"{f', round k at seed k of {args.seeds}' if args.seeds else ''}"
+            f"{f'; target test accuracy {args.target_acc:.2%}' if args.target_acc else ''}.\n",
+            "Each cell: the median over the configuration's rounds and, with two or more, its 95 % interval "
+            "(t-interval of the logarithms; scipy.stats). Per job, times, img/s (all ranks) and bytes are means "
+            "over the epochs after the first when there are two or more; the median step time is the median of "
+            "each epoch's per-step wall times (rank 0). Step and sync times are per training step (sync: mean over "
+            "ranks). Bytes: gradient bytes one rank sends per step. Speedup: img/s over img/s of np=1 with the same "
+            "other settings in the same round; efficiency: speedup / np.\n"]
 
 
 if __name__ == "__main__":

@@ -55,9 +55,9 @@ def reached(run_dir: Path, target: float) -> dict | None:
 
 def dry_run_names(argv: list[str], capsys) -> list[str]:
     """The run names of the commands a dry run prints, in order."""
-    assert bench.main([*argv, "--dry-run"]) == 0
+    assert bench.main([*argv, "--repeats", "1", "--dry-run"]) == 0
     commands = [shlex.split(ln) for ln in capsys.readouterr().out.splitlines() if not ln.startswith("bench:")]
-    return [cmd[cmd.index("--run-name") + 1] for cmd in commands]
+    return [cmd[cmd.index("--run-name") + 1].removesuffix("-r1") for cmd in commands]
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -65,8 +65,8 @@ def dry_run_names(argv: list[str], capsys) -> list[str]:
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     done = run_bench("--np", "2", "1", "--steps", "0", "--epochs", "3", "--target-acc", str(TARGET),
-                     "--dataset", "digits", "--model", "smallcnn", "--batch-size", "32",
-                     "--extra", "--config configs/tiny.yaml", "--out", str(out))
+                     "--dataset", "digits", "--model", "smallcnn", "--batch-size", "32", "--repeats", "1",
+                     "--repeat-disturbed", "false", "--extra", "--config configs/tiny.yaml", "--out", str(out))
     return done, out
 
 
@@ -75,7 +75,8 @@ def failing_sweep(tmp_path_factory):
     """mpirun; the first configuration asks for more images per step than the data set has."""
     out = tmp_path_factory.mktemp("failing")
     done = run_bench("--np", "1", "--launcher", "mpirun", "--batch-size", "100000", "32", "--steps", "2",
-                     "--epochs", "1", "--dataset", "digits", "--target-acc", "0.99", "--out", str(out))
+                     "--epochs", "1", "--dataset", "digits", "--target-acc", "0.99", "--repeats", "1",
+                     "--repeat-disturbed", "false", "--out", str(out))
     return done, out
 
 
@@ -85,9 +86,9 @@ def test_sweep_runs_every_configuration(sweep):
     done, out = sweep
     assert done.returncode == 0, done.stdout + done.stderr
     names = sorted(p.name for p in (out / "runs").iterdir())
-    assert names == ["smallcnn-digits-horovod-np1-b32-fp16off-acc1-frz0",
-                     "smallcnn-digits-horovod-np2-b32-fp16off-acc1-frz0"]
-    progress = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    assert names == ["smallcnn-digits-horovod-np1-b32-fp16off-acc1-frz0-r1",
+                     "smallcnn-digits-horovod-np2-b32-fp16off-acc1-frz0-r1"]
+    progress = [line for line in done.stdout.splitlines() if line.startswith("[round 1, ")]
     assert len(progress) == 2 and all(" ok (" in line for line in progress), done.stdout
     assert "| np | sync |" in done.stdout  # the table is printed too
     for name in names:
@@ -184,9 +185,11 @@ def test_failed_configuration_is_a_row_and_the_sweep_goes_on(failing_sweep):
     text = (out / "scaling.md").read_text()
     md = md_table(text, "# Scaling sweep")
     assert md[0]["status"] == failed["status"] and md[0]["img/s"] == "-" and md[1]["status"] == "ok"
-    failures = text.split("## Failed configurations", 1)[1]
+    failures = text.split("## Failed jobs", 1)[1]
     assert "Error: hvd_cifar: error: batch_size: 100000" in failures and "```" in failures
-    assert f"{failed['run']}: {failed['status']}" in done.stdout.replace(" ... ", ": ")
+    (failed_job, _) = read_csv(out / "runs.csv")
+    assert f"{failed_job['run']}: {failed['status']}" in text  # the failed job's own section
+    assert f"{failed_job['run'].removesuffix('-r1')}: {failed['status']}" in done.stdout.replace(" ... ", ": ")
     # The target (99 % after 2 steps) was missed: said so, no speedup; the failed row has no numbers.
     assert json.loads((Path(ok["run_dir"]) / "eval.json").read_text())["time_to_target_s"] is None
     assert ok["time_to_target_s"] == ok["epochs_to_target"] == ok["target_speedup"] == ""
@@ -212,7 +215,8 @@ def _processes_mentioning(text: str) -> list[str]:
 @pytest.mark.slow  # real launcher jobs
 def test_timeout_fails_the_configuration_and_ends_its_processes(tmp_path):
     out = tmp_path / "slow"
-    done = run_bench("--np", "2", "--timeout", "3", "--steps", "1000", "--dataset", "digits", "--out", str(out))
+    done = run_bench("--np", "2", "--timeout", "3", "--steps", "1000", "--dataset", "digits", "--repeats", "1",
+                     "--out", str(out))
     assert done.returncode == 1, done.stdout + done.stderr
     (row,) = read_csv(out / "scaling.csv")
     assert row["status"] == "failed (timeout after 3 s)"
@@ -236,7 +240,7 @@ def test_commands_are_argument_lists_for_each_launcher(tmp_path, capsys):
                                          "-hostfile", str(hostfile), "--model"]),
     ]
     for extra_args, prefix in cases:
-        assert bench.main(["--np", "2", "--steps", "7", "--out", str(tmp_path), "--dry-run",
+        assert bench.main(["--np", "2", "--steps", "7", "--out", str(tmp_path), "--dry-run", "--repeats", "1",
                            "--extra", "--lr 0.1 --threads-per-rank 1", *extra_args]) == 0
         (line,) = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("bench:")]
         argv = shlex.split(line)
@@ -268,7 +272,7 @@ def test_target_and_whole_epochs_reach_the_trainer(capsys):
     cases = ((["--steps", "0", "--target-acc", "0.95"], ["--max-steps-per-epoch", "0", "--target-acc", "0.95"]),
              ([], ["--max-steps-per-epoch", "10", "--target-acc", "0.0"]))  # default: 10 steps, no target
     for argv, flags in cases:
-        assert bench.main(["--np", "2", *argv, "--dry-run"]) == 0
+        assert bench.main(["--np", "2", *argv, "--repeats", "1", "--dry-run"]) == 0
         (line,) = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("bench:")]
         assert shlex.join(flags) in line, line
 
@@ -300,3 +304,60 @@ def test_bad_options_are_one_line_errors(argv, message, capsys):
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("hvd_cifar: error: ") and message in err, err
+
+
+# ----------------------------------------------------------------------------- rounds
+def test_repeats_run_each_configuration_once_per_round_in_rotated_order(capsys):
+    names = []
+    assert bench.main(["--np", "1", "2", "4", "--repeats", "3", "--dry-run"]) == 0
+    for line in capsys.readouterr().out.splitlines():
+        if not line.startswith("bench:"):
+            argv = shlex.split(line)
+            names.append(argv[argv.index("--run-name") + 1])
+    np_of = [int(re.search(r"-np(\d+)-", n)[1]) for n in names]
+    assert np_of == [1, 2, 4, 2, 4, 1, 4, 1, 2]  # round k starts k - 1 places further on
+    assert [n.rsplit("-r", 1)[1] for n in names] == ["1"] * 3 + ["2"] * 3 + ["3"] * 3
+
+
+def test_seeds_give_one_round_each_at_that_seed(capsys):
+    assert bench.main(["--np", "2", "--seeds", "200", "201", "--dry-run"]) == 0
+    lines = [shlex.split(ln) for ln in capsys.readouterr().out.splitlines() if not ln.startswith("bench:")]
+    assert [argv[argv.index("--seed") + 1] for argv in lines] == ["200", "201"]
+
+
+@pytest.fixture(scope="module")
+def repeated_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repeated")
+    done = run_bench("--np", "1", "2", "--repeats", "3", "--steps", "3", "--epochs", "2", "--dataset", "digits",
+                     "--repeat-disturbed", "false", "--extra", "--config configs/tiny.yaml", "--out", str(out))
+    return done, out
+
+
+@pytest.mark.slow  # real launcher jobs
+def test_repeated_sweep_gives_medians_intervals_and_paired_comparisons(repeated_sweep):
+    """Three rounds of np 1 and 2: runs.csv holds every job in the order run; scaling.csv each
+    configuration's median img/s with the interval of its rounds; the comparison np 2 vs 1 is the
+    ratio paired within each round, said in a sentence; bench.json keeps every round."""
+    from hvd_cifar.measure import stats
+    done, out = repeated_sweep
+    assert done.returncode == 0, done.stdout + done.stderr
+    jobs = read_csv(out / "runs.csv")
+    assert [(j["round"], j["world_size"]) for j in jobs] == [("1", "1"), ("1", "2"), ("2", "2"), ("2", "1"),
+                                                              ("3", "1"), ("3", "2")]
+    rates = {(j["round"], j["world_size"]): expected(Path(j["run_dir"]))["images_per_s"] for j in jobs}
+    configs = read_csv(out / "scaling.csv")
+    for row in configs:
+        mine = [rates[(k, row["world_size"])] for k in ("1", "2", "3")]
+        iv = stats.interval_of(mine)
+        assert math.isclose(float(row["images_per_s"]), sorted(mine)[1], rel_tol=1e-9)
+        assert math.isclose(float(row["images_per_s_low"]), iv.low, rel_tol=1e-9)
+        assert math.isclose(float(row["images_per_s_high"]), iv.high, rel_tol=1e-9)
+        assert row["rounds"] == "3 of 3"
+    paired = stats.ratio_interval([rates[(k, "2")] for k in "123"], [rates[(k, "1")] for k in "123"])
+    sentence = stats.ratio_sentence("np 2 vs 1: img/s", paired)
+    assert sentence in done.stdout and f"- {sentence}" in (out / "scaling.md").read_text()
+    md = md_table((out / "scaling.md").read_text(), "# Scaling sweep")
+    assert re.fullmatch(r"[0-9.]+ \([0-9.]+–[0-9.]+\)", md[0]["img/s"]), md[0]["img/s"]
+    saved = json.loads((out / "bench.json").read_text())
+    assert len(saved["rounds"]) == 6 and {r["round"] for r in saved["rounds"]} == {1, 2, 3}
+    assert saved["summary"]["smallcnn-digits-horovod-np2-b32-fp16off-acc1-frz0"]["images_per_s"]["n"] == 3

@@ -11,7 +11,7 @@ import pathlib
 import pytest
 
 from hvd_cifar.measure import stats
-from hvd_cifar.measure.results import Figure, Results
+from hvd_cifar.measure.results import Results
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

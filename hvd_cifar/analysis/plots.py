@@ -217,17 +217,29 @@ def config_label(row: dict) -> str:
             f" freeze={row['freeze']}")
 
 
+def _error_bars(group: list[dict], key: str) -> list[list[float]] | None:
+    """Distances from each point down to ``KEY_low`` and up to ``KEY_high`` (a sweep's 95 %
+    intervals over its rounds); None when no row has them."""
+    if not any(f"{key}_low" in r for r in group):
+        return None
+    return [[r[key] - r.get(f"{key}_low", r[key]) for r in group], [r.get(f"{key}_high", r[key]) - r[key] for r in group]]
+
+
 def plot_scaling(rows: list[dict], path: str) -> str:
     """Throughput and epoch time against world size, one line per configuration; the dashed
-    line is linear scaling from that configuration's world-size-1 run."""
+    line is linear scaling from that configuration's world-size-1 run; error bars, where the
+    rows have them, are the 95 % intervals over a sweep's rounds."""
     fig, (ax_ips, ax_time) = _two_panels()
     for group in scaling_groups(rows).values():
         ranks = [r["world_size"] for r in group]
-        line, = ax_ips.plot(ranks, [r["images_per_s"] for r in group], "o-", label=config_label(group[0]))
+        ips = [r["images_per_s"] for r in group]
+        line = ax_ips.errorbar(ranks, ips, yerr=_error_bars(group, "images_per_s"), fmt="o-", capsize=3,
+                               label=config_label(group[0])).lines[0]
         if group[0]["world_size"] == 1:
             base = group[0]["images_per_s"]
             ax_ips.plot(ranks, [base * n for n in ranks], "--", color=line.get_color(), alpha=0.5)
-        ax_time.plot(ranks, [r["mean_epoch_time_s"] for r in group], "o-", color=line.get_color())
+        ax_time.errorbar(ranks, [r["mean_epoch_time_s"] for r in group], yerr=_error_bars(group, "mean_epoch_time_s"),
+                         fmt="o-", capsize=3, color=line.get_color())
     all_ranks = sorted({r["world_size"] for g in scaling_groups(rows).values() for r in g})
     for ax, ylabel, title in ((ax_ips, "images per second (all ranks)", "Throughput"),
                               (ax_time, "mean epoch time (s)", "Epoch time")):

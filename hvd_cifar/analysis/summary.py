@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from typing import Any, Iterable
 
 from hvd_cifar.core.names import RUN_IDENTITY
@@ -148,6 +149,7 @@ def summarize(run: Run) -> dict:
         "total_epoch_time_s": sum(value(r, "epoch_time_s") for r in m),
         "images_per_s": _ratio(images, (value(r, "epoch_time_s") for r in steady)),
         "step_time_s": steady_per_step(m, "epoch_time_s"),
+        "step_time_median_s": steady_median(steady, "step_time_median_s"),
         "sync_time_per_step_s": steady_per_step(m, "sync_time_s"),
         "bytes_per_epoch_per_rank": steady_mean(m, "comm_bytes_per_rank"),
         "bytes_per_step_per_rank": steady_per_step(m, "comm_bytes_per_rank"),
@@ -161,6 +163,13 @@ def summarize(run: Run) -> dict:
         "path": run.path,
     })
     return row
+
+
+def steady_median(steady: list[dict], key: str) -> float:
+    """The median of the steady epochs' ``key`` (each epoch's median per-step time: the median
+    of the medians); NaN when no epoch has it."""
+    values = [r[key] for r in steady if key in r]
+    return statistics.median(values) if values else math.nan
 
 
 def config_key(row: dict) -> tuple:

@@ -31,7 +31,8 @@ class PhaseTimer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.totals = dict.fromkeys(PHASES, 0.0)
-        self.last = time.perf_counter()
+        self.last = self.step_began = time.perf_counter()
+        self.step_times: list[float] = []  # each step's wall time, its bookkeeping included
 
     def lap(self, phase: str) -> None:
         if self.cuda:
@@ -42,7 +43,12 @@ class PhaseTimer:
 
     def restart(self) -> None:
         """Start timing afresh (what passes between steps belongs to no phase)."""
-        self.last = time.perf_counter()
+        self.last = self.step_began = time.perf_counter()
+
+    def end_step(self) -> None:
+        """A step ended: keep its wall time, and start the next step's."""
+        self.step_times.append(time.perf_counter() - self.step_began)
+        self.restart()
 
 
 class UpdateGroups:
@@ -210,10 +216,11 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
         if ends_update:
             state.after_update(sums, step // cfg.accumulation_steps + 1, more_steps=step + 1 < steps)
         bar.update(1)
-        timer.restart()
+        timer.end_step()
     bar.close()
     return EpochResult(sums, timer.totals, steps, first, syncs, time.perf_counter() - began,
-                       optimizer.param_groups[0]["lr"], cpu_s=resources.process_cpu_s() - cpu_began)
+                       optimizer.param_groups[0]["lr"], cpu_s=resources.process_cpu_s() - cpu_began,
+                       step_times=timer.step_times)
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -8,6 +8,7 @@ and TensorBoard are made from (docs/ARCHITECTURE.md, "Measurements are data").
 from __future__ import annotations
 
 import socket
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,7 @@ def epoch_record(run, epoch: int, result, sums: torch.Tensor, pass_images: float
         "elapsed_s": run.elapsed_s(),
         "images_per_s": pass_images / result.time_s, "steps": result.steps, "syncs": result.syncs,
         "step_time_s": result.time_s / (result.steps - result.first_step),
+        **({"step_time_median_s": statistics.median(result.step_times)} if result.step_times else {}),
         "comm_bytes_per_sync": wire, "comm_bytes_per_rank": wire * result.syncs,
         "comm_bytes_per_sync_unfrozen": sync.wire_bytes_per_sync(run.unfrozen_payload_bytes),
         **figures,  # phase times, NIC bytes, resources

@@ -55,6 +55,7 @@ class EpochResult:
     lr: float                          # the rate of the last update
     extra: dict = field(default_factory=dict)
     cpu_s: float = 0.0                 # this process's CPU seconds in the pass (resources.process_cpu_s)
+    step_times: list = field(default_factory=list)  # this rank's wall time of each step of the pass
 
 
 @dataclass(frozen=True)
