@@ -42,6 +42,7 @@ an old number. tests/test_docs_tables.py fails when a block differs from what th
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import math
@@ -49,6 +50,7 @@ import os
 import re
 import shlex
 import statistics
+import subprocess
 import sys
 
 from hvd_cifar.measure.results import RESULTS_DIR, ROOT, verdict
@@ -252,7 +254,10 @@ def _verdict(low: float, high: float, options: dict, scale, words: tuple[str, st
 def provenance(data: dict, name: str, options: dict | None = None) -> str:
     m = data["machine"]
     before, after = m["load_average_before"][0], (m["load_average_after"] or [float("nan")])[0]
-    dirty = ", with uncommitted changes" if data.get("dirty") else ""
+    changed = data.get("changed") or []
+    dirty = (f", with uncommitted changes to {', '.join(f'`{p}`' for p in changed[:3])}"
+             f"{f' and {len(changed) - 3} more' if len(changed) > 3 else ''}" if changed
+             else ", with uncommitted changes" if data.get("dirty") else "")
     return (f"From `benchmarks/results/{name}`: `{shlex.join(data['command'])}`, commit {data['commit']}{dirty}, "
             f"{data['started_utc']} to {data['finished_utc'][11:]}; {m['cpu_model']}, {m['cores']} cores, "
             f"load average {before:.2f} before and {after:.2f} after. Cells: {cells_are(options or {})} over the rounds.")
@@ -278,6 +283,35 @@ def cells_are(options: dict) -> str:
     return f"{shown_as[0]} (min–max)" if len(shown_as) == 1 else "median, or mean where the row says, (min–max)"
 
 
+# What a results file measures: when any of these changed after its commit, its tables are stale.
+MEASURED_PATHS = ("hvd_cifar", "benchmarks/*.py", "scripts/install.sh")
+STALE = "**Stale:**"
+
+
+def _git(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+@functools.lru_cache(maxsize=None)
+def changed_since(commit: str) -> tuple[str, ...] | None:
+    """The measured paths (MEASURED_PATHS) that differ between ``commit`` and the working tree;
+    None when this clone does not hold ``commit`` (a shallow clone, or a commit never pushed)."""
+    if not commit or commit == "unknown" or _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        return None
+    done = _git("diff", "--name-only", commit, "--", *MEASURED_PATHS)
+    return tuple(sorted(done.stdout.split())) if done.returncode == 0 else None
+
+
+def staleness(data: dict) -> str:
+    """A sentence when the code a results file measures changed after the file's commit."""
+    changed = changed_since(data.get("commit", ""))
+    if not changed:
+        return ""
+    shown = ", ".join(f"`{p}`" for p in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return (f"{STALE} the code these figures measure changed after commit {data['commit']} ({len(changed)} "
+            f"file{'s' if len(changed) > 1 else ''}: {shown}); rerun the command above to measure the current code.")
+
+
 def render_block(spec: str, results_dir: str) -> str:
     name, options = parse_spec(spec)
     path = os.path.join(results_dir, name)
@@ -291,7 +325,9 @@ def render_block(spec: str, results_dir: str) -> str:
               "paired": paired_table}
     if show not in makers:
         raise ValueError(f"results marker {spec!r}: show={show} (table, rounds, checks, paired or failed)")
-    return "\n".join([*makers[show](data, options), "", provenance(data, name, options)]) + "\n"
+    stale = staleness(data)
+    return "\n".join([*makers[show](data, options), "", provenance(data, name, options),
+                      *(["", stale] if stale else [])]) + "\n"
 
 
 def render(text: str, results_dir: str = RESULTS_DIR) -> str:
@@ -300,8 +336,22 @@ def render(text: str, results_dir: str = RESULTS_DIR) -> str:
 
 
 def stale_blocks(text: str, results_dir: str = RESULTS_DIR) -> list[str]:
-    """The markers whose block differs from what ``render`` makes."""
-    return [m["spec"] for m in BLOCK.finditer(text) if m["body"] != render_block(m["spec"], results_dir)]
+    """The markers whose block differs from what ``render`` makes. Where this clone does not hold
+    a results file's commit, its staleness cannot be told, and the block's staleness line is
+    left out of the comparison."""
+    def same(body: str, made: str) -> bool:
+        return body == made or _without_staleness(body) == _without_staleness(made) and not _history_for(made)
+    return [m["spec"] for m in BLOCK.finditer(text) if not same(m["body"], render_block(m["spec"], results_dir))]
+
+
+def _without_staleness(body: str) -> str:
+    return "\n".join(line for line in body.split("\n") if not line.startswith(STALE)).rstrip("\n")
+
+
+def _history_for(made: str) -> bool:
+    """Whether this clone holds the commit a freshly made block names (so its staleness is known)."""
+    found = re.search(r", commit ([0-9a-f]{4,40})\b", made)
+    return bool(found) and changed_since(found[1]) is not None
 
 
 def main(argv: list[str] | None = None) -> int:

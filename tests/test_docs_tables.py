@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 import pytest
 
@@ -250,3 +251,36 @@ def test_paired_comparisons_give_the_interval_and_say_when_it_cannot_resolve(tmp
     low, high = stats.t.interval(0.95, 2, loc=sum(logs) / 3, scale=stats.sem(logs))
     assert f"| a / b | {(2.0 * 2.1 * 1.9) ** (1 / 3):.3f} | {math.exp(low):.3f} to {math.exp(high):.3f} | 3 | A higher |" \
         in text, text
+
+
+def test_a_table_whose_code_changed_after_its_results_commit_says_it_is_stale(tmp_path):
+    """A results file made at the project's first commit: hvd_cifar/ changed since, so its table
+    says so, naming the files; one made at HEAD names only what differs from HEAD (none in a
+    clean clone); a commit this clone does not hold says nothing, and --check then tolerates a
+    staleness line it cannot judge."""
+    import subprocess
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=results.ROOT, capture_output=True,
+                           text=True).stdout.split()
+    if not first:
+        pytest.skip("no git history in this clone")
+    made(tmp_path, [(1, "a", 100.0), (1, "b", 50.0), (2, "a", 90.0), (2, "b", 100.0)])
+    path = tmp_path / "demo-t.json"
+    data = json.loads(path.read_text())
+    doc = "<!-- results: demo-t.json configs=a -->\n<!-- /results -->\n"
+    for commit, stale in ((first[0][:7], True), ("0" * 7, False)):
+        path.write_text(json.dumps({**data, "commit": commit}))
+        new = render_docs.render(doc, str(tmp_path))
+        assert ("**Stale:** the code these figures measure changed after commit " in new) == stale, new
+        if stale:
+            assert re.search(r"\(\d+ files: `(benchmarks|hvd_cifar)/", new), new
+    path.write_text(json.dumps({**data, "commit": first[0][:7]}))
+    stale_doc = render_docs.render(doc, str(tmp_path))
+    path.write_text(json.dumps({**data, "commit": "0" * 7}))
+    assert render_docs.stale_blocks(stale_doc.replace(first[0][:7], "0" * 7), str(tmp_path)) == []
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=results.ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    differs = subprocess.run(["git", "diff", "--name-only", head, "--", *render_docs.MEASURED_PATHS],
+                             cwd=results.ROOT, capture_output=True, text=True).stdout.split()
+    path.write_text(json.dumps({**data, "commit": head}))
+    render_docs.changed_since.cache_clear()
+    assert ("**Stale:**" in render_docs.render(doc, str(tmp_path))) == bool(differs)
