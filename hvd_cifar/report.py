@@ -31,8 +31,10 @@ import sys
 from typing import Any
 
 from hvd_cifar.analysis.explain import explain
+from hvd_cifar.analysis.sweep import repeated_section
 from hvd_cifar.analysis.plots import plot_compare, plot_run, plot_scaling
 from hvd_cifar.core.errors import PredictError, ReportError
+from hvd_cifar.core.names import RUN_IDENTITY
 from hvd_cifar.core.files import RunError, write_text
 from hvd_cifar.analysis.run_tables import (ASYNC_PS_COLUMNS, COMPARE_COLUMNS, EPOCH_COLUMNS, TARGET_CSV_COLUMNS, TARGET_NOTE,
                                   classification_table, confusion_table, epoch_rows, with_target_columns)
@@ -204,7 +206,9 @@ def compare_report(runs: list[Run], out: str) -> str:
             "runs; efficiency = "
             "speedup / np; '-' where there is no such run. Bytes: gradient bytes sent per rank.\n",
             *([TARGET_NOTE] if any(r["target_acc"] for r in rows) else []),
-            markdown_table(with_target_columns(COMPARE_COLUMNS, rows), rows), *time_went_section(runs, rows), "## Figures\n",
+            markdown_table(with_target_columns(COMPARE_COLUMNS, rows), rows),
+            *repeated_section(runs, rows, (*RUN_IDENTITY, "world_size")),
+            *time_went_section(runs, rows), "## Figures\n",
             *[f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures],
             "## Run folders\n", *[f"- {row['run']}: `{row['path']}`" + (f" ({METRICS}: {torn_note(run)})" if run.torn else "")
                                    for run, row in zip(runs, rows)], ""]

@@ -476,3 +476,29 @@ def test_runs_differing_only_in_compression_or_local_sgd_are_separate_groups_wit
         assert by[f"{name}2"]["speedup"] == pytest.approx(by[f"{name}2"]["images_per_s"] / by[f"{name}1"]["images_per_s"])
     old = summarize(load_run(str(write_run(tmp_path / "old", config={"fp16_allreduce": True}))))
     assert old["compression"] == "fp16" and old["local_sgd_steps"] == 1
+
+
+def test_repeated_runs_are_grouped_with_intervals_and_compared_paired_by_seed(tmp_path):
+    """Three seeds of np=1 and np=2 (run folders written here): the comparison groups each
+    configuration's runs, gives medians with their intervals, and compares np 2 with np 1 paired
+    by seed, as hvd_cifar.measure.stats computes it."""
+    from hvd_cifar.measure import stats
+    rates, accs = {}, {}
+    for seed, (one, two, acc1, acc2) in zip((200, 201, 202), ((100.0, 180.0, 0.60, 0.62), (90.0, 170.0, 0.61, 0.64),
+                                                               (110.0, 190.0, 0.63, 0.64))):
+        for np_, ips, acc in ((1, one, acc1), (2, two, acc2)):
+            records = [epoch_record(e, np_, images_per_s=ips, test_acc=acc) for e in range(2)]
+            write_run(tmp_path / f"np{np_}-s{seed}", records, world_size=np_, epochs=2, config={"seed": seed})
+            rates.setdefault(np_, []).append(ips)
+            accs.setdefault(np_, []).append(acc)
+    out = tmp_path / "compare"
+    assert report.main([str(p) for p in sorted(tmp_path.glob("np*"))] + ["--out", str(out)]) == 0
+    text = (out / "compare.md").read_text()
+    section = text.split("## Repeated configurations", 1)[1]
+    iv = stats.interval_of(rates[2])
+    assert f"| 2 | 3 | 180.0 ({iv.low:.1f}–{iv.high:.1f}) |" in section
+    ratio = stats.ratio_interval(rates[2], rates[1])
+    assert f"- {stats.ratio_sentence('np 2 vs 1: img/s', ratio, rounds='seeds')}" in section
+    diff = stats.difference_interval(accs[2], accs[1], scale=100)
+    assert f"({diff.low:+.2f} to {diff.high:+.2f} points, 95 % CI, 3 seeds" in section
+    assert "one run's standard error on 400 test images" in section

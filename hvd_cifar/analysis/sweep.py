@@ -97,7 +97,7 @@ def _context(ident: tuple, keys: tuple, varying: set[str], skip: str) -> str:
 def comparisons(jobs: list[dict], keys: tuple, order: dict[str, list], pair_by: str = "round",
                 accuracy: bool = False, test_size: int = 0) -> list[Comparison]:
     """Every configuration against each baseline it has (see the module doc), paired by
-    ``pair_by``; ``order``: each swept option's values as asked (the first is the baseline);
+    ``pair_by`` (at least two pairs: runs that share one seed are not paired by it); ``order``: each swept option's values as asked (the first is the baseline);
     ``accuracy``: also the final test accuracy's difference (seeds)."""
     values: dict[tuple, dict] = {}
     for job in jobs:
@@ -111,6 +111,8 @@ def comparisons(jobs: list[dict], keys: tuple, order: dict[str, list], pair_by: 
             if base is None or base not in values:
                 continue
             shared = sorted(set(values[ident]) & set(values[base]))
+            if len(shared) < 2:  # one pair says nothing of its spread
+                continue
             mine, theirs = values[ident], values[base]
             name = "np" if key == "world_size" else key
             label = f"{name} {ident[keys.index(key)]} vs {order[key][0]}{_context(ident, keys, varying, key)}"
@@ -167,10 +169,15 @@ def collect(cfg: dict, run_dir: str, ended, timeout: int) -> dict:
             row["status"] = f"failed (exit 0 but {exc})"
         else:
             row.update({k: v for k, v in summary.items() if k not in cfg})
-            report = (run.evaluation or {}).get("classification_report", {})
-            row["test_images"] = int(report.get("macro avg", {}).get("support", 0))
+            row["test_images"] = test_images(run)
             row["status"] = "ok"
     return row
+
+
+def test_images(run) -> int:
+    """The size of the test set a finished run (runfolder.reader.Run) was judged on; 0 unknown."""
+    report = (run.evaluation or {}).get("classification_report", {})
+    return int(report.get("macro avg", {}).get("support", 0))
 
 
 def target_note(row: dict) -> str:
@@ -180,3 +187,41 @@ def target_note(row: dict) -> str:
     if row.get("time_to_target_s") is None:
         return f"; {row['target_acc']:.2%} not reached"
     return f"; {row['target_acc']:.2%} reached in {row['time_to_target_s']:.1f} s (epoch {row['epochs_to_target']})"
+
+
+# ----------------------------------------------------------------------------- repeated runs
+REPEATED_FIGURES = ("images_per_s", "final_test_acc", "mean_epoch_time_s")
+
+
+def repeated_section(runs: list, rows: list[dict], keys: tuple) -> list[str]:
+    """For a report of several runs (runfolder.reader.Run, and their summary rows): when some runs
+    share a configuration (``keys``), each
+    configuration's median img/s, final accuracy and epoch time with their 95 % intervals, and
+    the comparisons of configurations paired by seed (each run's config); nothing when every
+    configuration ran once."""
+    jobs = [{**row, "seed": run.config.get("seed"), "status": "ok", "test_images": test_images(run)}
+            for run, row in zip(runs, rows)]
+    configs = by_configuration(jobs, keys, REPEATED_FIGURES)
+    if not any(c["n_rounds"] > 1 for c in configs):
+        return []
+    order = {k: list(dict.fromkeys(j.get(k) for j in jobs)) for k in keys}  # the first seen is the baseline
+    test_size = next((j["test_images"] for j in jobs if j.get("test_images")), 0)
+    found = comparisons(jobs, keys, order, pair_by="seed", accuracy=True, test_size=test_size)
+
+    def cell(c: dict, key: str, spec: str, scale: float = 1.0) -> str:
+        if key not in c:
+            return "-"
+        middle = format(c[key] / scale, spec)
+        low, high = (format(c[f"{key}_{end}"] / scale, spec) if f"{key}_{end}" in c else None for end in ("low", "high"))
+        return middle if low is None or low == high else f"{middle} ({low}–{high})"
+    varying = [k for k in keys if len(order[k]) > 1] or ["world_size"]
+    lines = ["## Repeated configurations\n",
+             "Runs with the same configuration, grouped: each figure's median over them and, with two or more, "
+             "its 95 % interval (t-interval of the logarithms, scipy.stats). Comparisons pair runs by seed: img/s by "
+             "the geometric mean of the ratios, accuracy by the mean difference in points.\n",
+             "| " + " | ".join([*varying, "runs", "img/s", "final test acc (%)", "epoch time (s)"]) + " |",
+             "|" + "---|" * len(varying) + "---:|" * 4,
+             *["| " + " | ".join([*(str(c[k]) for k in varying), str(c["n_rounds"]), cell(c, "images_per_s", ".1f"),
+                                  cell(c, "final_test_acc", ".2f", 0.01), cell(c, "mean_epoch_time_s", ".3f")]) + " |"
+               for c in configs], ""]
+    return lines + [f"- {c.sentence}" for c in found] + ([""] if found else [])
