@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -124,6 +125,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="local pass: images per rank per step")
     p.add_argument("--lr", type=float, default=0.01, help="both passes, for one rank; the trainer scales it by np")
     p.add_argument("--repeats", type=int, default=2, help="local pass: rounds of all methods, all kept")
+    p.add_argument("--compute", default="fp32", choices=["fp32", "bf16-channels-last", "bf16", "fp32-channels-last"],
+                   help="precision and layout of every job and of the plain loop alike (default fp32: NCHW)")
     p.add_argument("--hostfile", default="", help="local pass: np > 1 under launch/LAUNCHER.sh -hostfile FILE "
                    "(your own hosts; run from the first, with the run folders on a shared file system)")
     p.add_argument("--no-plain", dest="plain", action="store_false",
@@ -161,7 +164,7 @@ def train_flags(method: str, name: str, runs: str, model: str, epochs: int, step
     return ["--model", model, "--dataset", args.dataset, "--epochs", str(epochs),
             "--max-steps-per-epoch", str(steps), "--batch-size", str(batch_size),
             "--lr", str(args.lr), "--warmup-epochs", "0", "--seed", "0", "--checkpoint-every", "0",
-            "--no-progress", "--sync", method, "--log-dir", runs, "--run-name", name]
+            "--no-progress", "--sync", method, "--compute", args.compute, "--log-dir", runs, "--run-name", name]
 
 
 def run_local(method: str, name: str, args, np: int) -> str:
@@ -211,10 +214,13 @@ def summarize(run_dir: str, label: str) -> dict:
         "np": records[-1]["world_size"],
         "run": os.path.basename(run_dir),
         "epoch_time_s": summary["mean_epoch_time_s"],
-        "step_time_s": summary["step_time_s"],
+        # a job's step time: the median of its per-step times after the warm-up epoch (rank 0's),
+        # and img/s from it; the epoch's mean where the trainer recorded no median
+        "step_time_s": median_step(summary),
         "sync_time_s": summary["sync_time_per_step_s"],
         "backward_time_s": steady_per_step(records, "backward_time_s"),
-        "images_per_s": summary["images_per_s"],
+        "images_per_s": (records[-1]["world_size"] * records[-1]["batch_size"] / median_step(summary)
+                         if records[-1]["sync"] != "mpi-async-ps" else summary["images_per_s"]),
         "cpu_s_per_image": summary["cpu_s_per_image"],
         "comm_bytes_per_step": summary["bytes_per_step_per_rank"],
         "nic_tx_bytes_per_step": {h: sum(r["nic_tx_bytes"][h] for r in timed) / steps for h in hosts},
@@ -225,16 +231,23 @@ def summarize(run_dir: str, label: str) -> dict:
     }
 
 
+def median_step(summary: dict) -> float:
+    median = summary.get("step_time_median_s", math.nan)
+    return summary["step_time_s"] if math.isnan(median) else median
+
+
 def run_plain(name: str, args) -> dict:
-    """The plain PyTorch loop at np=1 (no Horovod, no launcher), the same model, batch and steps,
-    the trainer's threads (the machine's cores); its figures from the last epoch's step time."""
+    """The plain PyTorch loop at np=1 (no Horovod, no launcher): the same model, batch, steps,
+    precision and memory layout (--compute), random batches held in memory as the synthetic data
+    set is, the trainer's threads (the machine's cores); its figures from its median step time
+    over the epochs after the first, as the trainer's."""
     steps = args.steps or 20
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bare_horovod.py"), "--plain", "--model", args.model,
            "--batch-size", str(args.batch_size), "--steps", str(steps), "--epochs", str(args.epochs),
-           "--threads", str(os.cpu_count())]
+           "--threads", str(os.cpu_count()), "--compute", args.compute]
     done = jobs.run(PLAIN, cmd, log=os.path.join(args.out, f"{name}.log"), timeout=args.timeout)
     line = next(l for l in done.stdout.splitlines() if "step_time_s" in l)
-    step = json.loads(line[line.index("{"):])["step_time_s"]
+    step = json.loads(line[line.index("{"):])["median_step_time_s"]
     return {"step_time_s": step, "images_per_s": args.batch_size / step}
 
 

@@ -13,7 +13,8 @@ The marker names a file in benchmarks/results/ and says what to show (``key=valu
 quoting):
 
   show=table     (default) one row per configuration, one column per figure; each cell the
-                 median over the configuration's rounds and, with more than one, (min-max);
+                 median over the configuration's rounds and, with more than one, its 95 %
+                 interval (a t-interval; of the logarithms when every value is positive);
                  then the rounds that failed, with their reasons, and where the numbers came from.
   show=rounds    every round's raw figures, one row per round and configuration.
   show=failed    only the rounds that failed, each with its reason (or a line saying none did).
@@ -90,17 +91,20 @@ def shown(value: float, figure: dict) -> str:
     return format(value / figure.get("scale", 1.0), figure.get("fmt", ".3g"))
 
 
-def cell(spread: dict | None, figure: dict, rounds: int = 0, centre: str = "median") -> str:
-    """``centre`` (the median, or the mean), then (min–max) when there is more than one round;
-    '-' with none; [n of N] when the figure has fewer rounds than its row (``rounds``), e.g. a
-    target some rounds never reached."""
-    if not spread:
+def cell(values: list[float], figure: dict, rounds: int = 0, centre: str = "median") -> str:
+    """``centre`` (the median, or the mean) of a figure's rounds, then its 95 % interval
+    (``interval_of``) when there is more than one round and the interval shows as more than a
+    point; '-' with none; [n of N] when the figure has fewer rounds than its row (``rounds``),
+    e.g. a target some rounds never reached."""
+    if not values:
         return "-"
-    middle = shown(spread[centre], figure)
-    fewer = f" [{spread['n']} of {rounds}]" if spread["n"] < rounds else ""
-    if spread["n"] == 1:
+    middle = shown(statistics.median(values) if centre == "median" else statistics.fmean(values), figure)
+    fewer = f" [{len(values)} of {rounds}]" if len(values) < rounds else ""
+    if len(values) == 1:
         return middle + fewer
-    return f"{middle} ({shown(spread['min'], figure)}–{shown(spread['max'], figure)}){fewer}"
+    iv = interval_of(values)
+    low, high = shown(iv.low, figure), shown(iv.high, figure)
+    return (middle if low == high else f"{middle} ({low}–{high})") + fewer
 
 
 def figure_of(data: dict, key: str) -> dict:
@@ -147,9 +151,9 @@ def summary_table(data: dict, options: dict) -> list[str]:
     figures = figures_of(data, options, configs)
     rows = []
     for c in configs:
-        spreads = data["summary"].get(c, {})
-        n = max((s["n"] for k, s in spreads.items() if k in figures), default=0)
-        rows.append([c, *[cell(spreads.get(k), figure_of(data, k), n) for k in figures], str(n)])
+        values = {k: values_of(data, c, k) for k in figures}
+        n = max((len(v) for v in values.values()), default=0)
+        rows.append([c, *[cell(values[k], figure_of(data, k), n) for k in figures], str(n)])
     return table(["configuration", *[figure_of(data, k)["label"] for k in figures], "rounds"], rows) + \
         failures(data, configs)
 
@@ -175,18 +179,6 @@ def values_of(data: dict, config: str, key: str) -> list[float]:
     return [r["figures"][key] for r in data["rounds"] if r["config"] == config and r["ok"] and key in r["figures"]]
 
 
-def interval_cell(values: list[float], figure: dict, centre: str) -> str:
-    """The median (or the mean) of the rounds, and their 95 % interval (``interval_of``); one
-    round: the value alone."""
-    if not values:
-        return "-"
-    iv = interval_of(values)
-    middle = shown(statistics.median(values) if centre == "median" else statistics.fmean(values), figure)
-    if len(values) == 1:
-        return middle
-    return f"{middle} ({shown(iv.low, figure)}–{shown(iv.high, figure)})"
-
-
 def checks_table(data: dict, options: dict) -> list[str]:
     rows, checked = [], []
     for check in options["check"]:
@@ -197,7 +189,7 @@ def checks_table(data: dict, options: dict) -> list[str]:
         checked.append(config)
         figure, values = figure_of(data, key), values_of(data, config, key)
         label = f"{config}: {figure['label']}" + (", mean of the rounds" if m["mean"] else "")
-        rows.append([label, f"{SYMBOL[op]} {target:g}", interval_cell(values, figure, "mean" if m["mean"] else "median"),
+        rows.append([label, f"{SYMBOL[op]} {target:g}", cell(values, figure, centre="mean" if m["mean"] else "median"),
                      str(len(values)), f"**{verdict(values, op, target)}**"])
     return table(["figure", "target", cells_are(options), "rounds", "verdict"], rows, numeric_from=2) + \
         failures(data, checked, " and ".join(f"{c}s" for c in centres(options)))
@@ -277,10 +269,8 @@ def cells_are(options: dict) -> str:
     if options.get("show") == "paired":
         return "the mean of the differences paired by round, with its t-interval,"
     shown_as = centres(options)
-    if options.get("show") == "checks":
-        return (f"{shown_as[0]} (95 % interval)" if len(shown_as) == 1
-                else "median, or mean where the row says, (95 % interval)")
-    return f"{shown_as[0]} (min–max)" if len(shown_as) == 1 else "median, or mean where the row says, (min–max)"
+    return (f"{shown_as[0]} (95 % interval)" if len(shown_as) == 1
+            else "median, or mean where the row says, (95 % interval)")
 
 
 # What a results file measures: when any of these changed after its commit, its tables are stale.

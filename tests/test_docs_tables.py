@@ -163,13 +163,13 @@ def test_a_block_renders_medians_spreads_failures_and_verdicts(tmp_path):
            "<!-- results: demo-t.json show=checks check=\"a / b:ratio>=0.95\" check=\"a / b:ratio<=300\" -->\n"
            "<!-- /results -->\n")
     new = render_docs.render(doc, str(tmp_path))
-    assert "| a | 95.0 (90.0–100.0) | 2 |" in new and "| b | 75.0 (50.0–100.0) | 2 |" in new
+    assert "| a | 95.0 (48.6–185.3) | 2 |" in new and "| b | 75.0 (0.9–5780.4) | 2 |" in new  # median, 95 % interval
     # ratios 2.0 and 0.9: two rounds this far apart resolve nothing near 1, only a bound far off
     assert "| a / b: a / b | ≥ 0.95 | 1.450 (0.008–214.197) | 2 | **unresolved** |" in new
     assert "| a / b: a / b | ≤ 300 | 1.450 (0.008–214.197) | 2 | **met** |" in new
     assert " --np 2`, commit " in new and "Failed rounds" not in new
     assert render_docs.stale_blocks(doc, str(tmp_path)) and not render_docs.stale_blocks(new, str(tmp_path))
-    edited = new.replace("95.0 (90.0–100.0)", "99.0 (90.0–100.0)")  # a hand edit goes red
+    edited = new.replace("95.0 (48.6–185.3)", "99.0 (48.6–185.3)")  # a hand edit goes red
     assert render_docs.stale_blocks(edited, str(tmp_path)) == [m["spec"] for m in render_docs.BLOCK.finditer(doc)][:1]
 
 
