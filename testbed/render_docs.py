@@ -138,12 +138,16 @@ def table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> li
 
 
 def failures(data: dict, configs: list[str], of: str = "medians") -> list[str]:
-    """The failed rounds of ``configs``, each with its reason; nothing when none failed."""
+    """The failed rounds of ``configs``, each with its reason, and the rounds run while the
+    machine was disturbed (hvd_cifar.measure.rounds); nothing when there are none."""
     failed = [r for r in data["rounds"] if not r["ok"] and r["config"] in configs]
-    if not failed:
-        return []
-    return ["", f"Failed rounds (left out of the {of}):", "",
-            *[f"- {r['config']}, round {r['round']}: {r['reason']}" for r in failed]]
+    disturbed = [r for r in data["rounds"] if r.get("disturbed") and r["config"] in configs]
+    lines = ["", f"Failed rounds (left out of the {of}):", "",
+             *[f"- {r['config']}, round {r['round']}: {r['reason']}" for r in failed]] if failed else []
+    if disturbed:
+        lines += ["", f"Rounds run while the machine was disturbed (CPU stolen or used by other processes; "
+                      f"kept in the {of}): " + ", ".join(f"{r['config']} round {r['round']}" for r in disturbed) + "."]
+    return lines
 
 
 def summary_table(data: dict, options: dict) -> list[str]:

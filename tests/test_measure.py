@@ -11,7 +11,7 @@ import pathlib
 import pytest
 
 from hvd_cifar.measure import stats
-from hvd_cifar.measure.results import Results
+from hvd_cifar.measure.results import Figure, Results
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -110,3 +110,32 @@ def test_sentences_say_the_ratio_or_that_the_sweep_cannot_tell():
 def test_unstable_is_a_spread_above_ten_percent_of_the_mean():
     assert stats.unstable([100, 130, 80]) and not stats.unstable([100, 102, 98])
     assert stats.spread([100.0, 130.0, 80.0])["unstable"] is True
+
+
+def test_a_job_beside_a_busy_process_is_disturbed_and_the_table_says_so(tmp_path):
+    """A process this one did not start as the job (a child not waited for during the job, as a
+    neighbour is) burns a core while the "job" sleeps: the round is marked disturbed, with the
+    foreign CPU measured, and a rendered table names it."""
+    import subprocess
+    import sys
+    import time
+
+    from hvd_cifar.measure.rounds import Disturbance
+    from testbed import render_docs
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        with Disturbance() as noise:
+            time.sleep(1.5)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert noise.disturbed and noise.figures["foreign_cpus"] > 0.5, noise.figures
+
+    args = argparse.Namespace(results=str(tmp_path), tag="n")
+    results = Results("demo", args, {"images_per_s": Figure("img/s", ".1f")})
+    results.add(1, "a", {"images_per_s": 100.0}, **noise.figures, disturbed=True)
+    results.add(2, "a", {"images_per_s": 101.0})
+    results.write()
+    text = render_docs.render("<!-- results: demo-n.json -->\n<!-- /results -->\n", str(tmp_path))
+    assert "Rounds run while the machine was disturbed" in text and "a round 1." in text

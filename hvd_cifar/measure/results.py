@@ -11,7 +11,9 @@ A file holds: ``benchmark``, ``tag``, ``command`` (the argv that made it), ``com
 ``dirty``: tracked files other than results files and docs differed from it, ``changed``: which), ``started_utc`` / ``finished_utc``, ``machine``
 (host, CPU model, cores, Python, platform, load average before and after), ``settings`` (the
 parsed options), ``figures`` (each figure's label, format, unit scale), ``rounds`` (every job:
-round number, configuration, its raw figures; a failed one with ``ok: false`` and its reason),
+round number, configuration, its raw figures, and for a job run through ``measure`` the machine's
+noise around it: ``steal_share``, ``foreign_cpus``, ``disturbed``; a failed one with ``ok: false``
+and its reason),
 and ``summary``: per configuration and figure the median, the 95 % interval of the mean (low,
 high), min, max, n and ``unstable`` over its rounds that did not fail (``stats.spread``). A derived figure (a ratio of two configurations' figures) is computed per round,
 so it too has a spread. No torch here.
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from hvd_cifar.core.files import write_json
+from hvd_cifar.measure.rounds import Disturbance
 from hvd_cifar.measure.stats import interval_of, judge, spread
 
 # The project checkout this package runs from (an editable install): where benchmarks/results is.
@@ -143,6 +146,7 @@ class Results:
             "settings": {k: plain(v) for k, v in vars(args).items() if k not in skip},
             "figures": {key: asdict(f) for key, f in figures.items()},
             "rounds": [], "summary": {}}
+        self.noise: dict = {}  # the last attempted job's (measure.rounds.Disturbance)
 
     def seeds(self, seeds: list[int]) -> None:
         """Name the seeds the rounds ran at, and their role (tuning or evaluation)."""
@@ -168,21 +172,24 @@ class Results:
         None and a failed round of ``config`` with the error's first line."""
         start = time.perf_counter()
         try:
-            done = job()
+            with Disturbance() as noise:
+                done = job()
         except (RuntimeError, OSError, KeyError, ValueError, ZeroDivisionError, StopIteration,
                 subprocess.SubprocessError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             print(f"{config} round {round_no}: failed: {reason}", file=sys.stderr, flush=True)
             self.fail(round_no, config, reason)
             return None
-        print(f"{config} round {round_no}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        self.noise = {**noise.figures, "disturbed": noise.disturbed} if noise.figures else {}
+        print(f"{config} round {round_no}: done in {time.perf_counter() - start:.0f} s"
+              f"{' (disturbed)' if noise.disturbed else ''}", file=sys.stderr, flush=True)
         return done
 
     def measure(self, round_no: int, config: str, job: Callable[[], dict]) -> dict | None:
         """``attempt`` a job that returns its figures, and keep them; the figures or None."""
         figures = self.attempt(round_no, config, job)
         if figures is not None:
-            self.add(round_no, config, figures)
+            self.add(round_no, config, figures, **self.noise)
         return figures
 
     def measure_rows(self, round_no: int, label: str, job: Callable[[], list[dict]],
@@ -192,7 +199,7 @@ class Results:
         rows, or [] when the job failed."""
         rows = self.attempt(round_no, label, job) or []
         for row in rows:
-            self.add(round_no, config_of(row), {k: row[k] for k in self.data["figures"] if k in row})
+            self.add(round_no, config_of(row), {k: row[k] for k in self.data["figures"] if k in row}, **self.noise)
         return rows
 
     def derive(self, config: str, figure: str, compute: Callable[[dict[str, dict]], float],
