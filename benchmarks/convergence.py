@@ -33,6 +33,7 @@ from hvd_cifar.runfolder.reader import load_run
 
 from testbed import jobs, render_docs
 from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.rounds import Disturbance
 
 TARGETS = {"digits": 0.95, "shapes": 0.80}  # --target's default per data set
 CASES = {  # name: (ranks, extra flags)
@@ -122,7 +123,8 @@ def run_case(model: str, case: str, k: int, args, results: Results) -> None:
     if args.seeds:
         flags += ["--seed", str(args.seeds[k - 1])]
     cmd = [*commands.argv("single" if np_ == 1 else "horovodrun", np_), *flags]
-    done = jobs.run(name, cmd, log=os.path.join(args.out, f"{name}.log"), timeout=args.timeout, check=False)
+    with Disturbance() as noise:  # the machine around the run: its time to target is only as good as that
+        done = jobs.run(name, cmd, log=os.path.join(args.out, f"{name}.log"), timeout=args.timeout, check=False)
     config = f"{model} {case}"
     if done.code != 0:
         error = next((line for line in done.stderr.splitlines() if "hvd_cifar:" in line), done.stderr.strip()[-200:])
@@ -139,6 +141,7 @@ def run_case(model: str, case: str, k: int, args, results: Results) -> None:
     with open(os.path.join(args.out, "runs", name, "meta.json")) as f:
         compute = json.load(f).get("compute_choice", {}).get("setting")
     results.add(k, config, figures, accuracy_per_epoch=accs, wall_s=round(done.seconds, 1), compute=compute,
+                **noise.figures, **({"disturbed": True} if noise.disturbed else {}),
                 **({"seed": args.seeds[k - 1]} if args.seeds else {}))
     print(f"{config} round {k}: final {accs[-1]:.4f} in {done.seconds:.0f} s", file=sys.stderr, flush=True)
 
