@@ -361,3 +361,51 @@ def test_repeated_sweep_gives_medians_intervals_and_paired_comparisons(repeated_
     saved = json.loads((out / "bench.json").read_text())
     assert len(saved["rounds"]) == 6 and {r["round"] for r in saved["rounds"]} == {1, 2, 3}
     assert saved["summary"]["smallcnn-digits-horovod-np2-b32-fp16off-acc1-frz0"]["images_per_s"]["n"] == 3
+
+
+def _fake_jobs(monkeypatch, rate_of):
+    """bench.run_job replaced by a job that takes no time and has img/s ``rate_of(cfg, k)``."""
+    calls = []
+
+    def fake(cfg, k, seed, args, runner, extra, dirs, taken):
+        calls.append((cfg["world_size"], k))
+        return {**cfg, "round": k, "seed": seed, "status": "ok", "images_per_s": rate_of(cfg, k), "seconds": 0.0,
+                "error": "", "run": f"np{cfg['world_size']}-r{k}", "run_dir": "", "world_size": cfg["world_size"]}
+    monkeypatch.setattr(bench, "run_job", fake)
+    return calls
+
+
+def _sweep(argv):
+    args = bench.parse_args(argv)
+    return bench.sweep(bench.configurations(args), args, None, [], ("", ""))
+
+
+def test_resolve_adds_rounds_until_the_comparison_is_resolved(monkeypatch):
+    """np 2 runs 1.3x np 1 give or take 4 % in turn: 3 rounds leave the interval wide, more rounds
+    narrow it until it lies wholly above 1.05; then the sweep stops."""
+    calls = _fake_jobs(monkeypatch, lambda cfg, k: 100.0 * (1.3 * (1 + 0.04 * (-1) ** k) if cfg["world_size"] == 2 else 1))
+    jobs, interrupted = _sweep(["--np", "1", "2", "--repeats", "2", "--resolve", "0.05", "--budget", "5"])
+    rounds = max(j["round"] for j in jobs)
+    assert not interrupted and rounds > 2 and len(calls) == 2 * rounds
+    found = bench.judge(jobs, bench.parse_args(["--np", "1", "2"]), bench.order_of(bench.parse_args(["--np", "1", "2"])))
+    assert not bench.unresolved(found, 0.05)
+    earlier = [j for j in jobs if j["round"] < rounds]
+    assert bench.unresolved(bench.judge(earlier, bench.parse_args(["--np", "1", "2"]),
+                                        bench.order_of(bench.parse_args(["--np", "1", "2"]))), 0.05)
+
+
+def test_resolve_stops_at_the_round_limit_when_the_spread_never_allows_it(monkeypatch):
+    """np 2 exactly on the margin's edge: never resolved; the sweep ends at MAX_ROUNDS (the budget
+    is not reached: the fake jobs take no time), and the comparison is reported unresolved."""
+    _fake_jobs(monkeypatch, lambda cfg, k: 100.0 * (1.05 * (1 + 0.02 * (-1) ** k) if cfg["world_size"] == 2 else 1))
+    jobs, _ = _sweep(["--np", "1", "2", "--repeats", "2", "--resolve", "0.05"])
+    assert max(j["round"] for j in jobs) == bench.MAX_ROUNDS
+    args = bench.parse_args(["--np", "1", "2"])
+    (left,) = bench.unresolved(bench.judge(jobs, args, bench.order_of(args)), 0.05)
+    assert left.label == "np 2 vs 1: img/s"
+
+
+def test_without_resolve_the_sweep_runs_exactly_its_rounds(monkeypatch):
+    calls = _fake_jobs(monkeypatch, lambda cfg, k: 100.0 + k)
+    jobs, _ = _sweep(["--np", "1", "2", "--repeats", "3"])
+    assert sorted(calls) == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
