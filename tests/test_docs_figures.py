@@ -1,0 +1,53 @@
+"""No hand-typed measured figure in README.md or docs/: a number with a unit (×, %, ms, s, min,
+img/s, MB, GB, points) in prose is either inside a generated block (testbed.render_docs, made
+from a results file) or a set value written as code (`60 s`, `topk_fraction` `0.004`), which
+marks it as a constant, a default or a target rather than a measurement. The allow-list holds
+what is neither: the confidence level and image shapes."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from testbed import render_docs
+
+# A figure: a number, then a unit (the space is optional, as in "1.2×" and "95 %").
+FIGURE = re.compile(r"(?<![\w.\-/·])[-+−]?\d+(?:[.,]\d+)?\s?(?:×|%|ms\b|s\b|min\b|img/s|MB\b|GB\b|points?\b)")
+ALLOWED = (
+    re.compile(r"95\s?%"),                   # the confidence level of every interval
+    re.compile(r"\d+×$"),                    # an image shape: 3×32×32, 32×32
+)
+CODE = re.compile(r"```.*?```|`[^`]*`", re.S)
+
+
+def hand_typed(text: str) -> list[tuple[int, str, str]]:
+    """(line, figure, the line) of each figure with a unit outside generated blocks and code."""
+    text = render_docs.BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    text = CODE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    found = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for m in FIGURE.finditer(line):
+            figure = m.group(0)
+            shape = line[m.end():m.end() + 1] in ("×", "x") or line[m.end() - 1] == "×" and line[m.end():m.end() + 1].isdigit()
+            if shape or any(a.fullmatch(figure.strip()) for a in ALLOWED):
+                continue
+            found.append((n, figure, line.strip()))
+    return found
+
+
+@pytest.mark.parametrize("path", render_docs.doc_files(), ids=os.path.basename)
+def test_no_hand_typed_measured_figure(path):
+    with open(path) as f:
+        found = hand_typed(f.read())
+    assert not found, (f"{os.path.basename(path)}: figures with units outside generated blocks (measure them "
+                       f"into a results file and render them, remove them, or write a set value as `code`):\n"
+                       + "\n".join(f"  line {n}: {fig!r} in: {line[:140]}" for n, fig, line in found))
+
+
+def test_the_rule_finds_a_hand_typed_figure_and_passes_generated_and_set_values():
+    doc = ("Horovod was 1.21× faster and took 52 s.\n"
+           "<!-- results: x.json -->\n| a | 1.21× |\n<!-- /results -->\n"
+           "A rank killed ends the job within `60 s`; images are 3×32×32; a 95 % interval.\n"
+           "```\n$ run  # 12.5 img/s\n```\n")
+    assert [(n, f) for n, f, _ in hand_typed(doc)] == [(1, "1.21×"), (1, "52 s")]
