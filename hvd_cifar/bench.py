@@ -299,10 +299,11 @@ def seed_of(args, k: int) -> int | None:
     return args.seeds[k - 1] if k <= len(args.seeds) else args.seeds[-1] + k - len(args.seeds)
 
 
-def judge(jobs: list[dict], args, order: dict) -> list:
+def compare_jobs(jobs: list[dict], args) -> list:
+    """Every comparison of the sweep (analysis.sweep.comparisons): paired by round, or by seed."""
     test_size = next((j["test_images"] for j in jobs if j.get("test_images")), 0)
-    return comparisons(jobs, KEYS, order, pair_by="seed" if args.seeds else "round", accuracy=bool(args.seeds),
-                       test_size=test_size)
+    return comparisons(jobs, KEYS, order_of(args), pair_by="seed" if args.seeds else "round",
+                       accuracy=bool(args.seeds), test_size=test_size)
 
 
 def sweep(configs: list[dict], args, runner, extra, dirs) -> tuple[list[dict], bool]:
@@ -316,12 +317,13 @@ def sweep(configs: list[dict], args, runner, extra, dirs) -> tuple[list[dict], b
         while True:
             k += 1
             jobs += run_round(configs, k, seed_of(args, k), args, runner, extra, dirs, taken)
-            if k < rounds or not args.resolve or k >= MAX_ROUNDS:
-                if k >= rounds:
-                    break
+            if k < rounds:
                 continue
+            if not args.resolve or k >= MAX_ROUNDS or not unresolved(compare_jobs(jobs, args), args.resolve):
+                break
             spent = time.monotonic() - began
-            if not unresolved(judge(jobs, args, order_of(args)), args.resolve) or spent * (k + 1) / k > args.budget * 60:
+            if spent * (k + 1) / k > args.budget * 60:  # the next round, at the mean round's length, would overrun
+                print(f"bench: --budget {args.budget} min ends the rounds after {k}", flush=True)
                 break
             print(f"bench: unresolved against ±{args.resolve:.0%} after {k} rounds; one more", flush=True)
     except KeyboardInterrupt:
@@ -349,7 +351,9 @@ def write_results_file(jobs: list[dict], args, out: str, argv: list[str]) -> str
         label = run_name({key: job[key] for key in KEYS})
         info = {k: job[k] for k in ("seed", "disturbed", "superseded", "steal_share", "foreign_cpus", "run")
                 if job.get(k) is not None}
-        if job["status"] == "ok":
+        if job.get("superseded"):  # kept, left out of the summary: its repeat counts
+            results.fail(job["round"], label, "disturbed; run again, the repeat counted", **info)
+        elif job["status"] == "ok":
             results.add(job["round"], label, {k: job[k] for k in FIGURES if isinstance(job.get(k), (int, float))}, **info)
         else:
             results.fail(job["round"], label, job["status"], **info)
@@ -390,8 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(shlex.join(runner.command(cfg["world_size"], flags + ([] if seed is None else ["--seed", str(seed)]))))
         return 0
     jobs, interrupted = sweep(configs, args, runner, extra, (runs_dir, logs_dir))
-    order = order_of(args)
-    found = judge(jobs, args, order)
+    found = compare_jobs(jobs, args)
     left = unresolved(found, args.resolve) if args.resolve else []
     table = write_outputs(by_configuration(jobs, KEYS, FIGURES), jobs, found, header(args, runner, argv, jobs), out,
                           args.resolve, left)

@@ -387,11 +387,10 @@ def test_resolve_adds_rounds_until_the_comparison_is_resolved(monkeypatch):
     jobs, interrupted = _sweep(["--np", "1", "2", "--repeats", "2", "--resolve", "0.05", "--budget", "5"])
     rounds = max(j["round"] for j in jobs)
     assert not interrupted and rounds > 2 and len(calls) == 2 * rounds
-    found = bench.judge(jobs, bench.parse_args(["--np", "1", "2"]), bench.order_of(bench.parse_args(["--np", "1", "2"])))
-    assert not bench.unresolved(found, 0.05)
+    args = bench.parse_args(["--np", "1", "2"])
+    assert not bench.unresolved(bench.compare_jobs(jobs, args), 0.05)
     earlier = [j for j in jobs if j["round"] < rounds]
-    assert bench.unresolved(bench.judge(earlier, bench.parse_args(["--np", "1", "2"]),
-                                        bench.order_of(bench.parse_args(["--np", "1", "2"]))), 0.05)
+    assert bench.unresolved(bench.compare_jobs(earlier, args), 0.05)
 
 
 def test_resolve_stops_at_the_round_limit_when_the_spread_never_allows_it(monkeypatch):
@@ -401,7 +400,7 @@ def test_resolve_stops_at_the_round_limit_when_the_spread_never_allows_it(monkey
     jobs, _ = _sweep(["--np", "1", "2", "--repeats", "2", "--resolve", "0.05"])
     assert max(j["round"] for j in jobs) == bench.MAX_ROUNDS
     args = bench.parse_args(["--np", "1", "2"])
-    (left,) = bench.unresolved(bench.judge(jobs, args, bench.order_of(args)), 0.05)
+    (left,) = bench.unresolved(bench.compare_jobs(jobs, args), 0.05)
     assert left.label == "np 2 vs 1: img/s"
 
 
@@ -409,3 +408,18 @@ def test_without_resolve_the_sweep_runs_exactly_its_rounds(monkeypatch):
     calls = _fake_jobs(monkeypatch, lambda cfg, k: 100.0 + k)
     jobs, _ = _sweep(["--np", "1", "2", "--repeats", "3"])
     assert sorted(calls) == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
+
+
+def test_budget_ends_the_rounds_before_one_would_overrun_it(monkeypatch, capsys):
+    """Jobs that take 20 s each (a fake clock), 2 per round, an unresolvable comparison, a budget
+    of 3 minutes: rounds 1-4 end by 160 s; a fifth would end at 200 s, so the sweep stops at 4."""
+    now = [0.0]
+    monkeypatch.setattr(bench.time, "monotonic", lambda: now[0])
+
+    def rate(cfg, k):
+        now[0] += 20  # the job's time
+        return 100.0 * (1.05 * (1 + 0.02 * (-1) ** k) if cfg["world_size"] == 2 else 1)
+    _fake_jobs(monkeypatch, rate)
+    jobs, _ = _sweep(["--np", "1", "2", "--repeats", "2", "--resolve", "0.05", "--budget", "3"])
+    assert max(j["round"] for j in jobs) == 4
+    assert "--budget 3 min ends the rounds after 4" in capsys.readouterr().out
