@@ -277,8 +277,9 @@ def cells_are(options: dict) -> str:
             else "median, or mean where the row says, (95 % interval)")
 
 
-# What a results file measures: when any of these changed after its commit, its tables are stale.
-MEASURED_PATHS = ("hvd_cifar", "benchmarks/*.py", "scripts/install.sh")
+# What a results file measures: the package, its install, and the benchmark script that made it
+# (the file's command); when any of these changed after its commit, its tables are stale.
+MEASURED_PATHS = ("hvd_cifar", "scripts/install.sh")
 STALE = "**Stale:**"
 
 
@@ -287,18 +288,20 @@ def _git(*argv: str) -> subprocess.CompletedProcess:
 
 
 @functools.lru_cache(maxsize=None)
-def changed_since(commit: str) -> tuple[str, ...] | None:
-    """The measured paths (MEASURED_PATHS) that differ between ``commit`` and the working tree;
-    None when this clone does not hold ``commit`` (a shallow clone, or a commit never pushed)."""
+def changed_since(commit: str, script: str = "") -> tuple[str, ...] | None:
+    """The measured paths (MEASURED_PATHS and ``script``) that differ between ``commit`` and the
+    working tree; None when this clone does not hold ``commit`` (a shallow clone, or a commit
+    never pushed)."""
     if not commit or commit == "unknown" or _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
         return None
-    done = _git("diff", "--name-only", commit, "--", *MEASURED_PATHS)
+    done = _git("diff", "--name-only", commit, "--", *MEASURED_PATHS, *([script] if script else []))
     return tuple(sorted(done.stdout.split())) if done.returncode == 0 else None
 
 
 def staleness(data: dict) -> str:
     """A sentence when the code a results file measures changed after the file's commit."""
-    changed = changed_since(data.get("commit", ""))
+    script = data.get("command", [""])[0]
+    changed = changed_since(data.get("commit", ""), script if script.startswith("benchmarks/") else "")
     if not changed:
         return ""
     shown = ", ".join(f"`{p}`" for p in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
