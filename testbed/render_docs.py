@@ -33,7 +33,8 @@ quoting):
                  A over B instead, the geometric mean of the rounds' ratios with the t-interval
                  of their logarithms (for times and rates). ``target=X`` (a difference in points,
                  or a ratio): the verdict is against X instead of no difference (higher is
-                 better): met (the whole interval at or above it), not met (below), unresolved.
+                 better; ``better=lower``: lower is): met (the whole interval on the right side
+                 of it), not met (wholly on the wrong side), unresolved.
   figures=a,b    the figures shown, of those the rows have (default: every declared one they have).
   configs=a,b    the configurations shown, in this order; match=REGEX: those it finds (re.search).
 
@@ -55,7 +56,7 @@ import subprocess
 import sys
 
 from hvd_cifar.measure.results import RESULTS_DIR, ROOT, verdict
-from hvd_cifar.measure.stats import interval_of, t_interval
+from hvd_cifar.measure.stats import Interval, interval_of, judge, t_interval
 
 # A marker is a line of its own; the text may quote the syntax inline without starting a block.
 BLOCK = re.compile(r"(?P<open>^<!-- results: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(?P<close>^<!-- /results -->)",
@@ -80,7 +81,7 @@ def parse_spec(spec: str) -> tuple[str, dict]:
             raise ValueError(f"results marker {spec!r}: {word!r} is not key=value")
         if key in ("check", "pair"):
             options.setdefault(key, []).append(value)
-        elif key in ("show", "figures", "configs", "match", "figure", "test_size", "ratio", "target"):
+        elif key in ("show", "figures", "configs", "match", "figure", "test_size", "ratio", "target", "better"):
             options[key] = value
         else:
             raise ValueError(f"results marker {spec!r}: unknown option {key!r}")
@@ -237,12 +238,13 @@ def paired_table(data: dict, options: dict) -> list[str]:
 
 
 def _verdict(low: float, high: float, options: dict, scale, words: tuple[str, str]) -> str:
-    """Against ``target`` (scaled as the interval is; higher is better): met, not met or
-    unresolved; without one, whether the interval resolves a difference from none."""
+    """Against ``target`` (scaled as the interval is; higher is better, or lower with
+    ``better=lower``): met, not met or unresolved (hvd_cifar.measure.stats.judge); without one,
+    whether the interval resolves a difference from none."""
     if "target" in options:
-        target = scale(float(options["target"]))
-        met = "met" if low >= target else "not met" if high < target else "unresolved"
-        return f"**{met}** (≥ {options['target']})"
+        op = "<=" if options.get("better") == "lower" else ">="
+        met = judge(Interval(0.0, low, high, 0), op, scale(float(options["target"])))
+        return f"**{met}** ({SYMBOL[op]} {options['target']})"
     # no difference: 0 points, or a log-ratio of 0
     return "no difference these rounds can resolve" if low <= 0 <= high else words[0] if low > 0 else words[1]
 

@@ -284,3 +284,17 @@ def test_a_table_whose_code_changed_after_its_results_commit_says_it_is_stale(tm
     path.write_text(json.dumps({**data, "commit": head}))
     render_docs.changed_since.cache_clear()
     assert ("**Stale:**" in render_docs.render(doc, str(tmp_path))) == bool(differs)
+
+
+def test_a_paired_ratio_against_a_target_where_lower_is_better(tmp_path):
+    """CPU per image against DDP's at most 1.10: better=lower judges the interval's upper end."""
+    args = argparse.Namespace(tag="lower", results=str(tmp_path))
+    r = Results("demo", args, {"cpu": Figure("cpu", ".3f")})
+    for k, (a, b) in enumerate(((1.00, 1.00), (1.02, 1.00), (0.99, 1.00), (1.01, 1.00)), 1):
+        r.add(k, "horovod", {"cpu": a})
+        r.add(k, "ddp", {"cpu": b})
+    r.write()
+    doc = '<!-- results: demo-lower.json show=paired ratio=true figure=cpu target={t} better=lower pair="horovod|ddp" -->\n<!-- /results -->\n'
+    assert "**met** (≤ 1.10)" in render_docs.render(doc.format(t="1.10"), str(tmp_path))
+    assert "**not met** (≤ 0.90)" in render_docs.render(doc.format(t="0.90"), str(tmp_path))
+    assert "**unresolved** (≤ 1.01)" in render_docs.render(doc.format(t="1.01"), str(tmp_path))
