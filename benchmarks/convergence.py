@@ -28,6 +28,7 @@ import sys
 import time
 
 from hvd_cifar.analysis.summary import summarize, time_to_target
+from hvd_cifar.core.config import MODEL_LR
 from hvd_cifar.launch import commands
 from hvd_cifar.runfolder.reader import load_run
 
@@ -51,10 +52,10 @@ CASES = {  # name: (ranks, extra flags)
     "np3-async-ps": (3, ["--sync", "mpi-async-ps"]),
     "np2-freezeauto": (2, ["--freeze", "auto"]),
     # Two passes of half the batch per update, the same images per update as np2: at the default
-    # lr (the schedule scales it by ranks x accumulation steps: twice np2's peak), and at half of
-    # it (per image, np2's rate):
+    # lr (the schedule scales it by ranks x accumulation steps: twice np2's peak), and at half the
+    # model's default (so that the peak is np2's):
     "np2-acc2": (2, ["--accumulation-steps", "2", "--batch-size", "16"]),
-    "np2-acc2-lr": (2, ["--accumulation-steps", "2", "--batch-size", "16", "--lr", "0.025"]),
+    "np2-acc2-lr": (2, ["--accumulation-steps", "2", "--batch-size", "16", "--lr", "{half_lr}"]),
     # freeze: auto's threshold, to choose it on tuning seeds:
     "np2-freezeauto-t0.1": (2, ["--freeze", "auto", "--freeze-auto-threshold", "0.1"]),
     "np2-freezeauto-t0.05": (2, ["--freeze", "auto", "--freeze-auto-threshold", "0.05"]),
@@ -62,6 +63,9 @@ CASES = {  # name: (ranks, extra flags)
     "np2-freeze2": (2, ["--freeze", "2"]),
     # The small CNN's lr (per rank at batch 32), to choose it on tuning seeds, and freeze: auto's
     # threshold at the rate chosen:
+    "np1-lr0.05": (1, ["--lr", "0.05"]),  # the small CNN's earlier default, beside a new one
+    "np2-lr0.05": (2, ["--lr", "0.05"]),
+    "np4-lr0.05": (4, ["--lr", "0.05"]),
     "np1-lr0.1": (1, ["--lr", "0.1"]),
     "np2-lr0.1": (2, ["--lr", "0.1"]),
     "np4-lr0.1": (4, ["--lr", "0.1"]),
@@ -114,6 +118,7 @@ def parse_args(argv):
 def run_case(model: str, case: str, k: int, args, results: Results) -> None:
     """One case of round ``k``, into ``results``: its figures, or a failed round with its line."""
     np_, extra = CASES[case]
+    extra = [a.format(half_lr=MODEL_LR[model] / 2) for a in extra]  # {half_lr}: half the model's default rate
     name = f"{model}-{case}-r{k}"
     flags = ["--dataset", args.dataset, "--model", model, "--epochs", str(args.epochs), "--progress", "false",
              "--target-acc", str(args.target), "--log-dir", os.path.join(args.out, "runs"), "--run-name", name,
