@@ -3,7 +3,7 @@ and the gradient bytes each rank sent over the whole run, analytic (metrics.json
 at each host's NIC.
 
     .venv/bin/python benchmarks/autofreeze.py          # as root; about 10 minutes on 2 shared cores
-        [--np 2] [--model vgg11] [--epochs 6] [--threshold 0.2] [--rate 1gbit]
+        [--np 2] [--model vgg11] [--epochs 6] [--threshold 0.02] [--rate 1gbit]
         [--repeats 1] [--out logs/bench-autofreeze-YYYYmmdd-HHMMSS] [--tag TAG] [--results benchmarks/results]
 
 Two jobs, ``freeze: 0`` and ``freeze: auto`` (``--freeze-auto-threshold``), on one cluster of
@@ -27,6 +27,7 @@ import time
 
 from testbed import jobs, render_docs
 from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.core.config import Config
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
 from hvd_cifar.analysis.summary import run_bytes
@@ -44,7 +45,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--np", type=int, default=2, help="ranks, one per host")
     p.add_argument("--model", default="vgg11")
     p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--threshold", type=float, default=0.2, help="freeze_auto_threshold of the auto job")
+    p.add_argument("--threshold", type=float, default=Config.freeze_auto_threshold,
+                   help="freeze_auto_threshold of the auto job (default: the config's)")
     p.add_argument("--rate", default="1gbit", help="link rate, tc syntax")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-autofreeze-%Y%m%d-%H%M%S")))
     jobs.add_options(p, timeout=1800, repeats=1)

@@ -35,7 +35,7 @@ median over the rounds and its spread (min-max):
                 negotiation cycle; default 1 ms), which the 2 shared cores favour.
                 Defaults: vgg11 (36.9 MB of fp32 gradients per step, so the links matter),
                 4 steps of 8 images per rank per epoch, 2 epochs. Run folders
-                OUT/runs/METHOD-npN-rK, output OUT/METHOD-npN-rK.log.
+                OUT/runs/cluster-METHOD-npN-rK, output OUT/cluster-METHOD-npN-rK.log.
 
 The figures are made from the runs' metrics.jsonl alone, over the epochs after the first (the
 first pays for warm-up), written to the results file benchmarks/results/sync_methods.json (with
@@ -309,7 +309,7 @@ def run_cluster_pass(cluster: NetCluster, args, results: Results) -> None:
     for k in range(1, args.cluster_repeats + 1):
         for label in jobs.rotated(tuple(cluster_variants(args)), k - 1):
             def measure(label=label):
-                row = summarize(run_on_cluster(cluster, label, f"{label}-np{args.cluster}-r{k}", args), label)
+                row = summarize(run_on_cluster(cluster, label, f"cluster-{label}-np{args.cluster}-r{k}", args), label)
                 tx = row["nic_tx_bytes_per_step"]
                 return {**{key: row[key] for key in ("epoch_time_s", "step_time_s", "sync_time_s", "backward_time_s",
                                                       "images_per_s", "cpu_s_per_image", "comm_bytes_per_step")},
