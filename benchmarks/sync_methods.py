@@ -304,8 +304,10 @@ def rounds_of(results: Results) -> list[int]:
 
 
 def run_cluster_pass(cluster: NetCluster, args, results: Results) -> None:
-    """Every cluster variant, ``cluster_repeats`` rounds in a rotated order."""
+    """Every cluster variant, ``cluster_repeats`` rounds in a rotated order. The ranks run in the
+    cluster's namespaces, not as this process's children: no noise sampling."""
     suffix = f" cluster {args.rate}"
+    results.sample_noise = False
     for k in range(1, args.cluster_repeats + 1):
         for label in jobs.rotated(tuple(cluster_variants(args)), k - 1):
             def measure(label=label):
@@ -316,6 +318,7 @@ def run_cluster_pass(cluster: NetCluster, args, results: Results) -> None:
                         "nic_tx_bytes_per_step": sum(tx.values()) / len(tx)}
             results.measure(k, f"{label} np={args.cluster}{suffix}", measure)
     derive_ratios(results, args.cluster, suffix)
+    results.sample_noise = True
 
 
 def run_side_by_side(args, results: Results) -> list[dict]:

@@ -147,6 +147,9 @@ class Results:
             "figures": {key: asdict(f) for key, f in figures.items()},
             "rounds": [], "summary": {}}
         self.noise: dict = {}  # the last attempted job's (measure.rounds.Disturbance)
+        # False while the jobs run where this process cannot see them as its children (a namespace
+        # cluster's hosts, Slurm): the sampler would count their CPU as other processes'.
+        self.sample_noise = True
 
     def seeds(self, seeds: list[int]) -> None:
         """Name the seeds the rounds ran at, and their role (tuning or evaluation)."""
@@ -171,8 +174,12 @@ class Results:
         """``job()`` (one job of round ``round_no``), or, when it raises what a failed job raises,
         None and a failed round of ``config`` with the error's first line."""
         start = time.perf_counter()
+        noise = Disturbance()
         try:
-            with Disturbance() as noise:
+            if self.sample_noise:
+                with noise:
+                    done = job()
+            else:
                 done = job()
         except (RuntimeError, OSError, KeyError, ValueError, ZeroDivisionError, StopIteration,
                 subprocess.SubprocessError) as exc:
@@ -182,7 +189,7 @@ class Results:
             return None
         self.noise = {**noise.figures, "disturbed": noise.disturbed} if noise.figures else {}
         print(f"{config} round {round_no}: done in {time.perf_counter() - start:.0f} s"
-              f"{' (disturbed)' if noise.disturbed else ''}", file=sys.stderr, flush=True)
+              f"{' (disturbed)' if self.noise.get('disturbed') else ''}", file=sys.stderr, flush=True)
         return done
 
     def measure(self, round_no: int, config: str, job: Callable[[], dict]) -> dict | None:

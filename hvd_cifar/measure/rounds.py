@@ -49,8 +49,11 @@ def _children_cpu() -> float:
 class Disturbance:
     """Samples the machine around one job run as a child of this process (``with``)."""
 
+    def __init__(self) -> None:
+        self.figures: dict[str, float] = {}  # empty until a job ran inside ``with``, and where nothing was sampled
+
     def __enter__(self) -> "Disturbance":
-        self.figures: dict[str, float] = {}
+        self.figures = {}
         self._stat, self._own, self._began = _proc_stat(), _children_cpu(), time.perf_counter()
         return self
 
