@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     results = Results("autofreeze", args, FIGURES, argv)
+    results.sample_noise = False  # its jobs run on a cluster's hosts, not as this process's children
     variants = {"none": ["--freeze", "0"], "auto": ["--freeze", "auto", "--freeze-auto-threshold", str(args.threshold)]}
     with NetCluster(n_hosts=args.np, rate=args.rate) as cluster:
         for k in range(1, args.repeats + 1):

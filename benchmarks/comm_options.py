@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return "--freeze" not in flags or int(flags[flags.index("--freeze") + 1]) < acc_depth
 
     results = Results("comm_options", args, FIGURES, argv)
+    results.sample_noise = False  # its jobs run on a cluster's hosts, not as this process's children
     with NetCluster(n_hosts=max(args.np), rate=args.rate) as cluster:
         run_pass(cluster, results, "bytes", args.options, bytes_flags, args)
         if args.acc_epochs:

@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     results = Results("compression", args, FIGURES, argv)
+    results.sample_noise = False  # its jobs run on a cluster's hosts, not as this process's children
     place = Hosts(args.hostfile) if args.hostfile else NetCluster(n_hosts=args.np, rate=args.acc_rate)
     with place as cluster:
         for k in range(1, args.repeats + 1):

@@ -142,6 +142,7 @@ def main(argv_: list[str] | None = None) -> int:
     runs_dir = os.path.join(args.out, "runs")
     os.makedirs(runs_dir, exist_ok=True)
     results = Results("compression_seeds", args, FIGURES, argv_)
+    results.sample_noise = False  # its jobs run on a cluster's hosts, not as this process's children
     if args.time_one:
         for model in args.models:
             accuracy_job(results, args, runs_dir, 1, model, max(args.nps), args.seeds[0], "none")

@@ -78,6 +78,7 @@ def main() -> int:
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results = Results("horovod_tuning", args, FIGURES)
+    results.sample_noise = False  # its jobs run on a cluster's hosts, not as this process's children
     with NetCluster(args.hosts, rate=args.rate) as cluster:
         for k in range(1, args.repeats + 1):
             for setting in jobs.rotated(list(SETTINGS), k - 1):

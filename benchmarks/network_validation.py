@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     span, rows = jobs.Span(), []
     results = Results("network_validation", args, FIGURES, argv)
+    results.sample_noise = False  # its jobs run on a cluster's hosts, not as this process's children
     for rate in args.rates:
         rows += results.measure_rows(1, rate, lambda: measure(rate, args), config)
     results.write()

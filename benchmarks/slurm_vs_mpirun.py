@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     results = Results("slurm_vs_mpirun", args, FIGURES, argv)
+    results.sample_noise = False  # its jobs run on a cluster's hosts, not as this process's children
     with SlurmCluster(nodes=NODES, cpus_per_node=1, netcluster=True, rate=args.rate) as cluster:
         for k in range(1, args.repeats + 1):
             for launcher in jobs.rotated(LAUNCHERS, k - 1):

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     span, rows = jobs.Span(), []
     results = Results("step_validation", args, FIGURES, argv)
+    results.sample_noise = False  # its jobs run on a cluster's hosts, not as this process's children
     for rate in args.rates:  # a failed job, cluster or prediction: a failed round with its first line
         rows += results.measure_rows(1, rate, lambda: validate_rate(rate, args), config)
     results.write()
