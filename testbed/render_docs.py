@@ -44,6 +44,7 @@ an old number. tests/test_docs_tables.py fails when a block differs from what th
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import glob
 import json
@@ -291,13 +292,29 @@ def _git(*argv: str) -> subprocess.CompletedProcess:
 
 @functools.lru_cache(maxsize=None)
 def changed_since(commit: str, script: str = "") -> tuple[str, ...] | None:
-    """The measured paths (MEASURED_PATHS and ``script``) that differ between ``commit`` and the
-    working tree; None when this clone does not hold ``commit`` (a shallow clone, or a commit
-    never pushed)."""
+    """The measured paths (MEASURED_PATHS and ``script``) whose code differs between ``commit``
+    and the working tree (a change to comments alone is none); None when this clone does not
+    hold ``commit`` (a shallow clone, or a commit never pushed)."""
     if not commit or commit == "unknown" or _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
         return None
     done = _git("diff", "--name-only", commit, "--", *MEASURED_PATHS, *([script] if script else []))
-    return tuple(sorted(done.stdout.split())) if done.returncode == 0 else None
+    if done.returncode != 0:
+        return None
+    return tuple(sorted(p for p in done.stdout.split() if not _same_code(commit, p)))
+
+
+def _same_code(commit: str, path: str) -> bool:
+    """Whether a Python file differs from ``commit``'s only in its comments and layout (the same
+    syntax tree): then the code it runs did not change."""
+    if not path.endswith(".py"):
+        return False
+    old = _git("show", f"{commit}:{path}")
+    try:
+        with open(os.path.join(ROOT, path)) as f:
+            new = f.read()
+        return old.returncode == 0 and ast.dump(ast.parse(old.stdout)) == ast.dump(ast.parse(new))
+    except (OSError, SyntaxError, ValueError):
+        return False
 
 
 def staleness(data: dict) -> str:

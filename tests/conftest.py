@@ -75,7 +75,8 @@ def measured(key: str) -> bool:
     """Fields of a metrics line that differ between two runs of the same training: times, rates,
     interface counters, resource use, and where a resumed epoch's pass began (its times cover only
     that pass)."""
-    return (key.endswith("_time_s") or key in ("images_per_s", "elapsed_s", "resumed_at_step", *RESOURCE_FIELDS)
+    return (key.endswith("_time_s") or key in ("images_per_s", "elapsed_s", "resumed_at_step", "step_time_median_s",
+                                                *RESOURCE_FIELDS)
             or key.startswith(("nic_", "comm_hidden", "comm_exposed")))
 
 

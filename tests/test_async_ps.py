@@ -32,7 +32,7 @@ from conftest import NEEDS_NETNS, TINY, SharedRun, md_table, read_metrics, run_t
 from hvd_cifar import report
 from hvd_cifar.workload import data, optim
 from testbed import drill
-from hvd_cifar.core.config import Config, ConfigError
+from hvd_cifar.core.config import MODEL_LR, Config, ConfigError
 from hvd_cifar.workload.models import build_model
 from testbed.netcluster import NetCluster
 
@@ -228,7 +228,7 @@ def test_server_checkpoint_is_the_evaluated_model_and_resume_continues(first_epo
     assert [r["epoch"] for r in records] == [0, 1, 2, 3, 4, 5]
     assert records[0] == first
     assert records[1]["train_loss"] < 0.8 * first["train_loss"], (first["train_loss"], records[1]["train_loss"])
-    cfg = Config(model="smallcnn", lr=0.05, epochs=6, warmup_epochs=1.0)  # the defaults, 6 epochs
+    cfg = Config(model="smallcnn", lr=MODEL_LR["smallcnn"], epochs=6, warmup_epochs=1.0)  # the defaults, 6 epochs
     total = 2 * (DIGITS_TRAIN // 2 // 32)  # 2 workers x 22 updates an epoch, on a one-rank schedule
     for r in records:  # the rate of each epoch's last update, the resumed ones included
         assert r["lr"] == pytest.approx(optim.LrSchedule(optim.OptimSettings.of(cfg), 1, total)((r["epoch"] + 1) * total - 1))

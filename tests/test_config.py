@@ -187,11 +187,11 @@ def test_a_config_that_is_not_utf8_text_or_not_a_file(tmp_path):
 def test_default_lr_is_the_models_own_and_is_saved_resolved(tmp_path):
     """lr 0 (the default) takes the model's measured rate, resolved before config.yaml is
     written, so the saved config says the rate the run used and a resume keeps it."""
-    assert config.from_args(["--model", "smallcnn"]).lr == config.MODEL_LR["smallcnn"] == 0.05
+    assert config.from_args(["--model", "smallcnn"]).lr == config.MODEL_LR["smallcnn"] == 0.1
     assert config.from_args(["--model", "vgg11", "--lr", "0"]).lr == 0.02
     assert config.from_args(["--model", "smallcnn", "--lr", "0.3"]).lr == 0.3
     cfg = config.from_args(["--model", "smallcnn"])
     cfg.save(str(tmp_path / "config.yaml"))
-    assert config.from_args([], base=config.load_yaml(str(tmp_path / "config.yaml"))).lr == 0.05
+    assert config.from_args([], base=config.load_yaml(str(tmp_path / "config.yaml"))).lr == 0.1
     with pytest.raises(config.ConfigError, match="^lr: must be > 0"):
         config.from_args(["--lr", "-0.1"])

@@ -117,14 +117,12 @@ def test_time_to_target_matches_the_metrics_lines(tmp_path, tiny_args):
     assert time_to_target(rising, 0.5)["time_to_target_s"] == records[1]["elapsed_s"]
 
 
-# Each world size's floor for the final accuracy below. Measured on the tuning seeds 100-104, in
-# fp32 (benchmarks/results/convergence-smallcnn-recipe.json, AMD EPYC), final accuracy mean
-# (lowest): np 1 0.975 (0.964), np 2 0.972 (0.964), np 4 0.958 (0.942); under compute: auto
-# (convergence-smallcnn-compute.json, bf16 chosen there) the lowest were 0.964, 0.964 and 0.936;
-# seed 0 at np 4 ended at 0.944 on an Intel Xeon and 0.958 on an AMD EPYC. On digits' 360 test
-# images one point is 3.6 images and a run's binomial standard error at 0.94-0.97 is 0.9-1.3
-# points; the floors lie at least 3 of them below the lowest run seen at that world size, in
-# either precision, on either processor.
+# Each world size's floor for the final accuracy below. Measured on the tuning seeds 100-104 at the
+# small CNN's default rate (benchmarks/results/convergence-smallcnn-recipe.json, AMD EPYC), the
+# lowest final accuracy under compute: auto (bf16 chosen there) and in fp32: np 1 0.969 and
+# 0.972, np 2 0.961 and 0.964, np 4 0.947 and 0.947. On digits' 360 test images one point is 3.6
+# images and a run's binomial standard error at 0.94-0.97 is 0.9-1.3 points; the floors lie at
+# least 3 of them below the lowest run seen at that world size, in either precision.
 FLOORS = {1: 0.92, 2: 0.92, 4: 0.89}
 
 
@@ -144,11 +142,8 @@ def test_small_cnn_at_defaults_trains_with_the_warmup_it_should(tmp_path, np_):
       lowest run measured). An accuracy threshold alone cannot tell the two warm-ups apart on
       360 images: the first rule's run ended at 0.939, within 1 standard error of today's.
 
-    The recipe itself is short for 4 ranks: the accuracy still rises steeply in the last epoch
-    (from 0.76-0.93 after the fifth epoch to 0.94-0.97 after the sixth, over the tuning seeds). A shorter warm-up (warmup_epochs 0.25) or
-    sqrt scaling did not do better over those seeds at np 1, 2 or 4 (docs/CONVERGENCE.md), so
-    the defaults stay. The rest of the grid (VGG-11 and ResNet-18, accumulation, fp16) is
-    benchmarks/convergence.py: minutes per case."""
+    The rest of the grid (VGG-11 and ResNet-18, accumulation, fp16) is benchmarks/convergence.py:
+    minutes per case."""
     run_train(["--dataset", "digits", "--model", "smallcnn", "--epochs", "6", "--progress", "false",
                "--log-dir", str(tmp_path), "--run-name", "run"], launcher="mpirun", np=np_, timeout=600)
     records = read_metrics(tmp_path / "run")

@@ -279,8 +279,9 @@ def test_a_table_whose_code_changed_after_its_results_commit_says_it_is_stale(tm
     assert render_docs.stale_blocks(stale_doc.replace(first[0][:7], "0" * 7), str(tmp_path)) == []
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=results.ROOT, capture_output=True,
                           text=True).stdout.strip()
-    differs = subprocess.run(["git", "diff", "--name-only", head, "--", *render_docs.MEASURED_PATHS],
-                             cwd=results.ROOT, capture_output=True, text=True).stdout.split()
+    differs = [p for p in subprocess.run(["git", "diff", "--name-only", head, "--", *render_docs.MEASURED_PATHS],
+                                         cwd=results.ROOT, capture_output=True, text=True).stdout.split()
+               if not render_docs._same_code(head, p)]  # a change to comments alone is none
     path.write_text(json.dumps({**data, "commit": head}))
     render_docs.changed_since.cache_clear()
     assert ("**Stale:**" in render_docs.render(doc, str(tmp_path))) == bool(differs)
@@ -298,3 +299,27 @@ def test_a_paired_ratio_against_a_target_where_lower_is_better(tmp_path):
     assert "**met** (≤ 1.10)" in render_docs.render(doc.format(t="1.10"), str(tmp_path))
     assert "**not met** (≤ 0.90)" in render_docs.render(doc.format(t="0.90"), str(tmp_path))
     assert "**unresolved** (≤ 1.01)" in render_docs.render(doc.format(t="1.01"), str(tmp_path))
+
+
+def test_a_change_to_comments_alone_leaves_a_table_current(tmp_path, monkeypatch):
+    """In a repository of its own: a measured file whose comments changed after the results
+    commit is not a code change; one whose code changed is, and is named."""
+    import subprocess
+
+    def git(*argv):
+        return subprocess.run(["git", *argv], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    (tmp_path / "hvd_cifar").mkdir()
+    (tmp_path / "hvd_cifar" / "a.py").write_text("X = 1  # one\n")
+    (tmp_path / "hvd_cifar" / "b.py").write_text("Y = 2\n")
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    commit = git("rev-parse", "--short", "HEAD").strip()
+    (tmp_path / "hvd_cifar" / "a.py").write_text("# a comment of its own\nX = 1  # the one\n")
+    (tmp_path / "hvd_cifar" / "b.py").write_text("Y = 3\n")
+    monkeypatch.setattr(render_docs, "ROOT", str(tmp_path))
+    render_docs.changed_since.cache_clear()
+    try:
+        assert render_docs.changed_since(commit) == ("hvd_cifar/b.py",)
+    finally:
+        render_docs.changed_since.cache_clear()

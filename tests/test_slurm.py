@@ -432,7 +432,7 @@ def slurm_sweep(cluster, tmp_path_factory):
     it), then a tiny run; one job at a time on the cluster above."""
     out = tmp_path_factory.mktemp("sweep") / "bench"
     done = subprocess.run([sys.executable, "-m", "hvd_cifar.bench", "--slurm", "--np", "2", "--batch-size",
-                           "100000", "32", "--steps", "2", "--epochs", "1", "--dataset", "digits",
+                           "100000", "32", "--steps", "2", "--epochs", "1", "--dataset", "digits", "--repeats", "1",
                            "--timeout", "240", "--out", str(out)], cwd=ROOT, env=cluster.env(),
                           capture_output=True, text=True, timeout=600)
     return done, out
@@ -457,7 +457,7 @@ def test_bench_sweeps_on_slurm_and_a_failed_configuration_is_a_row(slurm_sweep):
     assert [line.split(" ... ")[1].split()[0] for line in progress] == ["job", "job"], done.stdout
     assert " failed (exit 2) " in progress[0] and " ok (" in progress[1], progress
     text = (out / "scaling.md").read_text()
-    assert "Slurm jobs of launch/slurm.sbatch" in text and "## Failed configurations" in text
+    assert "Slurm jobs of launch/slurm.sbatch" in text and "## Failed jobs" in text
     assert [r["status"] for r in md_table(text, "# Scaling sweep")] == ["failed (exit 2)", "ok"]
     assert_png(out / "scaling.png")
 
