@@ -22,7 +22,8 @@ BENCH_OUT := logs/bench
 bench: setup
 	rm -rf $(BENCH_OUT)
 	-$(PY) benchmarks/data_pipeline.py --repeats 3
-	-$(PY) benchmarks/sync_methods.py --np 1 2 4 --dataset synthetic --steps 8 --repeats 5 --cluster 4 --cluster-repeats 5 --out $(BENCH_OUT)/sync_methods
+	-$(PY) benchmarks/sync_methods.py --np 1 2 4 --dataset synthetic --steps 8 --repeats 5 --out $(BENCH_OUT)/sync_methods
+	-$(PY) benchmarks/sync_methods.py --cluster-only --cluster 4 --cluster-repeats 5 --tag cluster --out $(BENCH_OUT)/sync_methods-cluster
 	-$(PY) benchmarks/comm_options.py --np 4 --acc-epochs 0 --out $(BENCH_OUT)/comm_options
 	-$(PY) benchmarks/compression.py --acc-epochs 0 --schemes none powersgd topk --rates 1gbit 100mbit --repeats 2 --out $(BENCH_OUT)/compression
 	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np4 --epochs 6 --out $(BENCH_OUT)/convergence
