@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence, TypeVar, Union
 import psutil
 
 from hvd_cifar.core.files import write_json, write_text
-from hvd_cifar.launch.commands import ROOT, job_env, stop
+from hvd_cifar.launch.commands import ROOT, job_env, start, stop, terminate_raises
 
 TAIL_CHARS = 3000  # of a failed job's output, in its error when it has no log
 
@@ -66,10 +66,9 @@ class Finished:
 
 
 def _run_here(argv: Sequence[str], timeout: float | None, env: dict | None, cwd: str) -> tuple:
-    # Its own session: on a timeout (or Ctrl-C) the launcher and its ranks go down together.
-    proc = subprocess.Popen(list(argv), cwd=cwd, env=env if env is not None else job_env(), text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    # Its own session: on a timeout (or Ctrl-C, or SIGTERM) the launcher and its ranks go down together.
+    proc = start(argv, cwd=cwd, env=env if env is not None else job_env(), text=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
         return proc.returncode, stdout, stderr
@@ -82,9 +81,9 @@ def _run_here(argv: Sequence[str], timeout: float | None, env: dict | None, cwd:
         raise
 
 
-def _run_elsewhere(start: Callable[[], Any]) -> tuple:
+def _run_elsewhere(call: Callable[[], Any]) -> tuple:
     try:
-        result = start()
+        result = call()
     except subprocess.TimeoutExpired as exc:  # NetCluster.exec has stopped the job everywhere
         return None, exc.output or "", ""
     return result.returncode, result.stdout or "", getattr(result, "stderr", None) or ""
@@ -96,12 +95,13 @@ def run(label: str, command: Command, *, log: str | None = None, timeout: float 
     a file for its stdout then its stderr. ``env``: default ``job_env()``; a callable command
     sets its own environment and timeout. A job that exits non-zero or outlives its timeout
     raises JobError, unless ``check`` is False."""
-    start = time.perf_counter()
-    if callable(command):
-        code, stdout, stderr = _run_elsewhere(command)
-    else:
-        code, stdout, stderr = _run_here(command, timeout, env, cwd)
-    done = Finished(code, stdout, stderr, time.perf_counter() - start)
+    began = time.perf_counter()
+    with terminate_raises():  # a SIGTERM to the benchmark stops the job first
+        if callable(command):
+            code, stdout, stderr = _run_elsewhere(command)
+        else:
+            code, stdout, stderr = _run_here(command, timeout, env, cwd)
+    done = Finished(code, stdout, stderr, time.perf_counter() - began)
     if log:
         write_text(log, stdout + stderr)
     if check and code != 0:

@@ -188,3 +188,34 @@ def test_a_stopped_workers_shell_ends_without_waiting_out_horovods_grace(tmp_pat
     took = seconds_until_it_ends(shell, lambda: safe_shell_exec.terminate_executor_shell_and_children(shell.pid))
     assert shell.returncode != -signal.SIGKILL, "the shell sat out the grace and was killed"
     assert took < safe_shell_exec.GRACEFUL_TERMINATION_TIME_S - 1, took
+
+
+# A benchmark's way of running a job (testbed.jobs.run, every script in benchmarks/) and
+# hvd-cifar-bench's (LocalRunner.run), each in a process of its own that the test then stops.
+JOB_RUNNERS = {
+    "testbed.jobs": "from testbed import jobs; jobs.run('job', argv, timeout=3600)",
+    "hvd-cifar-bench": ("from hvd_cifar.launch.runners import LocalRunner; "
+                        "LocalRunner('horovodrun', None).run(argv, work + '/out.txt', work + '/err.txt', 3600)"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("runner", JOB_RUNNERS)
+def test_a_stopped_benchmark_stops_the_job_it_runs(tmp_path, runner, signum):
+    """A benchmark or a sweep that is stopped (SIGTERM: it stops the job on its way out; SIGKILL:
+    the kernel tells the job's launcher, PR_SET_PDEATHSIG) leaves none of its job running: the
+    job sits in a session of its own, which no signal to the benchmark would otherwise reach."""
+    flags = ["--config", TINY, "--epochs", "500", "--log-dir", str(tmp_path), "--run-name", "run"]
+    argv = [str(Path(PYTHON).parent / "horovodrun"), "-np", "2", "-H", "localhost:2", PYTHON, "-m", "hvd_cifar.train", *flags]
+    code = f"import sys; argv, work = {argv!r}, {str(tmp_path)!r}; {JOB_RUNNERS[runner]}"
+    bench = start([PYTHON, "-c", code], tmp_path, flags=[])
+    tree = []
+    try:
+        tree = job_tree(bench, tmp_path)
+        bench.send_signal(signum)
+        wait_all_gone(bench, tree, STOP_BOUND_S)
+        assert bench.returncode == (128 + signum if signum == signal.SIGTERM else -signum), \
+            (bench.returncode, (tmp_path / "stderr.txt").read_text()[-2000:])
+    finally:
+        stop_leftovers(bench, tree)

@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from typing import Mapping, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
@@ -183,6 +184,38 @@ STOP_GRACE_S = 10.0  # from SIGTERM to SIGKILL when a job outlives its timeout
 def job_env(**extra: str) -> dict:
     """This process's environment for a job, with unbuffered Python output and ``extra``."""
     return dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+
+
+def start(argv: Sequence[str], **popen_options) -> subprocess.Popen:
+    """Start a job (a launcher and the ranks it starts) in its own session, so that ``stop``
+    reaches all of it, and stopped by the kernel if this process dies without stopping it
+    (SIGKILL, a crash): ``die_with_parent``, set in the child before it execs."""
+    return subprocess.Popen(list(argv), start_new_session=True, preexec_fn=die_with_parent, **popen_options)
+
+
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP, raised where this process was: the ``except BaseException`` around a
+    job's wait stops the job on the way out, and the process exits 128 + the signal's number."""
+
+
+@contextlib.contextmanager
+def terminate_raises():
+    """While inside, SIGTERM and SIGHUP raise ``Terminated`` in the main thread instead of ending
+    the process on the spot (Python's default for them), which would leave a job started in its
+    own session running with nobody to stop it. Elsewhere than the main thread: no change."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated(128 + signum)
+
+    previous = {signum: signal.signal(signum, raise_terminated) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:

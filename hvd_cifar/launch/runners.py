@@ -68,16 +68,16 @@ class LocalRunner:
         start = time.perf_counter()
         with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
             # Its own session: on a timeout the launcher and every rank it started go down together.
-            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                    env=bench_env(), start_new_session=True)
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                stop(proc)
-                code = None
-            except BaseException:  # Ctrl-C: take the job down with us
-                stop(proc)
-                raise
+            with commands.terminate_raises():
+                proc = commands.start(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT, env=bench_env())
+                try:
+                    code = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    stop(proc)
+                    code = None
+                except BaseException:  # Ctrl-C, SIGTERM: take the job down with us
+                    stop(proc)
+                    raise
         return Ended(code, time.perf_counter() - start)
 
 
@@ -113,8 +113,9 @@ class SlurmRunner:
         print(f"job {job} ", end="", flush=True)
         deadline = start + timeout
         try:
-            info = self._wait(job, env, deadline)
-        except BaseException:  # Ctrl-C: the job goes too
+            with commands.terminate_raises():
+                info = self._wait(job, env, deadline)
+        except BaseException:  # Ctrl-C, SIGTERM: the job goes too
             with contextlib.suppress(SlurmError, subprocess.TimeoutExpired):
                 slurm.command(["scancel", job], env)
             raise
