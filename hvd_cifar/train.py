@@ -25,6 +25,7 @@ import os
 import socket
 import sys
 import time
+from typing import Callable
 
 import torch
 
@@ -219,14 +220,17 @@ def evaluate_and_record(run: Training, state, epoch: int, result: EpochResult, m
 
 
 # ----------------------------------------------------------------------------- entry point
-def run(cfg: Config, inert_keys: dict[str, str] | None = None) -> tuple[SyncMethod, preemption.Preempted | None]:
+def run(cfg: Config, inert_keys: dict[str, str] | None = None,
+        on_sync: Callable[[SyncMethod], None] = lambda sync: None) -> tuple[SyncMethod, preemption.Preempted | None]:
     """The whole run on this rank; returns the (closed) sync method, and the stop that ended
     the run early when a signal asked for one (None when it ran to its end). ``inert_keys``:
-    the keys the user gave that do nothing under the other settings, and why (rank 0 warns)."""
+    the keys the user gave that do nothing under the other settings, and why (rank 0 warns).
+    ``on_sync``: told the sync method as soon as it exists (exits.run_to_status)."""
     started = time.perf_counter()
     if not cfg.elastic:  # elastic: a worker that goes away is the driver's to handle
         stops.install()  # from the start: a stop asked for during set-up is honoured at the first update
     sync, device = start_backend(cfg)
+    on_sync(sync)
     run_dir = open_run_dir(cfg, sync)
     training = build(cfg, sync, device)
     training.started = started
@@ -263,10 +267,10 @@ def main(argv: list[str] | None = None) -> tuple[int, bool]:
             sys.stdout.write(config_help.help_text())
         return 0, False
 
-    def configured_run():
+    def configured_run(on_sync):
         cfg = load_config(argv)
         netstats.check_interface(cfg.nic)  # this host's, before anything starts
-        return run(cfg, combinations.inert_keys(cfg, config_mod.given_keys(argv)))
+        return run(cfg, combinations.inert_keys(cfg, config_mod.given_keys(argv)), on_sync)
 
     return exits.run_to_status(configured_run)
 

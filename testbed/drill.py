@@ -121,6 +121,7 @@ class BadInput:
     expect: str                                # what our one line must hold
     prepare: Callable[[Path], None] = field(default=lambda work: None)
     config_error: bool = False                 # the config alone is wrong: load_config rejects it
+    status: int = 2                            # the exit status (hvd_cifar.trainer.exits: 2 is bad input)
 
     def trainer_flags(self, work: Path) -> list[str]:
         """The trainer's own flags in the case's command (what follows ``-m hvd_cifar.train``)."""
@@ -213,7 +214,10 @@ BAD_INPUTS: list[BadInput] = [
                         *launcher_argv("single", 1), *tiny(w)],
              "hvd_cifar: error: HOROVOD_CPU_OPERATIONS=gloo: Horovod's Gloo operations need"),
     BadInput("a learning rate that diverges (lr 1000: losses of 1e17, exit status 3)",
-             mpirun2_tiny("--lr", "1000"), "hvd_cifar: diverged: training loss "),
+             mpirun2_tiny("--lr", "1000"), "hvd_cifar: diverged: training loss ", status=3),
+    # Found once DDP's process group is up: its Gloo threads must not abort the process's end.
+    BadInput("run name that already exists, under DDP", mpirun2_tiny("--sync", "ddp"),
+             "hvd_cifar: error: run_name: ", lambda w: (w / "logs" / "run").mkdir(parents=True)),
     BadInput("accumulation steps of the wrong type, under horovodrun (MPI)",
              lambda w: [str(ROOT / "launch" / "horovodrun.sh"), "-np", "2", *tiny(w, "--accumulation-steps", "1.5")],
              "hvd_cifar: error: accumulation_steps: expected int", config_error=True),
@@ -240,8 +244,8 @@ def run_bad_input(case: BadInput, work: Path, bound_s: float = BAD_INPUT_BOUND_S
     problems = []
     if done.code is None:
         problems.append(f"still running after {bound_s + 90:.0f} s (stopped)")
-    elif done.code == 0:
-        problems.append("exit status 0")
+    elif done.code != case.status:
+        problems.append(f"exit status {done.code}, not {case.status}")
     if done.seconds > bound_s:
         problems.append(f"took {done.seconds:.1f} s")
     if any("Traceback" in line for line in lines):

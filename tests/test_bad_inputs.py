@@ -54,4 +54,17 @@ def test_bad_input_is_one_line_from_one_rank(tmp_path, case):
     bound_s = drill.SUITE_SLACK * drill.BAD_INPUT_BOUND_S
     result = drill.run_bad_input(case, tmp_path, bound_s=bound_s)
     assert result["ok"], f"{result['why']}\n{result['stderr']}"
-    assert result["exit"] not in (0, None) and result["seconds"] <= bound_s
+    assert result["exit"] == case.status and result["seconds"] <= bound_s
+
+
+@pytest.mark.slow
+def test_bad_input_under_ddp_ends_with_its_status_every_time(tmp_path):
+    """Bad input found after DDP's process group is up (a run name already taken): each of 8
+    jobs ends with status 2 and one line. Ended through the interpreter's shutdown, with
+    Gloo's threads still letting go of tensors, about one such job in six aborted (SIGABRT,
+    status 134, a native stack from Open MPI)."""
+    case = next(case for case in drill.BAD_INPUTS if case.name == "run name that already exists, under DDP")
+    bound_s = drill.SUITE_SLACK * drill.BAD_INPUT_BOUND_S
+    for attempt in range(8):
+        result = drill.run_bad_input(case, tmp_path / str(attempt), bound_s=bound_s)
+        assert result["ok"], f"job {attempt + 1}: {result['why']}\n{result['stderr']}"

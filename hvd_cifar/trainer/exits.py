@@ -26,18 +26,26 @@ EXIT_PREEMPTED = 4
 EXIT_INTERRUPTED = 130
 
 
-def run_to_status(run: Callable[[], tuple]) -> tuple[int, bool]:
-    """Call ``run()``, which returns (the closed sync method, the stop that ended the run early
-    or None), and turn whatever ends it into (exit status, whether native threads were left)."""
+def run_to_status(run: Callable[[Callable], tuple]) -> tuple[int, bool]:
+    """Call ``run(started)``, which returns (the closed sync method, the stop that ended the run
+    early or None), and turn whatever ends it into (exit status, whether native threads were
+    left). ``run`` calls ``started(sync)`` once its sync method exists: a run that bad input or
+    divergence ends after that ends as that method's threads require (DDP's Gloo threads, once
+    its process group is up, abort an interpreter's ordinary shutdown now and then)."""
     rank = launcher.launch_rank()
+    methods: list = []
+
+    def threads_left() -> bool:
+        return any(method.leaves_threads_running for method in methods)
+
     try:
-        sync, stopped = run()
+        sync, stopped = run(methods.append)
         if stopped:  # every rank knows it alike; rank 0's checkpoint is written and its line said
             return EXIT_PREEMPTED, sync.leaves_threads_running
         return 0, sync.leaves_threads_running
     except USER_ERRORS as exc:
         # Bad input is seen by every rank alike (or handed to all by on_main): one line, from rank 0.
-        return say_once(rank, f"hvd_cifar: error: {exc}", EXIT_BAD_INPUT), False
+        return say_once(rank, f"hvd_cifar: error: {exc}", EXIT_BAD_INPUT), threads_left()
     except Diverged as exc:
         line = (f"hvd_cifar: diverged: {exc}{f' on rank {rank}' if exc.alone else ''}; the last checkpoint "
                 f"(if any) is from before it and untouched. Try a lower lr, lr_scaling: sqrt, a longer "
@@ -45,7 +53,7 @@ def run_to_status(run: Callable[[], tuple]) -> tuple[int, bool]:
         if exc.alone:  # no other rank knows: say it here, and end the job (its ranks wait on this one)
             sys.stderr.write(line + "\n")
             lifecycle.abort_job(EXIT_DIVERGED)
-        return say_once(rank, line, EXIT_DIVERGED), False
+        return say_once(rank, line, EXIT_DIVERGED), threads_left()
     except KeyboardInterrupt:
         lifecycle.abort_job(EXIT_INTERRUPTED)
     except Exception as exc:
