@@ -16,6 +16,7 @@ instead, until the test kills it (the hook writes the held rank's pid); its next
 rank again in epoch 3 until slurmctld has no message about the first run left to send."""
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -257,13 +258,37 @@ def submit(cluster: SlurmCluster, tmp: Path, nodes: str, extra_env: dict | None 
                         "--log-dir", str(tmp / "logs")], env, cwd=str(ROOT))
 
 
+class LostAtStart(Exception):
+    """A job whose rank died before its run folder existed (slurm.sbatch's line ends "submit the
+    job again"): seen once in the suite, a segfault inside MPI's start-up under srun with the
+    machine loaded, not reproduced in 632 rank start-ups since."""
+
+
 def wait_for_file(path: Path, job: str, env: dict, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
+    out = path.parent / f"slurm-{job}.out"
     while not path.exists():
         state = jobs.job(job, env).get("JobState")
+        if state not in ("PENDING", "RUNNING", "CONFIGURING") and out.exists() \
+                and "yet; submit the job again" in out.read_text():
+            raise LostAtStart(out.read_text())
         assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job} is {state} before reaching its hold"
         assert time.monotonic() < deadline, f"job {job} did not reach its hold in {timeout_s:.0f} s"
         time.sleep(0.3)
+
+
+def reach_hold(path: Path, job: str, env: dict, submit_again) -> str:
+    """The id of the job that reached its hold: ``job``, or, when a rank of it was lost before
+    its run folder existed, the job ``submit_again()`` submits, once, as slurm.sbatch tells a
+    user to (the lost job's output goes to the test's log; a second loss fails the test)."""
+    try:
+        wait_for_file(path, job, env)
+        return job
+    except LostAtStart as lost:
+        print(f"job {job} lost a rank at start-up; submitted again. Its output:\n{lost}")
+        again = submit_again()
+        wait_for_file(path, again, env)
+        return again
 
 
 def stop(cluster: SlurmCluster, how: str, job: str, env: dict) -> None:
@@ -317,16 +342,22 @@ def slurm_runs(cluster, tmp_path_factory):
     (tmp / "hook" / "sitecustomize.py").write_text(HOLD)
     env = cluster.env()
     ids = {"straight": submit(cluster, tmp, PAIR_A, {"HVD_CIFAR_SLURM_LAUNCH": "mpirun"})}
+    again = {}  # how: submits that job again (reach_hold)
     for how, pair, launch in (("lost", PAIR_C, "mpirun"), ("node", PAIR_D, "srun")):
-        ids[how] = submit(cluster, tmp, pair, {**held(tmp, how, rank=1), "RELEASE_FILE": str(tmp / "release"),
-                                               "HVD_CIFAR_SLURM_LAUNCH": launch})
+        again[how] = functools.partial(submit, cluster, tmp, pair, {**held(tmp, how, rank=1), "HVD_CIFAR_SLURM_LAUNCH":
+                                                                    launch, "RELEASE_FILE": str(tmp / "release")})
     for how in STOPPED:
-        ids[how] = submit(cluster, tmp, PAIR_B if how == "preempted" else PAIR_A, held(tmp, how, rank=0))
-    lost = {how: lose(cluster, tmp, how, ids[how]) for how in LOST}
+        again[how] = functools.partial(submit, cluster, tmp, PAIR_B if how == "preempted" else PAIR_A,
+                                       held(tmp, how, rank=0))
+    ids.update({how: submit_now() for how, submit_now in again.items()})
+    lost = {}
+    for how in LOST:
+        ids[how] = reach_hold(tmp / f"hold-{how}", ids[how], env, again[how])
+        lost[how] = lose(cluster, tmp, how, ids[how])
     (tmp / "lost-after-s").write_text(json.dumps(lost) + "\n")  # for docs/SLURM.md
     cluster.restart_node("n8")  # the node back; the job's next run may have it
     for how in STOPPED:
-        wait_for_file(tmp / f"hold-{how}", ids[how], env)
+        ids[how] = reach_hold(tmp / f"hold-{how}", ids[how], env, again[how])
         stop(cluster, how, ids[how], env)
     for how in (*STOPPED, *LOST):
         jobs.wait(ids[how], env, ["PENDING"], timeout_s=90, restarts=1)

@@ -64,3 +64,25 @@ def test_sgd_computes_what_torch_sgd_computes():
     for (name, a), b in zip(ours_model.named_parameters(), torch_model.parameters()):
         assert torch.equal(a, b), name
         assert torch.equal(ours.state[a]["momentum_buffer"], theirs.state[b]["momentum_buffer"]), name
+
+
+# A rank whose native code jumps to address 0 (as a segfault inside MPI's start-up did once
+# under srun) while the trainer's own function is on the stack.
+A_NATIVE_CRASH = """
+import ctypes
+from hvd_cifar import train
+
+def start_the_backend(argv=None):
+    ctypes.CFUNCTYPE(None)(0)()  # a call through a null function pointer
+
+train.main = start_the_backend
+train.cli()
+"""
+
+
+def test_a_native_crash_names_the_python_call_it_happened_in():
+    done = subprocess.run([sys.executable, "-c", A_NATIVE_CRASH], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == -11, (done.returncode, done.stderr[-2000:])
+    assert "Fatal Python error: Segmentation fault" in done.stderr, done.stderr[-2000:]
+    assert "in start_the_backend" in done.stderr and "in cli" in done.stderr, done.stderr[-2000:]
