@@ -14,7 +14,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
-# make bench - the headline benchmarks, about 90 minutes on 2 cores (as root: the bytes and
+# make bench - the headline benchmarks, about 100 minutes on 2 cores (as root: the bytes and
 # compression benchmarks start a cluster of network namespaces). Each writes its results file to
 # benchmarks/results/ (every round, medians, intervals, failed rounds with their reason); a failed
 # round does not stop the rest. Then the tables in README.md and docs/ are made again from them.
@@ -26,7 +26,7 @@ bench: setup
 	-$(PY) benchmarks/sync_methods.py --cluster-only --cluster 4 --cluster-repeats 5 --tag cluster --out $(BENCH_OUT)/sync_methods-cluster
 	-$(PY) benchmarks/comm_options.py --np 4 --acc-epochs 0 --out $(BENCH_OUT)/comm_options
 	-$(PY) benchmarks/compression.py --acc-epochs 0 --schemes none powersgd topk --rates 1gbit 100mbit --repeats 2 --out $(BENCH_OUT)/compression
-	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np4 --epochs 6 --out $(BENCH_OUT)/convergence
+	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np4 --epochs 6 --seeds 200 201 202 --out $(BENCH_OUT)/convergence
 	-$(PY) benchmarks/reliability.py --out $(BENCH_OUT)/reliability
 	-$(PY) benchmarks/compute.py --out $(BENCH_OUT)/compute
 	-$(PY) benchmarks/compute.py --models vgg11 --repeats 18 --no-compile --tag vgg11 --out $(BENCH_OUT)/compute-vgg11
