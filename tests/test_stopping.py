@@ -63,10 +63,22 @@ def job_tree(job: subprocess.Popen, work: Path, deadline_s: float = 240,
         assert job.poll() is None, f"the job ended early:\n{(stderr or work / 'stderr.txt').read_text()[-3000:]}"
         assert time.monotonic() < deadline, "the ranks never started"
         time.sleep(0.3)
-    root = psutil.Process(job.pid)
-    tree = [root, *root.children(recursive=True)]
-    assert sum(map(is_rank, tree)) == 2, [p.cmdline() for p in tree]
-    return tree
+    # A rank's short-lived child (forked before it execs, e.g. git for meta.json) looks like a
+    # rank for a moment: take the tree again until it holds the two ranks alone.
+    while True:
+        root = psutil.Process(job.pid)
+        tree = [root, *root.children(recursive=True)]
+        if sum(map(is_rank, tree)) == 2:
+            return tree
+        assert time.monotonic() < deadline, [describe(p) for p in tree]
+        time.sleep(0.3)
+
+
+def describe(process: psutil.Process) -> str:
+    try:
+        return f"{process.pid} {' '.join(process.cmdline())[:100]}"
+    except psutil.Error as exc:  # gone, or a zombie, since the tree was taken
+        return f"{process.pid} ({type(exc).__name__})"
 
 
 def alive(tree: list[psutil.Process]) -> list[psutil.Process]:
