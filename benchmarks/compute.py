@@ -108,15 +108,15 @@ def one_round(model: str, k: int, settings: list[str], args, results: Results) -
              (HVD, None, False)]
     for label, setting, compiled in jobs.rotated(jobs_, k - 1):
         config = f"{model} {label}"
-        try:
-            if setting is None:
-                figures, chosen = hvd_cifar(model, f"{model}-r{k}", args)
-                results.add(k, config, figures, chosen=chosen)
-            else:
-                log = os.path.join(args.out, f"{model}-{label.replace(' ', '-')}-r{k}.log")
-                results.add(k, config, plain(model, setting, args, log, compiled))
-        except (RuntimeError, StopIteration, ValueError) as exc:
-            results.fail(k, config, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        # Each job with the machine's noise around it (steal, other processes' CPU), marked when disturbed.
+        if setting is None:
+            done = results.attempt(k, config, lambda: hvd_cifar(model, f"{model}-r{k}", args))
+            if done is not None:
+                figures, chosen = done
+                results.add(k, config, figures, chosen=chosen, **results.noise)
+        else:
+            log = os.path.join(args.out, f"{model}-{label.replace(' ', '-')}-r{k}.log")
+            results.measure(k, config, lambda: plain(model, setting, args, log, compiled))
 
 
 def derive(results: Results, model: str, settings: list[str]) -> None:
