@@ -23,10 +23,16 @@ ALLOWED = (
 CODE = re.compile(r"```.*?```|`[^`]*`", re.S)
 
 
+def hand_written(text: str) -> str:
+    """``text`` with its generated blocks and its code blanked, each keeping its line breaks, so
+    that line numbers stay those of the file (a table's code cell becomes an empty cell)."""
+    text = render_docs.BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    return CODE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
 def hand_typed(text: str) -> list[tuple[int, str, str]]:
     """(line, figure, the line) of each figure with a unit outside generated blocks and code."""
-    text = render_docs.BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text)
-    text = CODE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    text = hand_written(text)
     found = []
     for n, line in enumerate(text.splitlines(), 1):
         for m in FIGURE.finditer(line):
@@ -52,8 +58,7 @@ def cells(row: str) -> list[str]:
 def hand_typed_in_tables(text: str) -> list[tuple[int, str, str]]:
     """(line, cell, the row) of each bare number under a measured column's header, in tables
     outside generated blocks (code spans count as set values, as in prose)."""
-    text = render_docs.BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text)
-    text = CODE.sub(lambda m: "`" + "\n" * m.group(0).count("\n"), text)  # a code cell stays non-empty
+    text = hand_written(text)
     lines, found, n = text.splitlines(), [], 0
     while n < len(lines):
         if not (lines[n].lstrip().startswith("|") and n + 1 < len(lines) and set(lines[n + 1].strip()) <= set("|-: ")
