@@ -90,7 +90,8 @@ def build(cfg: Config, sync: SyncMethod, device: torch.device) -> Training:
     if cfg.download:
         before_loop(sync, lambda: data.download(cfg.dataset, cfg.data_dir), on_every_rank)
     ds = before_loop(sync, lambda: data.load(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed,
-                                             (cfg.shapes_train, cfg.shapes_test, cfg.shapes_seed)), on_every_rank)
+                                             (cfg.shapes_train, cfg.shapes_test, cfg.shapes_seed),
+                                             ranks_here=sync.local_size), on_every_rank)
     mean, std = ds.channel_stats()
     ds.to(device)
     loader = data.ShardedLoader(ds.train_images, ds.train_labels, cfg.batch_size, sync.worker_rank,

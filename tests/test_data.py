@@ -73,6 +73,58 @@ def test_corrupt_dataset_is_reported(fake_cifar):
         data.load("cifar10", str(root))
 
 
+def rewrite(root, name, batch, monkeypatch, cls=tvd.CIFAR10, folder="cifar-10-batches-py"):
+    """``name`` written anew as ``batch`` (pickled, as CIFAR's files are), and torchvision's md5
+    sums pointed at it: the checksum passes, only what the file holds is wrong."""
+    path = root / folder / name
+    with open(path, "wb") as f:
+        pickle.dump(batch, f)
+    md5 = hashlib.md5(path.read_bytes()).hexdigest()
+    for key in ("train_list", "test_list"):
+        monkeypatch.setattr(cls, key, [[n, md5 if n == name else m] for n, m in getattr(cls, key)])
+
+
+@pytest.mark.parametrize("batch, expect", [
+    ({"labels": [3] * 9 + [99]}, "data_batch_2: image 9 has label 99, not one of the 10 classes (0-9)"),
+    ({"labels": [-1] + [3] * 9}, "data_batch_2: image 0 has label -1, not one of the 10 classes (0-9)"),
+    ({"labels": [3.0] * 10}, "data_batch_2 holds labels of dtype float64 and shape (10,); a CIFAR batch holds a list "
+                             "of whole numbers"),
+    ({"labels": [3] * 9}, "data_batch_2 holds 10 images and 9 labels"),
+    ({"data": np.zeros((10, 3072), dtype=np.int64)}, "data_batch_2 holds data of dtype int64 and shape (10, 3072); "
+                                                      "a CIFAR batch holds N x 3072 uint8 values"),
+    ({"data": np.zeros((10, 1024), dtype=np.uint8)}, "data_batch_2 holds data of dtype uint8 and shape (10, 1024)"),
+], ids=["label 99", "label -1", "float labels", "labels missing", "int64 pixels", "one channel"])
+def test_a_cifar10_batch_is_checked_before_use(fake_cifar, monkeypatch, batch, expect):
+    """Files whose md5 sums torchvision accepts (pointed at them), holding what no CIFAR batch
+    holds: one line naming the file and what is wrong."""
+    root, _ = fake_cifar
+    good = {"data": np.zeros((10, 3072), dtype=np.uint8), "labels": [3] * 10}
+    rewrite(root, "data_batch_2", {**good, **batch}, monkeypatch)
+    with pytest.raises(DataError) as err:
+        data.load("cifar10", str(root))
+    assert "\n" not in str(err.value) and expect in str(err.value), str(err.value)
+    rewrite(root, "data_batch_2", good, monkeypatch)
+    assert data.load("cifar10", str(root)).train_labels[10:20].tolist() == [3] * 10
+
+
+def test_a_cifar100_label_beyond_its_100_classes_is_one_line(tmp_path, monkeypatch):
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    with open(folder / "meta", "wb") as f:
+        pickle.dump({"fine_label_names": [f"c{i}" for i in range(100)], "coarse_label_names": ["x"] * 20}, f)
+    monkeypatch.setattr(tvd.CIFAR100, "train_list", [["train", ""]])
+    monkeypatch.setattr(tvd.CIFAR100, "test_list", [["test", ""]])
+    monkeypatch.setattr(tvd.CIFAR100, "meta", {"filename": "meta", "key": "fine_label_names",
+                                               "md5": hashlib.md5((folder / "meta").read_bytes()).hexdigest()})
+    images = np.zeros((10, 3072), dtype=np.uint8)
+    for name, labels in (("train", [99] * 10), ("test", [99] * 9 + [100])):
+        rewrite(tmp_path, name, {"data": images, "fine_labels": labels, "coarse_labels": [0] * 10}, monkeypatch,
+                tvd.CIFAR100, "cifar-100-python")
+    with pytest.raises(DataError, match=r"cifar-100-python/test: image 9 has label 100, not one of the 100 "
+                                        r"classes \(0-99\)"):
+        data.load("cifar100", str(tmp_path))
+
+
 def test_digits_is_a_fixed_split():
     a, b = data.load("digits", ""), data.load("digits", "")
     assert a.train_images.shape == (1437, 3, 32, 32) and a.test_images.shape == (360, 3, 32, 32)

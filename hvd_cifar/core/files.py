@@ -1,13 +1,23 @@
 """Files written whole or not at all: atomic_write (temp file, fsync, rename) for every file a
 run or a report writes, and whole-line appends for the line logs. A failed write is a RunError
-naming the file and the OS's reason. No torch here: readers and reports use it too."""
+naming the file and the OS's reason; the temp file of a write cut short by a kill is removed by
+the next writer there (``remove_stale_temps``). No torch here: readers and reports use it too."""
 from __future__ import annotations
 
 import errno
 import json
 import os
+import re
+import socket
 import tempfile
+import time
 from typing import Any
+
+# atomic_write's temp file: ".NAME.PID@HOST.XXXXXXXX.tmp" (XXXXXXXX: mkstemp's 8 characters), so
+# a later writer can tell whether the process that made it is still at work. An older temp
+# (".NAME.XXXXXXXX.tmp") names no writer.
+_TEMP = re.compile(r"^\.(?P<name>.+?)(?:\.(?P<pid>\d+)@(?P<host>[A-Za-z0-9._-]+))?\.[A-Za-z0-9_]{8}\.tmp$")
+STALE_TEMP_AGE_S = 3600.0  # a temp of another host (or naming no writer) untouched this long is dead
 
 
 class RunError(RuntimeError):
@@ -59,7 +69,8 @@ def atomic_write(path: str, write) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     tmp, recorder = None, None
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.{os.getpid()}@{_host()}.",
+                                   suffix=".tmp")
         os.fchmod(fd, _new_file_mode())  # mkstemp's 0600 would hide reports and runs from others
         with os.fdopen(fd, "wb") as f:
             recorder = _WriteRecorder(f)
@@ -73,6 +84,51 @@ def atomic_write(path: str, write) -> None:
         if error is None or not isinstance(exc, (OSError, RuntimeError)):
             raise
         raise error from None
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
+
+
+def remove_stale_temps(folder: str, locked: bool = False) -> list[str]:
+    """Remove the temp files that atomic_write left in ``folder`` when its process died mid-write
+    (killed, host down); returns their names. ``locked``: the caller holds a lock that every
+    writer into ``folder`` takes, so no temp there can be in flight and all of them go. Otherwise
+    a temp goes when its writer, named in it, was a process of this host that is gone, or when
+    it is untouched for STALE_TEMP_AGE_S (another host's in a shared folder, one naming no
+    writer): a live atomic_write writes, fsyncs and renames without pause, so a temp another
+    process is writing is never removed from under it."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []  # no folder yet: nothing left behind
+    removed = []
+    for name in names:
+        match = _TEMP.match(name)
+        if match and (locked or _writer_gone(os.path.join(folder, name), match)):
+            _remove_quietly(os.path.join(folder, name))
+            removed.append(name)
+    return removed
+
+
+def _writer_gone(path: str, match: re.Match) -> bool:
+    """Whether the temp's writer is dead: a process of this host that no longer exists, or any
+    writer at all once the temp is untouched for STALE_TEMP_AGE_S (a pid used again since)."""
+    if match["pid"] and match["host"] == _host():
+        try:
+            os.kill(int(match["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            pass  # it exists, another user's
+    return _untouched(path)
+
+
+def _untouched(path: str) -> bool:
+    try:
+        return time.time() - os.stat(path).st_mtime > STALE_TEMP_AGE_S
+    except OSError:
+        return False  # gone already (its writer renamed it)
 
 
 def _new_file_mode() -> int:

@@ -11,18 +11,23 @@ import fcntl
 import gzip
 import importlib.util
 import os
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import torch
 import torch.nn.functional as F
 
+from hvd_cifar.core.files import remove_stale_temps
 from hvd_cifar.workload import cifar_format, shapes
 
 TORCHVISION_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "svhn": ""}
 SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
 DIGITS_TEST_SIZE = 360      # images held out from scikit-learn's 1,797 digits
 DIGITS_SPLIT_SEED = 20240   # fixed, so every run and rank sees the same split
+IMAGE_BYTES = 3 * 32 * 32   # one uint8 image in memory
+LABEL_BYTES = 8             # one int64 label
 
 
 class DataError(RuntimeError):
@@ -75,43 +80,77 @@ def taking_turns(folder: str, lock_name: str):
 
 
 def load(name: str, data_dir: str, synthetic_size: int = 2048, seed: int = 0,
-         shapes_sizes: tuple[int, int, int] = (50_000, 10_000, 0)) -> DataSet:
-    """The data set ``name``; ``shapes_sizes``: the generated set's (train, test, seed)."""
+         shapes_sizes: tuple[int, int, int] = (50_000, 10_000, 0), ranks_here: int = 1) -> DataSet:
+    """The data set ``name``; ``shapes_sizes``: the generated set's (train, test, seed);
+    ``ranks_here``: the ranks on this host, each of which holds the whole set."""
     if name == "digits":
         return _digits()
     if name == "synthetic":
+        check_memory(name, synthetic_size, max(synthetic_size // 4, 1), ranks_here, "--synthetic-size")
         return _synthetic(synthetic_size, seed)
     if name == "shapes":
+        check_memory(name, *shapes_sizes[:2], ranks_here, "--shapes-train or --shapes-test")
         return _shapes(data_dir, *shapes_sizes)
     if name in TORCHVISION_FOLDERS:
         return _torchvision(name, data_dir)
     raise DataError(f"dataset: unknown data set {name!r}")
 
 
+def memory_needed(n_train: int, n_test: int) -> int:
+    """Bytes one rank holds at its peak for a set of these sizes: the set (uint8 images, int64
+    labels) and, beside it, the larger of the batch files' arrays while they are joined (the set
+    once more) and the float32 copy of the training images that ``channel_stats`` measures."""
+    held = (n_train + n_test) * (IMAGE_BYTES + LABEL_BYTES)
+    return max(2 * held, held + 4 * IMAGE_BYTES * n_train)
+
+
+def check_memory(name: str, n_train: int, n_test: int, ranks_here: int, flags: str) -> None:
+    """Refuse, before anything is allocated, a set the ranks on this host cannot hold together."""
+    each, ranks_here = memory_needed(n_train, n_test), max(ranks_here, 1)
+    available = psutil.virtual_memory().available
+    if each * ranks_here > available:
+        per_rank = f" ({each / 2**30:.1f} GiB on each of the {ranks_here} ranks on this host)" if ranks_here > 1 else ""
+        raise DataError(f"dataset: {name}: {n_train:,} training and {n_test:,} test images need "
+                        f"{each * ranks_here / 2**30:.1f} GiB of memory{per_rank}, this machine has "
+                        f"{available / 2**30:.1f} GiB available; give a smaller {flags}")
+
+
 def _shapes(data_dir: str, n_train: int, n_test: int, seed: int) -> DataSet:
     """The generated data set (workload/shapes.py), made once into data_dir in CIFAR-10's format
-    (ranks that load it together take turns on a lock: the first makes it), then read by the
-    reader real CIFAR-10 goes through."""
+    with its checksums (ranks that load it together take turns on a lock: the first makes it),
+    then read by the reader real CIFAR-10 goes through, each file checked against its checksum."""
     root = os.path.join(data_dir, f"shapes-seed{seed}-{n_train}-{n_test}")
-    folder = os.path.join(root, cifar_format.FORMATS["cifar10"][0])
+    about = {"dataset": "shapes", "seed": seed, "train": n_train, "test": n_test, "classes": list(shapes.CLASSES)}
     try:
         with taking_turns(root, ".make.lock"):
-            if not os.path.exists(os.path.join(folder, "batches.meta")):  # written last: the set is whole
+            # Every writer here holds the lock, so a temp file found is a killed run's write.
+            for folder in (root, os.path.join(root, cifar_format.FORMATS["cifar10"][0])):
+                remove_stale_temps(folder, locked=True)
+            if not os.path.exists(os.path.join(root, cifar_format.MANIFEST)):  # written last: the set is whole
                 cifar_format.write(root, shapes.generate(n_train, seed, "train"), shapes.generate(n_test, seed, "test"),
-                                   list(shapes.CLASSES))
+                                   list(shapes.CLASSES), about)
     except OSError as exc:
         raise DataError(f"dataset: shapes: cannot make it in {root} ({exc.strerror}); give a --data-dir "
                         f"this process can write to") from None
-    return _cifar_files("shapes", "cifar10", root, hflip=True)
-
-
-def _cifar_files(name: str, layout: str, root: str, hflip: bool) -> DataSet:
-    """A data set in CIFAR's python format under ``root`` (cifar_format.FORMATS[layout])."""
     try:
-        train_x, train_y, test_x, test_y, classes = cifar_format.read(layout, root)
+        written = cifar_format.read_manifest(root, about)
     except cifar_format.FormatError as exc:
-        raise DataError(f"dataset: {name} in {root} is corrupt ({exc}); delete it and "
-                        + ("run again to make it anew" if name == "shapes" else "run with --download true")) from None
+        raise _corrupt("shapes", root, exc) from None
+    return _cifar_files("shapes", "cifar10", root, hflip=True, written=written)
+
+
+def _corrupt(name: str, root: str, exc: Exception) -> DataError:
+    return DataError(f"dataset: {name} in {root} is corrupt ({exc}); delete it and "
+                     + ("run again to make it anew" if name == "shapes" else "run with --download true"))
+
+
+def _cifar_files(name: str, layout: str, root: str, hflip: bool, written=None) -> DataSet:
+    """A data set in CIFAR's python format under ``root`` (cifar_format.FORMATS[layout]), each file
+    checked; ``written``: the checksums its files were written with."""
+    try:
+        train_x, train_y, test_x, test_y, classes = cifar_format.read(layout, root, written)
+    except cifar_format.FormatError as exc:
+        raise _corrupt(name, root, exc) from None
     return DataSet(name, torch.from_numpy(train_x), torch.from_numpy(train_y), torch.from_numpy(test_x),
                    torch.from_numpy(test_y), len(classes), hflip=hflip)
 
@@ -147,16 +186,20 @@ def _torchvision(name: str, data_dir: str) -> DataSet:
         raise DataError(f"dataset: {name} in {data_dir} could not be read "
                         f"({type(exc).__name__}: {exc}); delete it and download again") from None
 
-    def images(ds) -> torch.Tensor:
-        x = torch.from_numpy(np.ascontiguousarray(ds.data))
-        return x if name == "svhn" else x.permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW
+    return DataSet(name, *_svhn_split(train, data_dir, SVHN_FILES[0]), *_svhn_split(test, data_dir, SVHN_FILES[1]),
+                   10, hflip=False)
 
-    def labels(ds) -> torch.Tensor:
-        return torch.as_tensor(ds.labels if name == "svhn" else ds.targets, dtype=torch.int64)
 
-    num_classes = 100 if name == "cifar100" else 10
-    return DataSet(name, images(train), labels(train), images(test), labels(test), num_classes,
-                   hflip=name != "svhn")
+def _svhn_split(ds, data_dir: str, file: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split as torchvision read it (images NCHW uint8, labels 0-9), checked all the same."""
+    x = torch.from_numpy(np.ascontiguousarray(ds.data))
+    y = torch.as_tensor(ds.labels, dtype=torch.int64)
+    if (x.dtype != torch.uint8 or tuple(x.shape[1:]) != (3, 32, 32) or len(y) != len(x)
+            or (len(y) and (int(y.min()) < 0 or int(y.max()) > 9))):
+        raise DataError(f"dataset: svhn in {data_dir} is corrupt ({file} holds images of {x.dtype} {tuple(x.shape)} "
+                        f"and {len(y)} labels, not N x 3 x 32 x 32 uint8 and N labels 0-9); delete it and run "
+                        f"with --download true")
+    return x, y
 
 
 def _check_checksums(name: str, data_dir: str) -> None:
@@ -194,9 +237,24 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     if not os.path.isfile(path):
         raise DataError("dataset: digits: scikit-learn's digits file (sklearn/datasets/data/digits.csv.gz) "
                         "is missing: install scikit-learn (scripts/install.sh does)")
-    with gzip.open(path, "rt") as f:
-        table = np.loadtxt(f, delimiter=",")
-    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int)
+    try:
+        with gzip.open(path, "rt") as f:
+            table = np.loadtxt(f, delimiter=",", ndmin=2)
+    except (OSError, EOFError, ValueError, zlib.error) as exc:  # not gzip, cut short, not numbers
+        raise DataError(f"dataset: digits: {path} is corrupt ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}); reinstall scikit-learn") from None
+    pixels, labels = table[:, :-1], table[:, -1]
+    wrong = ("a row is not 64 pixels and a label" if table.shape[1] != 65 else
+             f"{len(table)} images, not more than the {DIGITS_TEST_SIZE} held out" if len(table) <= DIGITS_TEST_SIZE else
+             "a pixel is not a whole number 0-16" if not _whole_in(pixels, 16) else
+             "a label is not a whole number 0-9" if not _whole_in(labels, 9) else "")
+    if wrong:
+        raise DataError(f"dataset: digits: {path} is corrupt ({wrong}); reinstall scikit-learn")
+    return pixels.reshape(-1, 8, 8), labels.astype(int)
+
+
+def _whole_in(values: np.ndarray, top: int) -> bool:
+    return bool(np.all((values == np.round(values)) & (values >= 0) & (values <= top)))
 
 
 def _synthetic(size: int, seed: int) -> DataSet:
