@@ -24,6 +24,7 @@ same launcher must finish the run.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
 import pickle
@@ -108,6 +109,42 @@ def corrupt_cifar10(work: Path) -> None:
     (folder / "data_batch_1").write_bytes((folder / "data_batch_1").read_bytes()[:100])
     with open(folder / "batches.meta", "wb") as f:
         pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+
+
+# The generated set of the cases below: small, made by the loader itself into work/data.
+SMALL_SHAPES = ("--dataset", "shapes", "--shapes-train", "1000", "--shapes-test", "200", "--data-dir", "{w}/data")
+
+
+def small_shapes(work: Path) -> Path:
+    """The small generated set (SMALL_SHAPES) made in work/data; its batches' folder."""
+    from hvd_cifar.workload import data  # torch: only for the cases that need the set made
+    data.load("shapes", str(work / "data"), shapes_sizes=(1000, 200, 0))
+    return work / "data" / "shapes-seed0-1000-200" / "cifar-10-batches-py"
+
+
+def flipped_pixels(work: Path) -> None:
+    """16 bytes inside image 5's pixels of data_batch_3 inverted, the file's size kept: only its
+    checksum can tell."""
+    path = small_shapes(work) / "data_batch_3"
+    raw = bytearray(path.read_bytes())
+    with open(path, "rb") as f:
+        at = raw.find(pickle.load(f, encoding="latin1")["data"][5].tobytes()) + 1000
+    raw[at:at + 16] = bytes(255 - b for b in raw[at:at + 16])
+    path.write_bytes(bytes(raw))
+
+
+def label_beyond_the_classes(work: Path) -> None:
+    """test_batch written again with image 7 labelled 99 and its checksum brought up to date:
+    only the label is wrong."""
+    folder = small_shapes(work)
+    with open(folder / "test_batch", "rb") as f:
+        batch = pickle.load(f, encoding="latin1")
+    batch["labels"][7] = 99
+    raw = pickle.dumps(batch, protocol=4)
+    (folder / "test_batch").write_bytes(raw)
+    manifest = json.loads((folder.parent / "checksums.json").read_text())
+    manifest["files"]["test_batch"] = {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+    (folder.parent / "checksums.json").write_text(json.dumps(manifest))
 
 
 def unwritable(work: Path) -> None:
@@ -229,6 +266,13 @@ BAD_INPUTS: list[BadInput] = [
              "hvd_cifar: error: threads_per_rank: 100000 is more than the "),
     BadInput("network interface that does not exist (--nic)", mpirun2_tiny("--nic", "eth9"),
              "hvd_cifar: error: nic: 'eth9' is not a network interface of "),
+    BadInput("generated data set whose pixel bytes were changed on disk", mpirun2_tiny(*SMALL_SHAPES),
+             "cifar-10-batches-py/data_batch_3 is not the file written: its checksum differs", flipped_pixels),
+    BadInput("data set batch with a label outside the classes", mpirun2_tiny(*SMALL_SHAPES),
+             "test_batch: image 7 has label 99, not one of the 10 classes (0-9)", label_beyond_the_classes),
+    BadInput("generated data set larger than the machine's memory",
+             mpirun2_tiny("--dataset", "shapes", "--shapes-train", "100000000", "--data-dir", "{w}/data"),
+             "hvd_cifar: error: dataset: shapes: 100,000,000 training and 10,000 test images need"),
 ]
 
 
