@@ -37,105 +37,53 @@ comparison's 95 % interval is clear of 1 +- MARGIN, or --budget minutes. Everyth
   scaling.md, scaling.csv, scaling.png  per configuration the median over its rounds and its
                       95 % interval, the comparisons in words (analysis.sweep), the plot
   runs.csv, bench.json                  every job, every round (measure.results)
+  sweep-state.json    the options and every finished job, after each job (what --resume reads)
 Numbers are made by ``hvd_cifar.report`` (means over epochs after the first when there are two
 or more; speedup from img/s against np=1 of the same configuration in the same round; time to
 --target-acc from each run's eval.json, and its speedup against np=1 when both reached it). A
 job that fails (non-zero exit, a Slurm job that ends otherwise or that sbatch refuses, or no end
 within --timeout seconds: then the job is stopped or cancelled) is a failed round with its
-stderr tail in scaling.md; the sweep goes on. Exit status: 0 when every job ran, 1 when some
-failed, 2 for bad options, 130 when interrupted.
+stderr tail in scaling.md; the sweep goes on.
+
+compute: auto is decided once, on the first job that finishes, and that setting is passed to the
+others (--compute SETTING), so that the sweep compares like with like (--same-compute false: each
+job decides for itself). SIGINT, SIGTERM or SIGHUP stops the running job and writes the outputs
+from every job that finished, marked interrupted; OUT/sweep-state.json keeps them, and
+
+    python -m hvd_cifar.bench --resume OUT        # or the same command with --out OUT
+
+runs the rest (the stopped job again from its start). Exit status: 0 when every job ran, 1 when
+some failed, 2 for bad options, 128 + the signal's number when interrupted (130: SIGINT).
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import itertools
 import os
 import shlex
+import signal
 import sys
-import time
+import threading
 
 from hvd_cifar.analysis.summary import add_speedup
-from hvd_cifar.analysis.sweep import (
-    by_configuration,
-    collect,
-    comparisons,
-    first_error,
-    target_note,
-    unresolved,
-)
-from hvd_cifar.analysis.sweep_outputs import FIGURES, write_outputs
+from hvd_cifar.analysis.sweep import by_configuration, collect, comparisons, first_error, target_note, unresolved
+from hvd_cifar.analysis.sweep_outputs import FIGURES, SweepFacts, header, write_outputs, write_results_file
+from hvd_cifar.analysis.sweep_state import FILE as STATE_FILE
+from hvd_cifar.analysis.sweep_state import Progress, SweepState, partial_rounds, read
 from hvd_cifar.analysis.tabulate import OneLineParser
 from hvd_cifar.core import config as config_mod
-from hvd_cifar.core.argtypes import (
-    boolean,
-    fraction,
-    freeze_value,
-    margin,
-    non_negative,
-    positive,
-)
-from hvd_cifar.core.errors import ConfigError
+from hvd_cifar.core.argtypes import boolean, fraction, margin, non_negative, positive
+from hvd_cifar.core.errors import ReportError
+from hvd_cifar.core.files import RunError
+from hvd_cifar.launch.commands import Terminated
 from hvd_cifar.launch.runners import LocalRunner, SlurmRunner
-from hvd_cifar.measure.results import Figure, Results
+from hvd_cifar.launch.sweep_jobs import (BenchError, add_sweep_options, also_sweep, configurations, extra_flags,
+                                         run_name, sweep_values, train_flags, unique_name)
 from hvd_cifar.measure.rounds import Disturbance, rotated
 
-# Swept options: (bench flag / row key, trainer flag)
-SWEEP = (("model", "--model"), ("sync", "--sync"), ("batch_size", "--batch-size"),
-         ("fp16_allreduce", "--fp16-allreduce"), ("accumulation_steps", "--accumulation-steps"),
-         ("freeze", "--freeze"), ("world_size", None))
-# Trainer keys the bench sets itself; --extra may not override them or the table would lie.
-OWNED_KEYS = ("model", "sync", "batch_size", "fp16_allreduce", "accumulation_steps", "freeze",
-              "dataset", "epochs", "max_steps_per_epoch", "target_acc", "log_dir", "run_name", "resume",
-              "progress")
 # A configuration's identity (a job's row keys); comparisons pair jobs of the same identity.
 KEYS = ("model", "sync", "batch_size", "fp16_allreduce", "accumulation_steps", "freeze", "world_size", "dataset")
 MAX_ROUNDS = 50  # --resolve adds rounds up to this many, whatever the budget
-
-
-class BenchError(RuntimeError):
-    """A bad option; the message is one line naming it."""
-
-
-# ----------------------------------------------------------------------------- options
-def add_sweep_options(p: argparse.ArgumentParser, defaults: bool) -> None:
-    """The options whose values span a cartesian product; an --also sweep's have no defaults
-    (what it leaves out, it takes from the main sweep)."""
-    d = (lambda v: v) if defaults else (lambda v: None)
-    p.add_argument("--np", nargs="+", type=positive, default=d([1, 2]), help="process counts (default: 1 2)")
-    p.add_argument("--sync", nargs="+", choices=config_mod.SYNC_METHODS, default=d(["horovod"]))
-    p.add_argument("--model", nargs="+", choices=config_mod.MODELS, default=d(["smallcnn"]))
-    p.add_argument("--batch-size", nargs="+", type=positive, default=d([32]), help="images per rank per step")
-    p.add_argument("--fp16-allreduce", nargs="+", type=boolean, default=d([False]))
-    p.add_argument("--accumulation-steps", nargs="+", type=positive, default=d([1]))
-    p.add_argument("--freeze", nargs="+", type=freeze_value, default=d([0]),
-                   help="leading frozen blocks, or auto (freeze_auto_threshold from --extra)")
-
-
-class AlsoParser(argparse.ArgumentParser):
-    """The options of one --also sweep; a mistake is a BenchError naming --also."""
-
-    def error(self, message: str):
-        raise BenchError(f"--also: {message}")
-
-
-def sweep_values(options: argparse.Namespace) -> dict[str, list]:
-    """One sweep's values by row key, in SWEEP's order (world_size last: np varies fastest)."""
-    return {key: getattr(options, "np" if key == "world_size" else key) for key, _ in SWEEP}
-
-
-def also_sweep(main: dict[str, list], text: str) -> dict[str, list]:
-    """An --also "OPTIONS" sweep: the options given there, the rest from the main sweep."""
-    try:
-        tokens = shlex.split(text)
-    except ValueError as exc:
-        raise BenchError(f"--also: cannot split {text!r} ({exc})") from None
-    parser = AlsoParser(prog="--also", add_help=False)
-    add_sweep_options(parser, defaults=False)
-    given = sweep_values(parser.parse_args(tokens))
-    sweep = {key: values if values is not None else main[key] for key, values in given.items()}
-    sweep["world_size"] = sorted(set(sweep["world_size"]))
-    return sweep
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -175,6 +123,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="with --resolve: no round starts that would end after this many minutes (default 60)")
     p.add_argument("--repeat-disturbed", type=boolean, default=True,
                    help="run a job again at its round's end when the machine was disturbed while it ran (default true)")
+    p.add_argument("--same-compute", type=boolean, default=True,
+                   help="compute: auto decided on the first job that finishes, its setting passed to the others "
+                        "as --compute (default true; false: each job decides for itself)")
+    p.add_argument("--resume", metavar="OUT",
+                   help="continue the sweep in OUT with its own options: the jobs it finished are kept, the rest "
+                        "run (give it alone)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     args.np = sorted(set(args.np))  # np=1 first, so a group's baseline runs before the others
@@ -183,58 +137,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     except BenchError as exc:
         p.error(str(exc))
     return args
-
-
-def extra_flags(extra: str) -> list[str]:
-    """--extra as an argument list, checked by the trainer's own flag parser."""
-    try:
-        flags = shlex.split(extra)
-    except ValueError as exc:
-        raise BenchError(f"--extra: cannot split {extra!r} ({exc})") from None
-    try:
-        _, updates = config_mod.parse_flags(flags)
-    except ConfigError as exc:
-        raise BenchError(f"--extra: {exc}") from None
-    owned = [k for k in updates if k in OWNED_KEYS]
-    if owned:
-        raise BenchError(f"--extra: --{owned[0].replace('_', '-')} is set by the bench itself "
-                         f"(use the bench's own option, if it has one)")
-    return flags
-
-
-# ----------------------------------------------------------------------------- the sweep
-def configurations(args) -> list[dict]:
-    """The main sweep's cartesian product, then each --also sweep's, np varying fastest; a
-    configuration asked for twice runs once."""
-    configs: list[dict] = []
-    for sweep in (sweep_values(args), *args.also):
-        for combo in itertools.product(*sweep.values()):
-            cfg = dict(zip(sweep, combo), dataset=args.dataset)
-            if cfg not in configs:
-                configs.append(cfg)
-    return configs
-
-
-def run_name(cfg: dict) -> str:
-    return (f"{cfg['model']}-{cfg['dataset']}-{cfg['sync']}-np{cfg['world_size']}-b{cfg['batch_size']}"
-            f"-fp16{'on' if cfg['fp16_allreduce'] else 'off'}-acc{cfg['accumulation_steps']}-frz{cfg['freeze']}")
-
-
-def unique_name(runs_dir: str, name: str, taken: set[str]) -> str:
-    candidate, n = name, 1
-    while candidate in taken or os.path.exists(os.path.join(runs_dir, candidate)):
-        n += 1
-        candidate = f"{name}-{n}"
-    taken.add(candidate)
-    return candidate
-
-
-def train_flags(cfg: dict, args, runs_dir: str, name: str, extra: list[str]) -> list[str]:
-    flags = [flag_arg for key, flag in SWEEP if flag
-             for flag_arg in (flag, str(cfg[key]).lower() if isinstance(cfg[key], bool) else str(cfg[key]))]
-    return [*flags, "--dataset", args.dataset, "--epochs", str(args.epochs),
-            "--max-steps-per-epoch", str(args.steps), "--target-acc", str(args.target_acc),
-            "--log-dir", runs_dir, "--run-name", name, "--progress", "false", *extra]
 
 
 def make_runner(args) -> LocalRunner | SlurmRunner:
@@ -271,25 +173,38 @@ def run_job(cfg: dict, k: int, seed: int | None, args, runner, extra: list[str],
     return row
 
 
-def run_round(configs: list[dict], k: int, seed: int | None, args, runner, extra, dirs, taken) -> list[dict]:
-    """Round ``k``: every configuration once, in the order rotated by k - 1; a disturbed job is
-    run again at the round's end (--repeat-disturbed), the repeat counted in its place."""
-    rows = []
+def job_line(row: dict, earlier: bool) -> str:
+    """The progress line's end: how the job ended (and that it ended before this start)."""
+    return (f"{row['status']} ({'earlier, ' if earlier else ''}{row['seconds']:.1f} s)"
+            f"{' disturbed' if row.get('disturbed') else ''}{' ' + row['error'] if row['error'] else ''}"
+            f"{target_note(row)}")
+
+
+def run_round(configs: list[dict], k: int, seed: int | None, args, jobs: list[dict], progress: Progress) -> None:
+    """Round ``k``: every configuration once, in the order rotated by k - 1, each job's row added
+    to ``jobs`` as it ends; a disturbed job is run again at the round's end (--repeat-disturbed),
+    the repeat counted in its place."""
+    first = len(jobs)
     for i, cfg in enumerate(rotated(configs, k - 1), 1):
         print(f"[round {k}, {i}/{len(configs)}] {run_name(cfg)} ... ", end="", flush=True)
-        row = run_job(cfg, k, seed, args, runner, extra, dirs, taken)
-        rows.append(row)
-        print(f"{row['status']} ({row['seconds']:.1f} s){' disturbed' if row.get('disturbed') else ''}"
-              f"{' ' + row['error'] if row['error'] else ''}{target_note(row)}", flush=True)
-    for row in [r for r in rows if r.get("disturbed")] if args.repeat_disturbed else []:
+        row, earlier = progress.job(cfg, k, seed)
+        jobs.append(row)
+        print(job_line(row, earlier), flush=True)
+        progress.keep(jobs)
+    for row in [r for r in jobs[first:] if r.get("disturbed")] if args.repeat_disturbed else []:
         cfg = {key: row[key] for key in configs[0]}
         print(f"[round {k}, again] {run_name(cfg)} (disturbed) ... ", end="", flush=True)
-        again = run_job(cfg, k, seed, args, runner, extra, dirs, taken)
+        again, earlier = progress.job(cfg, k, seed, again=True)
         row["superseded"] = True
-        rows.append(again)
-        print(f"{again['status']} ({again['seconds']:.1f} s){' disturbed' if again.get('disturbed') else ''}", flush=True)
-    add_speedup([r for r in rows if not r.get("superseded")])  # speedups paired within the round
-    return rows
+        jobs.append(again)
+        print(job_line(again, earlier), flush=True)
+        progress.keep(jobs)
+
+
+def add_round_speedups(jobs: list[dict]) -> None:
+    """Each job's speedup against np=1 of its round (paired within the round)."""
+    for k in sorted({j["round"] for j in jobs}):
+        add_speedup([j for j in jobs if j["round"] == k and not j.get("superseded")])
 
 
 def seed_of(args, k: int) -> int | None:
@@ -300,36 +215,45 @@ def seed_of(args, k: int) -> int | None:
 
 
 def compare_jobs(jobs: list[dict], args) -> list:
-    """Every comparison of the sweep (analysis.sweep.comparisons): paired by round, or by seed."""
+    """Every comparison of the sweep (analysis.sweep.comparisons): paired by round, or by seed
+    (only the rounds or seeds both configurations have a good job in)."""
     test_size = next((j["test_images"] for j in jobs if j.get("test_images")), 0)
     return comparisons(jobs, KEYS, order_of(args), pair_by="seed" if args.seeds else "round",
                        accuracy=bool(args.seeds), test_size=test_size)
 
 
-def sweep(configs: list[dict], args, runner, extra, dirs) -> tuple[list[dict], bool]:
+def sweep(configs: list[dict], args, runner, extra, dirs, state: SweepState | None = None,
+          signals: StopSignals | None = None) -> tuple[list[dict], int]:
     """--repeats rounds (or one per seed); with --resolve, more until every throughput comparison
-    is resolved or --budget minutes would be passed. Returns (every job's row, interrupted)."""
+    is resolved or --budget minutes would be passed; the jobs ``state`` holds are taken, not run
+    again; ``signals`` held once they end. Returns (every job's row, the signal that stopped the
+    sweep, which stops the job it was running: 0 when none did)."""
+    progress = Progress(state or SweepState(None, [], {}), KEYS, args.same_compute,
+                        lambda cfg, k, seed, held: run_job(cfg, k, seed, args, runner, extra + held, dirs, progress.taken))
     jobs: list[dict] = []
-    taken: set[str] = set()
-    began, k = time.monotonic(), 0
+    k = 0
     rounds = len(args.seeds) if args.seeds else args.repeats
     try:
         while True:
             k += 1
-            jobs += run_round(configs, k, seed_of(args, k), args, runner, extra, dirs, taken)
+            run_round(configs, k, seed_of(args, k), args, jobs, progress)
             if k < rounds:
                 continue
             if not args.resolve or k >= MAX_ROUNDS or not unresolved(compare_jobs(jobs, args), args.resolve):
                 break
-            spent = time.monotonic() - began
-            if spent * (k + 1) / k > args.budget * 60:  # the next round, at the mean round's length, would overrun
+            if progress.spent() * (k + 1) / k > args.budget * 60:  # the next round, at the mean round's length, would overrun
                 print(f"bench: --budget {args.budget} min ends the rounds after {k}", flush=True)
                 break
             print(f"bench: unresolved against ±{args.resolve:.0%} after {k} rounds; one more", flush=True)
-    except KeyboardInterrupt:
-        print("interrupted", flush=True)
-        return jobs, True
-    return jobs, False
+        if signals:
+            signals.hold()
+    except (KeyboardInterrupt, Terminated) as exc:
+        if signals:
+            signals.hold()
+        signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.Signals(exc.code - 128)
+        print(f"interrupted ({signum.name}); the job that was running is stopped", flush=True)
+        return jobs, int(signum)
+    return jobs, 0
 
 
 def order_of(args) -> dict[str, list]:
@@ -343,45 +267,88 @@ def order_of(args) -> dict[str, list]:
     return order
 
 
-def write_results_file(jobs: list[dict], args, out: str, argv: list[str]) -> str:
-    """Every job into OUT/bench.json (measure.results: the same schema as the project's benchmarks)."""
-    results = Results("bench", argparse.Namespace(**{**vars(args), "results": out, "tag": ""}),
-                      {key: Figure(key) for key in FIGURES}, argv=argv)
-    for job in jobs:
-        label = run_name({key: job[key] for key in KEYS})
-        info = {k: job[k] for k in ("seed", "disturbed", "superseded", "steal_share", "foreign_cpus", "run")
-                if job.get(k) is not None}
-        if job.get("superseded"):  # kept, left out of the summary: its repeat counts
-            results.fail(job["round"], label, "disturbed; run again, the repeat counted", **info)
-        elif job["status"] == "ok":
-            results.add(job["round"], label, {k: job[k] for k in FIGURES if isinstance(job.get(k), (int, float))}, **info)
-        else:
-            results.fail(job["round"], label, job["status"], **info)
-    return results.write()
+# ----------------------------------------------------------------------------- the command
+def resumed(args, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """With --resume OUT: the options OUT's sweep was started with, its output in OUT; else as given."""
+    if not args.resume:
+        return args, argv
+    others = [a for a in argv if a not in ("--resume", args.resume) and not a.startswith("--resume=")]
+    if others:
+        raise BenchError(f"--resume: give it alone (the sweep goes on with its own options), not with {others[0]}")
+    state = read(args.resume)
+    if state is None:
+        raise BenchError(f"--resume: {args.resume} holds no sweep to continue (no {STATE_FILE})")
+    saved = parse_args(state.argv)
+    saved.out = args.resume
+    return saved, state.argv
+
+
+def sweep_settings(args) -> dict:
+    """The options that make a sweep this one: all but where it goes and how it was started."""
+    return {k: v for k, v in vars(args).items() if k not in ("out", "resume", "dry_run")}
+
+
+def prepare(args, argv: list[str]):
+    """The checked options: (args, argv, the trainer flags of --extra, the runner, the output
+    folder, the sweep's state: OUT's when it holds this sweep; None for a dry run)."""
+    args, argv = resumed(args, argv)
+    extra = extra_flags(args.extra)
+    runner = make_runner(args)
+    if args.hostfile and not os.path.isfile(args.hostfile):
+        raise BenchError(f"--hostfile: {args.hostfile} does not exist")
+    if args.hostfile:
+        args.hostfile = os.path.abspath(args.hostfile)  # jobs run from the project root
+    out = os.path.abspath(args.out or os.path.join("logs", f"bench-{dt.datetime.now():%Y%m%d-%H%M%S}"))
+    if args.dry_run:
+        return args, argv, extra, runner, out, None
+    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    return args, argv, extra, runner, out, SweepState.begin(out, argv, sweep_settings(args))
+
+
+class StopSignals:
+    """SIGINT, SIGTERM and SIGHUP over a sweep (each one this process does not ignore): while the
+    jobs run, raised where the process is (KeyboardInterrupt, launch.commands.Terminated), so that
+    the running job is stopped on the way out; after the first, or once ``hold()`` is called, kept
+    in ``came`` while the outputs are written whole, the process exiting by the first after."""
+
+    def __init__(self):
+        self.raising, self.came, self.previous = True, [], {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                    self.previous[signum] = signal.signal(signum, self._came)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _came(self, signum: int, frame) -> None:
+        if not self.raising:
+            self.came.append(signum)
+            return
+        self.raising = False
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(128 + signum)
+
+    def hold(self) -> None:
+        self.raising = False
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     try:
-        extra = extra_flags(args.extra)
-        runner = make_runner(args)
-        if args.hostfile and not os.path.isfile(args.hostfile):
-            raise BenchError(f"--hostfile: {args.hostfile} does not exist")
-        if args.hostfile:
-            args.hostfile = os.path.abspath(args.hostfile)  # jobs run from the project root
-        out = os.path.abspath(args.out or os.path.join("logs", f"bench-{dt.datetime.now():%Y%m%d-%H%M%S}"))
-        runs_dir, logs_dir = os.path.join(out, "runs"), os.path.join(out, "logs")
-        if not args.dry_run:
-            os.makedirs(runs_dir, exist_ok=True)
-            os.makedirs(logs_dir, exist_ok=True)
-    except BenchError as exc:
+        args, argv, extra, runner, out, state = prepare(args, argv)
+    except (BenchError, ReportError) as exc:
         print(f"hvd_cifar: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"hvd_cifar: error: --out: cannot create {exc.filename} ({exc.strerror})", file=sys.stderr)
         return 2
-
+    runs_dir, logs_dir = os.path.join(out, "runs"), os.path.join(out, "logs")
     configs = configurations(args)
     rounds = len(args.seeds) if args.seeds else args.repeats
     print(f"bench: {len(configs)} configuration(s) x {rounds} round(s), output in {out}", flush=True)
@@ -393,37 +360,49 @@ def main(argv: list[str] | None = None) -> int:
                 flags = train_flags(cfg, args, runs_dir, unique_name(runs_dir, f"{run_name(cfg)}-r{k}", taken), extra)
                 print(shlex.join(runner.command(cfg["world_size"], flags + ([] if seed is None else ["--seed", str(seed)]))))
         return 0
-    jobs, interrupted = sweep(configs, args, runner, extra, (runs_dir, logs_dir))
+    if state.jobs:
+        print(f"bench: continuing the sweep in {out}: {len(state.jobs)} job(s) that finished before are kept", flush=True)
+    with StopSignals() as signals:
+        try:
+            jobs, signum = sweep(configs, args, runner, extra, (runs_dir, logs_dir), state, signals)
+            code = finish(jobs, signum, configs, args, (runner, argv, out, state))
+        except RunError as exc:  # the state or an output that cannot be written
+            print(f"hvd_cifar: error: {exc}", file=sys.stderr)
+            return 2
+    if signals.came and not signum:
+        print(f"bench: {signal.Signals(signals.came[0]).name} came while the outputs were written; they are whole",
+              flush=True)
+        return 128 + signals.came[0]
+    return code
+
+
+def finish(jobs: list[dict], signum: int, configs: list[dict], args, where: tuple) -> int:
+    """Every output from the jobs that finished (marked interrupted when ``signum`` stopped the
+    sweep, its partial rounds said); the exit status."""
+    runner, argv, out, state = where
+    add_round_speedups(jobs)
+    partial = partial_rounds(jobs, configs, KEYS)
+    for job in jobs:
+        job["partial_round"] = job["round"] in partial
+    state.save(jobs, state.elapsed_s)
     found = compare_jobs(jobs, args)
     left = unresolved(found, args.resolve) if args.resolve else []
-    table = write_outputs(by_configuration(jobs, KEYS, FIGURES), jobs, found, header(args, runner, argv, jobs), out,
+    stopped = {"signal": signal.Signals(signum).name, "exit_status": 128 + signum,
+               "resume": f"python -m hvd_cifar.bench --resume {out}"} if signum else None
+    facts = SweepFacts(runner.describe(), argv, stopped, partial, state.compute, state.compute_from)
+    table = write_outputs(by_configuration(jobs, KEYS, FIGURES), jobs, found, header(args, facts, jobs), out,
                           args.resolve, left)
-    results_file = write_results_file(jobs, args, out, argv)
+    results_file = write_results_file(jobs, args, out, facts, lambda job: run_name({key: job[key] for key in KEYS}))
     print("\n" + table)
     for c in found:
         print(c.sentence)
     print(f"bench: table in {os.path.join(out, 'scaling.md')}, scaling.csv and runs.csv, every round in "
           f"{results_file}{', plot in scaling.png' if any(r['status'] == 'ok' for r in jobs) else ''}")
-    if interrupted:
-        return 130
+    if signum:
+        print(f"bench: interrupted by {stopped['signal']} after {len(jobs)} job(s); "
+              f"`{stopped['resume']}` runs the rest", flush=True)
+        return 128 + signum
     return 0 if all(r["status"] == "ok" or r.get("superseded") for r in jobs) else 1
-
-
-def header(args, runner, argv: list[str], jobs: list[dict]) -> list[str]:
-    rounds = max((j["round"] for j in jobs), default=0)
-    return ["# Scaling sweep\n",
-            f"`python -m hvd_cifar.bench {shlex.join(argv)}`\n",
-            f"{dt.datetime.now().isoformat(timespec='seconds')}; {runner.describe()}; "
-            f"{args.epochs} {'whole epoch(s)' if not args.steps else f'epoch(s) of {args.steps} steps per rank'}; "
-            f"data set {args.dataset}; {rounds} round(s), each configuration once per round in a rotated order"
-            f"{f', round k at seed k of {args.seeds}' if args.seeds else ''}"
-            f"{f'; target test accuracy {args.target_acc:.2%}' if args.target_acc else ''}.\n",
-            "Each cell: the median over the configuration's rounds and, with two or more, its 95 % interval "
-            "(t-interval of the logarithms; scipy.stats). Per job, times, img/s (all ranks) and bytes are means "
-            "over the epochs after the first when there are two or more; the median step time is the median of "
-            "each epoch's per-step wall times (rank 0). Step and sync times are per training step (sync: mean over "
-            "ranks). Bytes: gradient bytes one rank sends per step. Speedup: img/s over img/s of np=1 with the same "
-            "other settings in the same round; efficiency: speedup / np.\n"]
 
 
 if __name__ == "__main__":

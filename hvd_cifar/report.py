@@ -36,11 +36,12 @@ from hvd_cifar.analysis.plots import plot_compare, plot_run, plot_scaling
 from hvd_cifar.core.errors import PredictError, ReportError
 from hvd_cifar.core.names import RUN_IDENTITY
 from hvd_cifar.core.files import RunError, write_text
-from hvd_cifar.analysis.run_tables import (ASYNC_PS_COLUMNS, COMPARE_COLUMNS, EPOCH_COLUMNS, TARGET_CSV_COLUMNS, TARGET_NOTE,
-                                  classification_table, confusion_table, epoch_rows, with_target_columns)
+from hvd_cifar.analysis.run_tables import (ASYNC_PS_COLUMNS, COMPARE_COLUMNS, CONFIG_CSV_COLUMNS, EPOCH_COLUMNS,
+                                           TARGET_CSV_COLUMNS, TARGET_NOTE, classification_table, confusion_table,
+                                           epoch_rows, with_target_columns, with_work_columns)
 from hvd_cifar.runfolder.reader import METRICS, Run, load_run
-from hvd_cifar.analysis.summary import (MB, compare_rows, config_key, present_mean, rank_max, run_bytes, scaling_groups,
-                               summarize)
+from hvd_cifar.analysis.summary import (MB, baselines, compare_rows, compute_notes, present_mean, rank_max, run_bytes,
+                                        scaling_groups, summarize)
 from hvd_cifar.analysis.tabulate import Column, OneLineParser, fmt_number, markdown_table, num, text, write_csv
 
 
@@ -167,10 +168,10 @@ def time_went_section(runs: list[Run], rows: list[dict]) -> list[str]:
     """"Where the time went" for each multi-rank run with an np=1 run of its configuration among
     ``runs`` (hvd_cifar.analysis.explain: the split, and the model's answers for fp16, the schemes and
     gather/scatter)."""
-    singles = {config_key(r): run for run, r in zip(runs, rows) if r.get("world_size") == 1}
+    run_of = {id(row): run for run, row in zip(runs, rows)}
     lines = []
-    for run, row in zip(runs, rows):
-        single = singles.get(config_key(row))
+    for run, row, base in zip(runs, rows, baselines(rows, lambda r: True)):
+        single = run_of.get(id(base)) if base else None
         if not single or not isinstance(row.get("world_size"), int) or row["world_size"] < 2:
             continue
         try:
@@ -198,15 +199,18 @@ def compare_report(runs: list[Run], out: str) -> str:
     figures = plot_compare(runs, rows, out)
     if any(len(g) >= 2 for g in scaling_groups(rows).values()):
         figures.append(plot_scaling(rows, os.path.join(out, "scaling.png")))
-    write_csv(os.path.join(out, "compare.csv"), COMPARE_COLUMNS + TARGET_CSV_COLUMNS + [Column("path", "path")], rows)
+    write_csv(os.path.join(out, "compare.csv"),
+              COMPARE_COLUMNS + CONFIG_CSV_COLUMNS + TARGET_CSV_COLUMNS + [Column("path", "path")], rows)
     lines = ["# Run comparison\n",
             "Means and img/s are over all epochs but the first (warm-up) when a run has two or more. "
-            "Speedup = img/s / img/s of the np=1 run of the same model, dataset, batch size per rank, "
-            "sync, compression, local SGD steps, accumulation steps, freeze and precision (amp) among these "
-            "runs; efficiency = "
-            "speedup / np; '-' where there is no such run. Bytes: gradient bytes sent per rank.\n",
+            "Speedup = img/s / img/s of the np=1 run of the same model, data set (and its own keys: sizes, seed), "
+            "batch size per rank, sync, compression, local SGD steps, accumulation steps, freeze, precision and "
+            "other options that change the work among these runs (for a run whose precision compute: auto chose, "
+            "failing that, the np=1 run whose precision auto chose too); efficiency = speedup / np; '-' where "
+            "there is no such run. Bytes: gradient bytes sent per rank.\n",
             *([TARGET_NOTE] if any(r["target_acc"] for r in rows) else []),
-            markdown_table(with_target_columns(COMPARE_COLUMNS, rows), rows),
+            markdown_table(with_target_columns(with_work_columns(COMPARE_COLUMNS, rows), rows), rows),
+            *compute_notes(rows),
             *repeated_section(runs, rows, (*RUN_IDENTITY, "world_size")),
             *time_went_section(runs, rows), "## Figures\n",
             *[f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures],

@@ -1,8 +1,10 @@
 """hvd_cifar.bench for real: a 2-configuration horovodrun sweep (np 1 and 2, 3 whole epochs of
 configs/tiny.yaml with a 50 % target, which both reach), an mpirun sweep whose first
 configuration the trainer rejects and whose second misses its 99 % target, and a job that
-outlives its timeout. The scaling table is checked against the run folders' metrics.jsonl and
-eval.json with numbers computed here; a failure must be a row, not the end of the sweep."""
+outlives its timeout, and sweeps stopped by SIGINT and SIGTERM after their first job, then resumed.
+The scaling table is checked against the run folders' metrics.jsonl and eval.json with numbers
+computed here; a failure must be a row, not the end of the sweep, and an interruption must keep
+what finished."""
 from __future__ import annotations
 
 import json
@@ -10,8 +12,10 @@ import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +23,7 @@ import pytest
 
 from conftest import assert_png, md_table, read_csv, read_metrics, shown
 from hvd_cifar import bench
+from hvd_cifar.analysis import sweep_state
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.5  # configs/tiny.yaml passes it within 3 whole epochs at np=1 and np=2
@@ -414,7 +419,7 @@ def test_budget_ends_the_rounds_before_one_would_overrun_it(monkeypatch, capsys)
     """Jobs that take 20 s each (a fake clock), 2 per round, an unresolvable comparison, a budget
     of 3 minutes: rounds 1-4 end by 160 s; a fifth would end at 200 s, so the sweep stops at 4."""
     now = [0.0]
-    monkeypatch.setattr(bench.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(sweep_state.time, "monotonic", lambda: now[0])  # the sweep's clock
 
     def rate(cfg, k):
         now[0] += 20  # the job's time
@@ -423,3 +428,161 @@ def test_budget_ends_the_rounds_before_one_would_overrun_it(monkeypatch, capsys)
     jobs, _ = _sweep(["--np", "1", "2", "--repeats", "2", "--resolve", "0.05", "--budget", "3"])
     assert max(j["round"] for j in jobs) == 4
     assert "--budget 3 min ends the rounds after 4" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- interrupted, resumed
+def _jobs_until(monkeypatch, stop_at: int | None, rate_of, compute=lambda cfg, k: ("fp32", False)):
+    """bench.run_job replaced by a job that takes no time: img/s ``rate_of(cfg, k)``, computing in
+    ``compute(cfg, k)`` (setting, whether compute: auto chose it); the ``stop_at``-th call is
+    Ctrl-C while it runs. Returns the calls: (world size, round, the extra flags it was given)."""
+    calls = []
+
+    def fake(cfg, k, seed, args, runner, extra, dirs, taken):
+        calls.append((cfg["world_size"], k, list(extra)))
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        name = f"np{cfg['world_size']}-r{k}"
+        taken.add(name)
+        setting, auto = compute(cfg, k)
+        return {**cfg, "round": k, "seed": seed, "status": "ok", "images_per_s": rate_of(cfg, k),
+                "mean_epoch_time_s": 1.0, "seconds": 0.0, "error": "", "run": name, "run_dir": "",
+                "command": name, "stderr_file": "", "compute": setting, "compute_auto": auto}
+    monkeypatch.setattr(bench, "run_job", fake)
+    return calls
+
+
+def test_an_interrupted_sweep_keeps_its_jobs_marks_the_partial_round_and_continues(monkeypatch, tmp_path, capsys):
+    """Ctrl-C during round 3's second job: the outputs hold the five jobs that finished, round 3 is
+    partial, the np 2 vs 1 comparison pairs rounds 1 and 2 only; the same command into the same
+    folder then runs the one job missing and nothing else."""
+    from hvd_cifar.measure import stats
+    rate = lambda cfg, k: 100.0 * (1.8 + 0.1 * k if cfg["world_size"] == 2 else 1 + 0.05 * k)
+    argv = ["--np", "1", "2", "--repeats", "3", "--repeat-disturbed", "false", "--out", str(tmp_path)]
+    calls = _jobs_until(monkeypatch, 6, rate)
+    assert bench.main(argv) == 130
+    jobs = read_csv(tmp_path / "runs.csv")
+    assert [(j["round"], j["world_size"], j["partial_round"]) for j in jobs] == [
+        ("1", "1", "false"), ("1", "2", "false"), ("2", "2", "false"), ("2", "1", "false"), ("3", "1", "true")]
+    text = (tmp_path / "scaling.md").read_text()
+    assert "**Interrupted** by SIGINT" in text and f"--resume {tmp_path}" in text and "Partial round(s) 3" in text
+    paired = stats.ratio_interval([rate({"world_size": 2}, k) for k in (1, 2)], [rate({"world_size": 1}, k) for k in (1, 2)])
+    assert f"- {stats.ratio_sentence('np 2 vs 1: img/s', paired)}" in text
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["interrupted"]["signal"] == "SIGINT" and saved["interrupted"]["exit_status"] == 130
+    assert saved["partial_rounds"] == [3] and len(saved["rounds"]) == 5
+    assert [r["world_size"] for r in read_csv(tmp_path / "scaling.csv")] == ["1", "2"]
+    assert_png(tmp_path / "scaling.png")
+    capsys.readouterr()
+    calls.clear()
+    assert bench.main(argv) == 0
+    assert [(n, k) for n, k, _ in calls] == [(2, 3)]  # only round 3's missing job
+    assert "5 job(s) that finished before are kept" in capsys.readouterr().out
+    jobs = read_csv(tmp_path / "runs.csv")
+    assert len(jobs) == 6 and all(j["partial_round"] == "false" for j in jobs)
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["interrupted"] is None and saved["partial_rounds"] == [] and len(saved["rounds"]) == 6
+    assert "Interrupted" not in (tmp_path / "scaling.md").read_text()
+
+
+def test_another_sweep_into_the_folder_of_an_interrupted_one_is_refused(monkeypatch, tmp_path, capsys):
+    _jobs_until(monkeypatch, 2, lambda cfg, k: 100.0)
+    assert bench.main(["--np", "1", "2", "--repeats", "1", "--out", str(tmp_path)]) == 130
+    capsys.readouterr()
+    assert bench.main(["--np", "1", "4", "--repeats", "1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out: {tmp_path} holds another sweep (started with other np)" in err, err
+    (tmp_path / "sweep-state.json").write_text('{"version": 1, "argv": [], "jobs": "no"}')
+    assert bench.main(["--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hvd_cifar: error: ") and "not a sweep's state" in err, err
+    assert bench.main(["--resume", str(tmp_path), "--np", "2"]) == 2
+    assert "--resume: give it alone" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_the_sweep_holds_the_compute_setting_auto_chose_first(monkeypatch, tmp_path, same, capsys):
+    """The first job's compute: auto chose bf16: the later jobs get --compute bf16 (each its own
+    choice with --same-compute false, which here differs: said under the table)."""
+    calls = _jobs_until(monkeypatch, None, lambda cfg, k: 100.0 * cfg["world_size"] + k,
+                        compute=lambda cfg, k: ("bf16" if same or cfg["world_size"] == 1 else "fp32", True))
+    assert bench.main(["--np", "1", "2", "--repeats", "2", "--repeat-disturbed", "false", "--same-compute",
+                       str(same).lower(), "--out", str(tmp_path)]) == 0
+    assert calls[0][2] == []
+    assert all(extra == (["--compute", "bf16"] if same else []) for _, _, extra in calls[1:])
+    text = (tmp_path / "scaling.md").read_text()
+    assert ("compute: auto chose bf16 in np1-r1; the other jobs run with `--compute bf16`" in text) == same
+    assert ("compute differs between this sweep's jobs: bf16 in np1-r1, np1-r2; fp32 in np2-r1, np2-r2" in text) != same
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["compute_held"] == ({"setting": "bf16", "chosen_in": "np1-r1"} if same else None)
+
+
+def _until(condition, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow  # real launcher jobs
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_after_the_first_job_keeps_it_and_resume_runs_the_rest(signum, tmp_path):
+    """A real sweep of np 1 and 2 stopped by SIGINT or SIGTERM while its second job runs: that job
+    is stopped, the outputs (the four files and the plot) hold the first, marked interrupted, and
+    the exit status is 128 + the signal's. ``--resume`` then runs the np 2 job alone, with the
+    compute setting compute: auto chose in the first held (--compute), and leaves the first's
+    run folder as it was."""
+    out, env = tmp_path / "sweep", dict(os.environ, HVD_CIFAR_CACHE_DIR=str(tmp_path / "cache"))
+    argv = ["--np", "1", "2", "--repeats", "1", "--steps", "3", "--epochs", "2", "--dataset", "digits",
+            "--repeat-disturbed", "false", "--extra", "--config configs/tiny.yaml --compute auto", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_cifar.bench", *argv], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell starts it
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(lambda: proc.stdout.read(1), "")), daemon=True)
+    reader.start()
+    try:
+        _until(lambda: "[round 1, 2/2]" in "".join(said), 300, "the first job to end")
+        _until(lambda: any(out.glob("runs/*np2*/config.yaml")) or proc.poll() is not None, 120, "the second job to start")
+        assert proc.poll() is None, "".join(said)
+        proc.send_signal(signum)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    text = "".join(said)
+    assert code == 128 + signum, text
+    (first,) = read_csv(out / "runs.csv")
+    assert first["world_size"] == "1" and first["status"] == "ok" and first["partial_round"] == "true"
+    assert [r["world_size"] for r in read_csv(out / "scaling.csv")] == ["1"]
+    md = (out / "scaling.md").read_text()
+    assert [r["np"] for r in md_table(md, "# Scaling sweep")] == ["1"]
+    assert f"**Interrupted** by {signal.Signals(signum).name}" in md and "Partial round(s) 1" in md
+    saved = json.loads((out / "bench.json").read_text())
+    assert saved["interrupted"]["signal"] == signal.Signals(signum).name and len(saved["rounds"]) == 1
+    assert_png(out / "scaling.png")
+    _until(lambda: not _processes_mentioning(str(out / "runs")), 30, "the stopped job's processes to end")
+    np1_dir = Path(first["run_dir"])
+    chose = (np1_dir / "config.yaml").read_text().split("compute: ", 1)[1].split()[0]
+    assert json.loads((np1_dir / "meta.json").read_text())["compute_choice"]["how"].startswith("auto")
+    assert f"compute: auto chose {chose} in {np1_dir.name}" in text
+    before = (np1_dir / "metrics.jsonl").read_bytes(), (np1_dir / "metrics.jsonl").stat().st_mtime_ns
+
+    done = subprocess.run([sys.executable, "-m", "hvd_cifar.bench", "--resume", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"\[round 1, 1/2\] \S+np1\S+ \.\.\. ok \(earlier, ", done.stdout), done.stdout
+    jobs = read_csv(out / "runs.csv")
+    assert [(j["world_size"], j["status"], j["partial_round"]) for j in jobs] == [("1", "ok", "false"),
+                                                                                  ("2", "ok", "false")]
+    assert jobs[0]["run_dir"] == str(np1_dir) and jobs[0]["command"] == first["command"]
+    assert ((np1_dir / "metrics.jsonl").read_bytes(), (np1_dir / "metrics.jsonl").stat().st_mtime_ns) == before
+    assert len(list(out.glob("runs/*np1*"))) == 1  # the np 1 job ran once
+    assert jobs[1]["command"].endswith(f"--compute {chose}")
+    assert json.loads((Path(jobs[1]["run_dir"]) / "meta.json").read_text())["compute_choice"]["how"] == "named in the config"
+    rates = [expected(Path(j["run_dir"]))["images_per_s"] for j in jobs]
+    rows = read_csv(out / "scaling.csv")
+    assert math.isclose(float(rows[1]["speedup"]), rates[1] / rates[0], rel_tol=1e-9)
+    saved = json.loads((out / "bench.json").read_text())
+    assert saved["interrupted"] is None and saved["partial_rounds"] == [] and len(saved["rounds"]) == 2
+    assert "Interrupted" not in (out / "scaling.md").read_text()

@@ -502,3 +502,67 @@ def test_repeated_runs_are_grouped_with_intervals_and_compared_paired_by_seed(tm
     diff = stats.difference_interval(accs[2], accs[1], scale=100)
     assert f"({diff.low:+.2f} to {diff.high:+.2f} points, 95 % CI, 3 seeds" in section
     assert "one run's standard error on 400 test images" in section
+
+
+def _throughput_runs(folder: Path, runs: dict[str, tuple[int, float, dict]]) -> dict[str, Path]:
+    """Run folders of three epochs: name -> (world size, img/s factor, config.yaml keys)."""
+    paths = {}
+    for name, (np_, factor, config) in runs.items():
+        records = [epoch_record(e, np_) for e in range(3)]
+        for r in records:
+            r["images_per_s"] *= factor
+        paths[name] = write_run(folder / name, records, config=config)
+    return paths
+
+
+def test_runs_of_the_generated_data_set_at_other_sizes_are_kept_apart(tmp_path):
+    """Two shapes runs generated with different shapes_train are two configurations: no speed-up
+    between them, a data column that says why; the same shapes_train at np 2 has its speed-up."""
+    shapes = {"dataset": "shapes", "shapes_test": 100, "shapes_seed": 0}
+    paths = _throughput_runs(tmp_path, {"np1-500": (1, 1.0, {**shapes, "shapes_train": 500}),
+                                        "np2-2000": (2, 1.7, {**shapes, "shapes_train": 2000}),
+                                        "np2-500": (2, 1.9, {**shapes, "shapes_train": 500})})
+    out = tmp_path / "compare"
+    assert report.main([str(paths[n]) for n in ("np1-500", "np2-2000")] + ["--out", str(out)]) == 0
+    rows = {r["run"]: r for r in read_csv(out / "compare.csv")}
+    assert rows["np2-2000"]["speedup"] == "" and rows["np2-2000"]["efficiency"] == ""
+    assert rows["np1-500"]["data"] != rows["np2-2000"]["data"]
+    assert "2000" in rows["np2-2000"]["data"] and "500" in rows["np1-500"]["data"]
+    md = {r["run"]: r for r in md_table((out / "compare.md").read_text(), "# Run comparison")}
+    assert md["np2-2000"]["speedup vs np=1"] == "-" and "2000" in md["np2-2000"]["data set keys"]
+    assert not (out / "scaling.png").exists()  # no configuration at two world sizes
+    same = tmp_path / "same"
+    assert report.main([str(paths[n]) for n in ("np1-500", "np2-500")] + ["--out", str(same)]) == 0
+    rows = {r["run"]: r for r in read_csv(same / "compare.csv")}
+    want = expected(metrics(paths["np2-500"]))["images_per_s"] / expected(metrics(paths["np1-500"]))["images_per_s"]
+    assert math.isclose(float(rows["np2-500"]["speedup"]), want, rel_tol=1e-9)
+
+
+def _auto_chose(run: Path, setting: str, how: str = "auto: fastest of 2 timed on this device") -> None:
+    """meta.json and config.yaml as the trainer leaves them after compute: auto chose ``setting``."""
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "compute_choice": {"setting": setting, "how": how}}))
+
+
+def test_differing_automatic_compute_choices_are_said_and_the_speedup_shown(tmp_path):
+    """compute: auto took fp32 at np 1 and bf16 at np 2: the np 2 run's speed-up is against the np 1
+    run all the same, and one line under the table names both runs and their choices. A bf16 run
+    whose precision was named (not chosen) has no fp32 baseline."""
+    paths = _throughput_runs(tmp_path, {"np1": (1, 1.0, {"compute": "fp32", "amp": "none"}),
+                                        "np2": (2, 2.2, {"compute": "bf16", "amp": "bf16"}),
+                                        "np2-named": (2, 2.1, {"compute": "bf16", "amp": "bf16"})})
+    _auto_chose(paths["np1"], "fp32")
+    _auto_chose(paths["np2"], "bf16")
+    _auto_chose(paths["np2-named"], "bf16", how="named in the config")
+    out = tmp_path / "compare"
+    assert report.main([str(p) for p in paths.values()] + ["--out", str(out)]) == 0
+    rows = {r["run"]: r for r in read_csv(out / "compare.csv")}
+    want = expected(metrics(paths["np2"]))["images_per_s"] / expected(metrics(paths["np1"]))["images_per_s"]
+    assert math.isclose(float(rows["np2"]["speedup"]), want, rel_tol=1e-9)
+    assert rows["np2-named"]["speedup"] == ""
+    text = (out / "compare.md").read_text()
+    md = {r["run"]: r for r in md_table(text, "# Run comparison")}
+    shown(md["np2"]["speedup vs np=1"], want, 2)
+    after = text.split("# Run comparison", 1)[1].split("\n\n|", 1)[1]  # what follows the table
+    (line,) = [ln for ln in after.splitlines() if ln.startswith("compute differs between runs compared")]
+    assert "np1" in line and "fp32" in line and "np2" in line and "bf16" in line and "np2-named" not in line

@@ -60,13 +60,31 @@ EPOCH_COLUMNS = [
     num("peak GPU mem/rank (MB)", "gpu_mem_peak_bytes", ".0f", MB),
 ]
 
+
+def compute_cell(row: dict) -> str:
+    """The precision and layout a run computed in, ``(auto)`` when compute: auto chose them."""
+    return f"{row.get('compute', '-')}{' (auto)' if row.get('compute_auto') else ''}"
+
+
 CONFIG_COLUMNS = [
     Column("run", "run"), Column("model", "model"), Column("dataset", "dataset"),
     Column("sync", "sync"), Column("np", "world_size"), Column("batch/rank", "batch_size"),
     Column("fp16 allreduce", "fp16_allreduce"), Column("compression", "compression"),
     Column("local SGD steps", "local_sgd_steps"), Column("accum steps", "accumulation_steps"),
-    Column("freeze", "freeze"), Column("amp", "amp"),
+    Column("freeze", "freeze"), Column("compute", "compute", row_fmt=compute_cell),
 ]
+# The data set's own keys and the other options that change the work (analysis.summary's
+# ``data`` and ``options``): in the Markdown tables when some run has one, in the CSV files always.
+WORK_COLUMNS = [Column("data set keys", "data"), Column("other options", "options")]
+CONFIG_CSV_COLUMNS = [*WORK_COLUMNS, Column("amp", "amp"), Column("compute_auto", "compute_auto"),
+                      Column("speedup_baseline", "speedup_baseline")]
+
+
+def with_work_columns(columns: list[Column], rows: list[dict]) -> list[Column]:
+    """``columns`` (CONFIG_COLUMNS first) with WORK_COLUMNS after them where some row has one."""
+    shown = [c for c in WORK_COLUMNS if any(row.get(c.key) for row in rows)]
+    return columns[:len(CONFIG_COLUMNS)] + shown + columns[len(CONFIG_COLUMNS):]
+
 
 COMPARE_COLUMNS = CONFIG_COLUMNS + [
     Column("epochs", "epochs"),

@@ -9,9 +9,14 @@ How the numbers are made:
 * img/s over several epochs is (images) / (seconds), summed over the steady-state epochs,
   counting the images of all ranks.
 * speedup = img/s of a run / img/s of the run with world size 1 of the same configuration
-  (core.names.RUN_IDENTITY: model, dataset, batch size per rank, sync, compression, local SGD
-  steps, accumulation steps, freeze, precision)
-  among the inputs (the first one given, if several); efficiency = speedup / world size.
+  (core.names.RUN_IDENTITY: model, dataset and the data set's own keys (``data``: the generated
+  set's sizes and seed, the synthetic set's size), batch size per rank, sync, compression,
+  local SGD steps, accumulation steps, freeze, precision, and the other keys that change what a
+  step computes (``options``: a scheme's own settings, BatchNorm, augmentation, the parameter
+  servers)) among the inputs (the first one given, if several); efficiency = speedup / world size.
+  A run whose precision ``compute: auto`` chose and that has no such run is measured against
+  the np=1 run of the same configuration whose precision auto chose too, whatever it chose: the
+  row names its ``speedup_baseline``, and ``compute_notes`` says where the two computed otherwise.
   Throughput rather than epoch time, because with --max-steps-per-epoch each rank runs the
   same number of steps whatever the world size, so an epoch holds N times more images.
 * per-rank and per-host figures (``{rank or host: value}`` in metrics.jsonl: CPU, memory, NIC
@@ -32,13 +37,20 @@ import json
 import math
 import os
 import statistics
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from hvd_cifar.core.names import RUN_IDENTITY
+from hvd_cifar.compress import registry
+from hvd_cifar.core.config import COMPUTE_SETTINGS, FIELDS
+from hvd_cifar.core.names import RUN_IDENTITY, runs_a_scheme
 from hvd_cifar.runfolder import reader
 from hvd_cifar.runfolder.reader import TARGET_KEYS, Run
 
 MB = 1e6  # bytes
+# The data set's own keys, by data set (the others are read from files and have none).
+DATA_KEYS = {"shapes": ("shapes_train", "shapes_test", "shapes_seed"), "synthetic": ("synthetic_size",)}
+# Keys outside the identity's named ones that change what a step computes, when they are not at
+# their default: the model's BatchNorm, augmentation.
+WORK_KEYS = ("batchnorm", "augment")
 
 
 def value(record: dict, key: str) -> float:
@@ -123,7 +135,52 @@ def setting(run: Run, key: str) -> Any:
         return run.config.get(key, 1)
     if key == "amp":
         return run.config.get(key, "none")
+    if key == "data":
+        return data_keys(run.config)
+    if key == "options":
+        return work_options(run.config)
     return run.config.get(key, last.get(key))
+
+
+def _saved(config: dict, key: str) -> Any:
+    """A key of a saved config.yaml, or its default when the run was saved before it existed."""
+    return config.get(key, FIELDS[key].default)
+
+
+def data_keys(config: dict) -> str:
+    """The data set's own keys as one cell (``shapes_train=500, shapes_test=100, shapes_seed=0``);
+    '' for a data set read from files."""
+    dataset = config.get("dataset")
+    return ", ".join(f"{k}={_saved(config, k)}" for k in (DATA_KEYS.get(dataset, ()) if isinstance(dataset, str) else ()))
+
+
+def work_options(config: dict) -> str:
+    """The keys beside the identity's named ones that change the work, where they are not at their
+    default, as one cell: WORK_KEYS, the scheme's own settings (and its warm-up), the parameter
+    servers of mpi-async-ps; '' when there are none."""
+    keys = [k for k in WORK_KEYS if _saved(config, k) != FIELDS[k].default]
+    compression, local_steps = config.get("compression", "none"), config.get("local_sgd_steps", 1)
+    if compression in registry.names():
+        keys += [k for k, default in registry.defaults(compression).items() if config.get(k, default) != default]
+        if (runs_a_scheme(compression, local_steps if isinstance(local_steps, int) else 1)
+                and _saved(config, "compression_warmup_steps") != FIELDS["compression_warmup_steps"].default):
+            keys.append("compression_warmup_steps")
+    if config.get("sync") == "mpi-async-ps" and _saved(config, "ps_servers") != FIELDS["ps_servers"].default:
+        keys.append("ps_servers")
+    return ", ".join(f"{k}={config.get(k)}" for k in keys)
+
+
+def compute_of(run: Run) -> tuple[str, bool]:
+    """The precision and layout a run computed in (config.yaml's resolved ``compute``; for a run
+    saved before it, its amp and channels_last) and whether ``compute: auto`` chose it
+    (meta.json's ``compute_choice``)."""
+    choice = run.meta.get("compute_choice")
+    how = choice.get("how") if isinstance(choice, dict) else None
+    setting_ = run.config.get("compute")
+    if not isinstance(setting_, str) or setting_ not in COMPUTE_SETTINGS:
+        given = (run.config.get("amp", "none"), bool(run.config.get("channels_last", False)))
+        setting_ = next((s for s, v in COMPUTE_SETTINGS.items() if v == given), str(setting_))
+    return setting_, isinstance(how, str) and how.startswith("auto")
 
 
 def time_to_target(run: Run) -> dict:
@@ -142,6 +199,7 @@ def summarize(run: Run) -> dict:
     steady = steady_epochs(m)
     images = [value(r, "images_per_s") * value(r, "epoch_time_s") for r in steady]
     row = {"run": run.name, **{k: setting(run, k) for k in (*RUN_IDENTITY, "fp16_allreduce")}}
+    row["compute"], row["compute_auto"] = compute_of(run)
     row.update({
         "world_size": setting(run, "world_size"),
         "epochs": len(m),
@@ -176,35 +234,70 @@ def config_key(row: dict) -> tuple:
     return tuple(str(row.get(k)) for k in RUN_IDENTITY)
 
 
+def _auto_key(row: dict) -> tuple:
+    """The configuration but for the precision, for a run whose precision compute: auto chose."""
+    return tuple(str(row.get(k)) for k in RUN_IDENTITY if k != "amp")
+
+
+def baselines(rows: list[dict], usable: Callable[[dict], bool],
+              also: Callable[[dict], Any] = lambda row: None) -> list[dict | None]:
+    """Each row's np=1 row (None: none): the first ``usable`` world-size-1 row of the same
+    configuration (and the same ``also``); for a row whose precision compute: auto chose,
+    failing that, the first such row of the same configuration but for the precision, which
+    compute: auto chose too (its choice may differ by world size: ``compute_notes`` says so)."""
+    exact: dict[tuple, dict] = {}
+    auto: dict[tuple, dict] = {}
+    for row in rows:
+        if row.get("world_size") == 1 and usable(row):
+            exact.setdefault((config_key(row), also(row)), row)
+            if row.get("compute_auto"):
+                auto.setdefault((_auto_key(row), also(row)), row)
+    return [exact.get((config_key(r), also(r))) or (auto.get((_auto_key(r), also(r))) if r.get("compute_auto") else None)
+            for r in rows]
+
+
 def add_speedup(rows: list[dict]) -> None:
-    """Fill ``speedup`` and ``efficiency`` in place against the first world-size-1 row of the
-    same configuration; NaN where there is none (or the row has no throughput)."""
-    baselines: dict[tuple, float] = {}
-    for row in rows:
-        if row.get("world_size") == 1 and not math.isnan(row.get("images_per_s", math.nan)):
-            baselines.setdefault(config_key(row), row["images_per_s"])
-    for row in rows:
-        base = baselines.get(config_key(row))
+    """Fill ``speedup`` and ``efficiency`` in place against each row's np=1 row (``baselines``),
+    named in ``speedup_baseline``; NaN where there is none (or the row has no throughput).
+    ``compute_differs``: the two computed in another precision or layout."""
+    has_rate = lambda row: not math.isnan(row.get("images_per_s", math.nan))
+    for row, base in zip(rows, baselines(rows, has_rate)):
         ips, n = row.get("images_per_s", math.nan), row.get("world_size")
-        if base and isinstance(n, int) and not math.isnan(ips):
-            row["speedup"] = ips / base
+        if base and base["images_per_s"] and isinstance(n, int) and not math.isnan(ips):
+            row["speedup"] = ips / base["images_per_s"]
             row["efficiency"] = row["speedup"] / n
         else:
             row["speedup"] = row["efficiency"] = math.nan
+        row["speedup_baseline"] = base.get("run", "") if base and not math.isnan(row["speedup"]) else ""
+        row["compute_differs"] = bool(row["speedup_baseline"]) and base.get("compute") != row.get("compute")
     add_target_speedup(rows)
 
 
+def compute_notes(rows: list[dict]) -> list[str]:
+    """One line per np=1 run that runs computing otherwise have their speed-up against
+    (``add_speedup``: compute: auto may choose differently by world size), naming the runs and
+    their choices; none when every speed-up is between runs that computed alike."""
+    by_name = {row.get("run"): row for row in rows}
+    differ: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("compute_differs") and row.get("speedup_baseline") in by_name:
+            differ.setdefault(row["speedup_baseline"], []).append(row)
+
+    def said(row: dict) -> str:
+        how = " (chosen by compute: auto)" if row.get("compute_auto") else ""
+        return f"{row['run']} (np={row.get('world_size')}) {row.get('compute')}{how}"
+    return [f"compute differs between runs compared: {said(by_name[base])} against "
+            f"{'; '.join(said(r) for r in others)}; the speed-up includes that difference "
+            f"(the same --compute for each compares like with like).\n" for base, others in differ.items()]
+
+
 def add_target_speedup(rows: list[dict]) -> None:
-    """Fill ``target_speedup`` in place: time to target of the first world-size-1 row of the same
-    configuration and target / the row's; NaN unless both reached the target, with
+    """Fill ``target_speedup`` in place: time to target of the row's np=1 row of the same target
+    (``baselines``) / the row's; NaN unless both reached the target, with
     ``target_speedup_note`` saying why ('' when there is a number, and for rows without the
     target keys: a failed bench job)."""
-    baselines: dict[tuple, dict] = {}
-    for row in rows:
-        if row.get("world_size") == 1 and row.get("target_acc"):
-            baselines.setdefault((config_key(row), row["target_acc"]), row)
-    for row in rows:
-        base = baselines.get((config_key(row), row.get("target_acc")))
+    bases = baselines(rows, lambda row: bool(row.get("target_acc")), also=lambda row: row.get("target_acc"))
+    for row, base in zip(rows, bases):
         note = target_speedup_note(row, base) if "target_acc" in row else ""
         reached = "target_acc" in row and not note
         row["target_speedup"] = base["time_to_target_s"] / row["time_to_target_s"] if reached else math.nan

@@ -1,12 +1,18 @@
-"""What ``hvd_cifar.bench`` leaves in its output folder: scaling.md (the table, each cell the
-median over the rounds with its 95 % interval; the comparisons as sentences; unstable
+"""What ``hvd_cifar.bench`` leaves in its output folder: scaling.md (how the sweep ran, whether it
+was interrupted and which rounds it left partial, the compute setting it held; the table, each
+cell the median over the rounds with its 95 % interval; the comparisons as sentences; unstable
 configurations, disturbed and failed jobs), scaling.csv (one row per configuration: medians,
-FIGURE_low and FIGURE_high), runs.csv (one row per job, every round) and scaling.png (img/s
-and epoch time against np, with the intervals as error bars)."""
+FIGURE_low and FIGURE_high), runs.csv (one row per job, every round), bench.json (every job as
+a round of a results file, hvd_cifar.measure.results) and scaling.png (img/s and epoch time
+against np, with the intervals as error bars). Each is written whole or not at all."""
 from __future__ import annotations
 
+import argparse
+import datetime as dt
 import os
-from dataclasses import replace
+import shlex
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from hvd_cifar.analysis.plots import plot_scaling
 from hvd_cifar.analysis.run_tables import (
@@ -17,7 +23,9 @@ from hvd_cifar.analysis.run_tables import (
 from hvd_cifar.analysis.summary import MB
 from hvd_cifar.analysis.sweep import Comparison
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num, write_csv
+from hvd_cifar.core.files import write_text
 from hvd_cifar.measure import stats
+from hvd_cifar.measure.results import Figure, Results
 
 STDERR_TAIL_LINES = 20
 # The time-to-target columns (run_tables.TARGET_COLUMNS) go between these and the status when there
@@ -44,7 +52,8 @@ CSV_COLUMNS = SCALING_COLUMNS + TARGET_CSV_COLUMNS + [
     Column("run_dir", "run_dir"), Column("error", "error"), Column("stderr", "stderr_file"),
     Column("command", "command")]
 JOB_COLUMNS = [Column("round", "round"), Column("seed", "seed"), *SCALING_COLUMNS, *TARGET_CSV_COLUMNS, STATUS_COLUMN,
-               Column("disturbed", "disturbed"), Column("superseded", "superseded"),
+               Column("partial_round", "partial_round"), Column("compute", "compute"),
+               Column("compute_auto", "compute_auto"), Column("disturbed", "disturbed"), Column("superseded", "superseded"),
                Column("steal_share", "steal_share"), Column("foreign_cpus", "foreign_cpus"),
                Column("load_average", "load_average"), Column("run", "run"), Column("elapsed_s", "elapsed_s"),
                Column("run_dir", "run_dir"), Column("error", "error"), Column("stderr", "stderr_file"),
@@ -98,6 +107,20 @@ def comparison_lines(found: list[Comparison], margin: float, unresolved_left: li
     return lines + ([""] if unresolved_left else [])
 
 
+def compute_lines(jobs: list[dict]) -> list[str]:
+    """A line under the table when the jobs computed in different settings (each decided its own
+    compute: auto, --same-compute false), naming which ran in which."""
+    ran: dict[str, list[str]] = {}
+    for job in jobs:
+        if job.get("status") == "ok" and not job.get("superseded") and job.get("compute"):
+            ran.setdefault(job["compute"], []).append(job["run"])
+    if len(ran) < 2:
+        return []
+    where = "; ".join(f"{setting} in {', '.join(runs)}" for setting, runs in ran.items())
+    return [f"compute differs between this sweep's jobs: {where}; the speed-ups and comparisons between them "
+            f"include that difference.\n"]
+
+
 def noise_lines(configs: list[dict], jobs: list[dict]) -> list[str]:
     lines = []
     for row in configs:
@@ -123,6 +146,7 @@ def write_outputs(configs: list[dict], jobs: list[dict], found: list[Comparison]
     if ok:
         plot_scaling(ok, os.path.join(out, "scaling.png"))
     lines = [*header, *([TARGET_NOTE] if any(r.get("target_acc") for r in configs) else []), table]
+    lines += compute_lines(jobs)
     lines += ["![scaling](scaling.png)\n"] if ok else ["No configuration finished; no plot.\n"]
     lines += comparison_lines(found, margin, unresolved_left or []) + noise_lines(configs, jobs)
     failed = [r for r in jobs if r["status"] != "ok"]
@@ -133,7 +157,71 @@ def write_outputs(configs: list[dict], jobs: list[dict], found: list[Comparison]
                       *([f"Error: {r['error']}\n"] if r.get("error") else []),
                       f"Last lines of stderr (all of it: `{r['stderr_file']}`):\n",
                       "```", tail(r["stderr_file"]) or "(empty)", "```\n"]
-    with open(os.path.join(out, "scaling.md"), "w") as f:
-        f.write("\n".join(lines))
+    write_text(os.path.join(out, "scaling.md"), "\n".join(lines))
     return table
+
+
+@dataclass
+class SweepFacts:
+    """What scaling.md's header and bench.json say of how the sweep ran, beside its jobs."""
+    where: str                 # the runner's description
+    argv: list[str]            # the options it was started with
+    stopped: dict | None       # the signal that interrupted it: signal, exit_status, resume (None: it ended)
+    partial: list[int]         # the rounds some configuration's job is missing from
+    compute: str | None        # the setting held across the jobs ("" / None: none held)
+    compute_from: str          # the job whose compute: auto chose it
+
+
+def status_lines(facts: SweepFacts, jobs: list[dict]) -> list[str]:
+    """scaling.md's lines on an interruption, partial rounds and the compute setting held."""
+    lines = []
+    if facts.stopped:
+        lines.append(f"**Interrupted** by {facts.stopped['signal']}: these tables hold the {len(jobs)} job(s) that "
+                     f"finished; `{facts.stopped['resume']}` runs the rest.\n")
+    if facts.partial:
+        lines.append(f"Partial round(s) {', '.join(map(str, facts.partial))}: some configurations have no job "
+                     f"there; comparisons pair only the rounds both sides ran in.\n")
+    if facts.compute:
+        lines.append(f"compute: auto chose {facts.compute} in {facts.compute_from}; the other jobs run with "
+                     f"`--compute {facts.compute}` (`--same-compute false`: each job decides).\n")
+    return lines
+
+
+def header(args, facts: SweepFacts, jobs: list[dict]) -> list[str]:
+    rounds = max((j["round"] for j in jobs), default=0)
+    return ["# Scaling sweep\n",
+            f"`python -m hvd_cifar.bench {shlex.join(facts.argv)}`\n",
+            f"{dt.datetime.now().isoformat(timespec='seconds')}; {facts.where}; "
+            f"{args.epochs} {'whole epoch(s)' if not args.steps else f'epoch(s) of {args.steps} steps per rank'}; "
+            f"data set {args.dataset}; {rounds} round(s), each configuration once per round in a rotated order"
+            f"{f', round k at seed k of {args.seeds}' if args.seeds else ''}"
+            f"{f'; target test accuracy {args.target_acc:.2%}' if args.target_acc else ''}.\n",
+            *status_lines(facts, jobs),
+            "Each cell: the median over the configuration's rounds and, with two or more, its 95 % interval "
+            "(t-interval of the logarithms; scipy.stats). Per job, times, img/s (all ranks) and bytes are means "
+            "over the epochs after the first when there are two or more; the median step time is the median of "
+            "each epoch's per-step wall times (rank 0). Step and sync times are per training step (sync: mean over "
+            "ranks). Bytes: gradient bytes one rank sends per step. Speedup: img/s over img/s of np=1 with the same "
+            "other settings in the same round; efficiency: speedup / np.\n"]
+
+
+def write_results_file(jobs: list[dict], args, out: str, facts: SweepFacts, label: Callable[[dict], str]) -> str:
+    """Every job into OUT/bench.json (measure.results: the same schema as the project's benchmarks),
+    ``label``: a job's configuration's name; whether the sweep was interrupted, its partial rounds."""
+    results = Results("bench", argparse.Namespace(**{**vars(args), "results": out, "tag": ""}),
+                      {key: Figure(key) for key in FIGURES}, argv=facts.argv)
+    for job in jobs:
+        info = {k: job[k] for k in ("seed", "disturbed", "superseded", "partial_round", "compute", "steal_share",
+                                    "foreign_cpus", "run") if job.get(k) is not None}
+        if job.get("superseded"):  # kept, left out of the summary: its repeat counts
+            results.fail(job["round"], label(job), "disturbed; run again, the repeat counted", **info)
+        elif job["status"] == "ok":
+            results.add(job["round"], label(job), {k: job[k] for k in FIGURES if isinstance(job.get(k), (int, float))},
+                        **info)
+        else:
+            results.fail(job["round"], label(job), job["status"], **info)
+    results.data.update(interrupted=facts.stopped, partial_rounds=facts.partial,
+                        compute_held={"setting": facts.compute, "chosen_in": facts.compute_from} if facts.compute
+                        else None)
+    return results.write()
 

@@ -18,11 +18,14 @@ SCHEME_SYNC_METHODS = ("horovod", "ddp")  # the sync methods that run local SGD 
 # A run's identity: the config keys that make two runs the same configuration, world size being
 # what differs between them (a scaling group, a speed-up's baseline). Every table and report
 # groups runs by these (hvd_cifar.analysis.summary.config_key); a run saved before a key existed
-# reads as that key's default (summary.setting). The precision (amp: what compute chose) is in
-# it, the memory layout is not: a bf16 run is no baseline for an fp32 one, while compute: auto may
-# pick another layout at another thread count for the same arithmetic.
-RUN_IDENTITY = ("model", "dataset", "batch_size", "sync", "compression", "local_sgd_steps", "accumulation_steps",
-                "freeze", "amp")
+# reads as that key's default (summary.setting). ``data`` is the data set's own keys (the
+# generated set's sizes and seed, the synthetic set's size), ``options`` the other keys that
+# change what a step computes (summary.work_options). The precision (amp: what compute chose) is
+# in it, the memory layout is not: a bf16 run is no baseline for an fp32 one, while compute: auto
+# may pick another layout at another thread count for the same arithmetic (and another precision:
+# summary.baselines).
+RUN_IDENTITY = ("model", "dataset", "data", "batch_size", "sync", "compression", "options", "local_sgd_steps",
+                "accumulation_steps", "freeze", "amp")
 
 # The phases of a training step, in order; each epoch record has a <phase>_time_s per phase.
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
