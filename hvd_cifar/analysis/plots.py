@@ -219,10 +219,13 @@ def config_label(row: dict) -> str:
 
 def _error_bars(group: list[dict], key: str) -> list[list[float]] | None:
     """Distances from each point down to ``KEY_low`` and up to ``KEY_high`` (a sweep's 95 %
-    intervals over its rounds); None when no row has them."""
+    intervals over its rounds); None when no row has them. The point is a median and the interval
+    is about the mean, so an interval can miss the point by a hair (rounds all alike): that side's
+    bar is then 0, never negative (which matplotlib refuses)."""
     if not any(f"{key}_low" in r for r in group):
         return None
-    return [[r[key] - r.get(f"{key}_low", r[key]) for r in group], [r.get(f"{key}_high", r[key]) - r[key] for r in group]]
+    return [[max(0.0, r[key] - r.get(f"{key}_low", r[key])) for r in group],
+            [max(0.0, r.get(f"{key}_high", r[key]) - r[key]) for r in group]]
 
 
 def plot_scaling(rows: list[dict], path: str) -> str:
