@@ -7,15 +7,11 @@
 #       --host-discovery-script launch/discover-hosts.sh \
 #       python -m hvd_cifar.train --config configs/cifar10_vgg11.yaml --elastic true
 #
-# The file has the format of every hostfile here ("HOST slots=N", "HOST:N" or "HOST",
-# '#' comments); default: hostfiles/localhost. Pure awk rather than Python: it runs every second.
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-exec awk '
-  { sub(/#.*/, "") }
-  NF == 0 { next }
-  $1 ~ /:/ { print $1; next }
-  { slots = 1
-    for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) { split($i, kv, "="); slots = kv[2] }
-    print $1 ":" slots }
-' "${HVD_CIFAR_HOSTFILE:-$ROOT/hostfiles/localhost}"
+# The file is read by the rules of every hostfile here (hvd_cifar/launch/hostfile.py: "HOST
+# slots=N", "HOST:N" or "HOST", '#' comments, each host once); default: hostfiles/localhost. A
+# file that breaks them prints one line naming the line and exits 2: at the start that ends the
+# job, later horovodrun keeps the hosts it had and says so. Python without site-packages (-S),
+# the module needing only the standard library: it starts in tens of milliseconds, once a second.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -S -m hvd_cifar.launch.hostfile \
+  "${HVD_CIFAR_HOSTFILE:-$ROOT/hostfiles/localhost}" --format lines

@@ -40,10 +40,10 @@ log() { printf '[install] %s\n' "$*"; }
 # with HOROVOD_CUDA_HOME and HOROVOD_NCCL_HOME, MAKEFLAGS); SUFFIX names them in the cache (the
 # CPU build's is empty). scripts/build-horovod-gpu.sh runs this through --horovod-wheel, so a
 # GPU build carries the same fixes. HOROVOD_SDIST names a horovod-0.28.1.tar.gz already on disk,
-# for a machine that cannot reach PyPI. HOROVOD_FIXES names the set of fixes below: a new fix
-# bumps it, which rebuilds the cached wheel and reinstalls horovod in a venv that has an older
-# build (stamp file).
-HOROVOD_FIXES=10
+# for a machine that cannot reach PyPI. HOROVOD_FIXES names the set of fixes below: a new or
+# changed fix bumps it, which rebuilds the cached wheel and reinstalls horovod in a venv that has
+# an older build (stamp file).
+HOROVOD_FIXES=11
 horovod_wheel() {
   local py="$1" suffix="$2" torch_version py_tag wheel_dir build src
   read -r torch_version py_tag < <("$py" -c 'import sys, torch; print(torch.__version__.split("+")[0], "%d%d" % sys.version_info[:2])')
@@ -209,10 +209,12 @@ patch("horovod/torch/mpi_ops_v2.cc",
 # Fix 10: the launch users type, `horovodrun -np 4 -H hostfile python train.py`, ended in
 # "Invalid host input" (-H takes only a host:slots list), and `-hostfile FILE` in an IndexError
 # on the file's first comment or blank line (each line was split on '=' blindly). -H now takes a
-# hostfile when its value names a file, and the hostfile reader takes what Open MPI's does:
-# '#' comments, blank lines, 'HOST', 'HOST slots=N [max_slots=M]' and 'HOST:N'. A line it cannot
-# read ends the launch with one line naming the file and the line (status 2), not a traceback.
-# tests/test_cli.py runs both forms with 2 real ranks and a malformed file.
+# hostfile when its value names a file, and the file is read by hvd_cifar's rules, the ones every
+# launcher here applies (hvd_cifar/launch/hostfile.py: '#' comments, blank lines, 'HOST',
+# 'HOST slots=N [max_slots=M]' and 'HOST:N', each host once). A file that breaks them ends the
+# launch with one line naming the file and the line (status 2), not a traceback.
+# tests/test_cli.py runs both forms with 2 real ranks and a malformed file, tests/test_hostfile.py
+# the same files through every launcher.
 patch("horovod/runner/common/util/hosts.py",
       "def parse_host_files(filename):\n"
       "    \"\"\"\n"
@@ -238,25 +240,16 @@ patch("horovod/runner/common/util/hosts.py",
       "\n"
       "\n"
       "def parse_host_files(filename):\n"
+      "    # hvd_cifar's rules, which every launcher applies, kept in one place\n"
       "    try:\n"
-      "        with open(filename, 'r') as f:\n"
-      "            lines = f.read().splitlines()\n"
-      "    except OSError as e:\n"
-      "        raise HostfileError('hostfile {}: cannot read ({})'.format(filename, e.strerror))\n"
-      "    line_re = re.compile(r'^([\\w.-]+)(?::(\\d+)|(?:\\s+slots\\s*=\\s*(\\d+))?(?:\\s+max_slots\\s*=\\s*\\d+)?)$')\n"
-      "    hosts = []\n"
-      "    for number, raw in enumerate(lines, 1):\n"
-      "        line = raw.split('#', 1)[0].strip()\n"
-      "        if not line:\n"
-      "            continue\n"
-      "        m = line_re.match(line)\n"
-      "        if not m or int(m.group(2) or m.group(3) or 1) < 1:\n"
-      "            raise HostfileError(\"hostfile {}:{}: cannot parse {!r} (expected 'HOST slots=N' or 'HOST:N')\"\n"
-      "                                .format(filename, number, raw.strip()))\n"
-      "        hosts.append('{}:{}'.format(m.group(1), m.group(2) or m.group(3) or 1))\n"
-      "    if not hosts:\n"
-      "        raise HostfileError('hostfile {}: no hosts listed'.format(filename))\n"
-      "    return ','.join(hosts)\n")
+      "        from hvd_cifar.launch import hostfile\n"
+      "    except ImportError:\n"
+      "        raise HostfileError('hostfile {}: this horovodrun reads hostfiles with hvd_cifar, which this Python '\n"
+      "                            'cannot import; give -H HOST:SLOTS,... instead'.format(filename))\n"
+      "    try:\n"
+      "        return hostfile.horovod_hosts(hostfile.parse(filename))\n"
+      "    except hostfile.HostfileError as e:\n"
+      "        raise HostfileError(str(e))\n")
 patch("horovod/runner/common/util/hosts.py", "import collections\n", "import collections\nimport os\n")
 patch("horovod/runner/launch.py",
       "    if not args.hosts and not args.host_discovery_script:\n"

@@ -4,6 +4,7 @@ rank, the bytes on the wire unchanged, bf16 resumed exactly, threads per rank, b
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -121,7 +122,7 @@ def test_auto_is_decided_once_for_every_rank_and_recorded(tmp_path, tiny_args):
     line = next(x for x in (proc.stdout + proc.stderr).splitlines() if f"compute={choice['setting']} (auto: fastest of" in x)
     assert all(f"{s} " in line for s in choice['seconds_per_step']) and line.endswith("ms per step)"), line
     assert json.loads((run / "eval.json").read_text())["parameters_identical_across_ranks"] is True
-    assert meta["threads_per_rank"] == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
+    assert meta["threads_per_rank"] == max(1, len(os.sched_getaffinity(0)) // 2)
 
 
 def test_bf16_sends_the_bytes_fp32_sends_and_fp16_compression_halves_both(tmp_path):
@@ -193,3 +194,87 @@ def test_a_choice_is_timed_once_per_question_and_then_taken_from_the_cache(monke
     assert calls == [8, 16]
     with open(compute.cache_path()) as f:
         assert len(json.load(f)) == 2
+
+
+def _cache_text(path) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+# (what is wrong, the entry for the question asked, what the warning says after "compute cache PATH: ")
+BAD_ENTRIES = [
+    ("a list", [1, 2], "the entry for this question is dropped: not a choice ({setting, seconds_per_step, timed_utc})"),
+    ("an unknown setting", {"setting": "fp8", "seconds_per_step": {"fp32": 1.0, "fp32-channels-last": 2.0},
+                            "timed_utc": "then"}, "the setting 'fp8' is not one of its candidates"),
+    ("times not numbers", {"setting": "fp32", "seconds_per_step": {"fp32": "fast", "fp32-channels-last": 2.0},
+                           "timed_utc": "then"}, "its seconds_per_step are not a number of seconds"),
+    ("no time", {"setting": "fp32", "seconds_per_step": {"fp32": 1.0, "fp32-channels-last": 2.0}},
+     "the entry for this question is dropped: not a choice"),
+]
+
+
+@pytest.mark.parametrize("what, entry, says", BAD_ENTRIES, ids=[c[0] for c in BAD_ENTRIES])
+def test_a_bad_cache_entry_is_timed_again_with_one_warning_and_the_cache_rewritten_whole(
+        monkeypatch, capsys, what, entry, says):
+    """A cache that parses but holds an entry of another shape or an unknown setting for the
+    question asked: dropped and timed again, one warning line, never an error; the cache is then
+    whole again, with the good entries of other questions kept and the bad ones gone."""
+    monkeypatch.setattr(compute, "cpu_has_native_bf16", lambda: False)
+    calls = []
+    monkeypatch.setattr(compute, "time_settings", lambda model, images, labels, settings, device: calls.append(1) or {
+        s: 1.0 + 0.1 * i for i, s in enumerate(settings)})
+    model, images, labels = build_model("smallcnn", 10), torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.long)
+    key = compute.cache_key(cfg(), CPU, images, compute.candidates(cfg(), CPU))
+    other_good = {"setting": "fp32", "seconds_per_step": {"fp32": 1.0, "fp32-channels-last": 1.5}, "timed_utc": "x"}
+    path = compute.cache_path()
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        json.dump({key: entry, "another | fp32 fp32-channels-last": other_good, "a bad other | fp32": {"x": 1}}, f)
+    choice = compute.decide(cfg(), CPU, model, images, labels)
+    assert calls == [1] and choice["setting"] == "fp32" and "timed on this device" in choice["how"]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"hvd_cifar: warning: compute cache {path}: ") and says in err[0], err
+    assert err[0].endswith("; timing again")
+    cache = json.loads(_cache_text(path))
+    assert set(cache) == {key, "another | fp32 fp32-channels-last"} and cache[key]["setting"] == "fp32"
+    assert compute.entry_problem(key, cache[key]) == ""
+    again = compute.decide(cfg(), CPU, model, images, labels)  # now from the cache, without a word
+    assert calls == [1] and "cached" in again["how"] and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("text, says", [("{not json", "not a readable JSON file (JSONDecodeError)"),
+                                        ("[1, 2]", "holds a JSON list, not an object of choices"),
+                                        (b"\xff\xfe", "not a readable JSON file (UnicodeDecodeError)")])
+def test_a_cache_file_that_is_not_a_json_object_is_timed_again_and_rewritten(monkeypatch, capsys, text, says):
+    monkeypatch.setattr(compute, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(compute, "time_settings", lambda model, images, labels, settings, device: {
+        s: 1.0 for s in settings})
+    path = compute.cache_path()
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as f:
+        f.write(text if isinstance(text, bytes) else text.encode())
+    compute.decide(cfg(), CPU, build_model("smallcnn", 10), torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.long))
+    assert capsys.readouterr().err == f"hvd_cifar: warning: compute cache {path}: {says}; timing again\n"
+    assert len(json.loads(_cache_text(path))) == 1
+
+
+@pytest.mark.slow
+def test_under_two_ranks_a_bad_cache_entry_is_one_warning_and_the_run_goes_on(tmp_path):
+    """A real cache entry (a one-process run's) given an unknown setting: the 2-rank run that asks
+    the same question times again, says so once, trains, and leaves the cache whole."""
+    flags = ["--config", TINY, "--compute", "auto", "--epochs", "1", "--max-steps-per-epoch", "2",
+             "--threads-per-rank", "1", "--log-dir", str(tmp_path)]
+    run_train([*flags, "--run-name", "first"])
+    path = compute.cache_path()
+    cache = json.loads(_cache_text(path))
+    [key] = cache
+    cache[key]["setting"] = "fp8"
+    with open(path, "w") as f:
+        json.dump(cache, f)
+    proc = run_train([*flags, "--run-name", "second"], launcher="mpirun", np=2)
+    warnings = [line for line in proc.stderr.splitlines() if "compute cache" in line]
+    assert warnings == [f"hvd_cifar: warning: compute cache {path}: the entry for this question is dropped: the "
+                        f"setting 'fp8' is not one of its candidates ({', '.join(key.rsplit(' | ', 1)[-1].split())})"
+                        f"; timing again"], proc.stderr[-3000:]
+    fixed = json.loads(_cache_text(path))
+    assert set(fixed) == {key} and compute.entry_problem(key, fixed[key]) == ""

@@ -6,6 +6,7 @@ stand-in srun and scontrol on PATH), passes the scheduler's USR1 on, requeues, a
 same run folder; hvd_cifar.launch.slurm_resume's decision is tested on its own."""
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -17,7 +18,9 @@ import psutil
 import pytest
 import torch
 
-from conftest import ROOT, STOP_BATCH, STOP_FLAGS, TINY, launch_argv, read_metrics, run_train, unmeasured
+from conftest import (ROOT, STOP_BATCH, STOP_FLAGS, TINY, launch_argv, read_metrics, run_train, seconds_until_it_ends,
+                      unmeasured)
+from hvd_cifar.core import stops
 from hvd_cifar.launch import slurm_resume
 from hvd_cifar.trainer import exits
 from testbed import drill
@@ -47,6 +50,10 @@ def events(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
 
 
+# rank 0's line when mpirun passed a stop signal on (and maybe the ranks got it themselves too)
+PREEMPTED_BY_SIGNAL = r"hvd_cifar: preempted: a stop signal reached [12] of 2 rank\(s\); stopped in epoch "
+
+
 def hvd_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("hvd_cifar")]
 
@@ -71,17 +78,53 @@ os.kill(os.getpid(), signal.SIGUSR1)
 time.sleep(0.1)
 print(stops.asked(), flush=True)      # alive: the first signal only set the flag
 os.kill(os.getpid(), signal.SIG{second})
+time.sleep(0.5)
+print("the same stop", flush=True)    # alive: a second signal within the window is the same stop
+time.sleep(stops.STOP_REPEAT_WINDOW_S)
+os.kill(os.getpid(), signal.SIG{second})
 time.sleep(5)
 print("still here", flush=True)
 """
 
 
 @pytest.mark.parametrize("second", ["TERM", "USR1"])
-def test_a_stop_signal_sets_a_flag_and_a_second_one_ends_the_process(second):
+def test_a_stop_signal_sets_a_flag_a_repeat_is_the_same_stop_and_a_later_one_ends_the_process(second):
     proc = subprocess.run([sys.executable, "-c", STOP_FLAG.format(second=second)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
-    assert proc.stdout == f"{int(signal.SIGUSR1)}\n", proc
+    assert proc.stdout == f"{int(signal.SIGUSR1)}\nthe same stop\n", proc
     assert proc.returncode == -getattr(signal, f"SIG{second}"), proc
+
+
+# After its stop signal, the main thread blocks where Python never gets to run a handler: a
+# second lock of a mutex it holds (as a rank waits in a collective, inside the C++ of Horovod).
+BLOCKED_IN_C = """
+import ctypes, os, signal
+from hvd_cifar.core import stops
+stops.install()
+os.kill(os.getpid(), signal.SIGUSR1)
+libc = ctypes.CDLL(None)
+mutex = ctypes.create_string_buffer(64)
+libc.pthread_mutex_init(mutex, None)
+libc.pthread_mutex_lock(mutex)
+print("blocked", flush=True)
+libc.pthread_mutex_lock(mutex)
+"""
+
+
+def test_a_later_stop_signal_ends_a_process_blocked_outside_python_at_once():
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED_IN_C], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "blocked\n"
+        proc.send_signal(signal.SIGUSR1)  # within the window: the same stop
+        time.sleep(0.5)
+        assert proc.poll() is None
+        time.sleep(stops.STOP_REPEAT_WINDOW_S)
+        took = seconds_until_it_ends(proc, lambda: proc.send_signal(signal.SIGTERM), timeout=10)
+        assert proc.returncode == -signal.SIGTERM and took < 1.0, (proc.returncode, took)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 # ----------------------------------------------------------------------------- 2 ranks, one signalled
@@ -157,12 +200,61 @@ def test_sigusr1_to_mpirun_pauses_the_job_and_resume_finishes_it_exactly(tmp_pat
             os.killpg(job.pid, signal.SIGKILL)  # mpirun's session: the launcher and its ranks
             job.wait()
     assert job.returncode == exits.EXIT_PREEMPTED, stderr[-3000:]
-    [line] = hvd_lines(stderr)
-    assert line.startswith("hvd_cifar: preempted: a stop signal reached 2 of 2 rank(s); stopped in epoch ")
+    [line] = hvd_lines(stderr)  # both ranks, or one whose signal came just after its flag was read
+    assert re.match(PREEMPTED_BY_SIGNAL, line), line
     [event] = events(run)
-    assert (event["signal"], event["ranks_asked"]) == ("SIGUSR1", 2) and event["epoch"] in (1, 2)
+    assert (event["signal"], event["ranks_asked"] in (1, 2)) == ("SIGUSR1", True) and event["epoch"] in (1, 2)
     run_train(["--resume", str(run)], launcher="mpirun", np=2)
     assert_same_training(run, straight_2())
+
+
+def job_processes(marker: str) -> list[psutil.Process]:
+    """The processes whose command line holds ``marker``, as ``pkill -f`` finds them: mpirun and
+    its ranks, in pid order."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if marker in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return sorted(found, key=lambda p: p.pid)
+
+
+@pytest.mark.slow
+def test_sigusr1_to_mpirun_and_both_ranks_at_once_is_one_stop_every_time(tmp_path, straight_2):
+    """``pkill -USR1 -f hvd_cifar.train`` reaches mpirun, which passes it on, and each rank, so
+    each rank gets SIGUSR1 twice within milliseconds: five jobs, each signalled so once the
+    first epoch is recorded, each ends as one stop (exit 4, one line, one event, a checkpoint
+    inside the epoch), and each resumed run ends on the uninterrupted run's weights and metrics."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for attempt in range(5):
+        name = f"paused-{attempt}"
+        run = tmp_path / name
+        job = subprocess.Popen([*launch_argv("mpirun", 2), *FLAGS, "--log-dir", str(tmp_path), "--run-name", name],
+                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+                assert job.poll() is None and time.monotonic() < deadline, "training never got through epoch 1"
+                time.sleep(0.2)
+            targets = job_processes(f"--run-name {name}")
+            assert len(targets) == 3 and targets[0].pid == job.pid, targets  # mpirun and its 2 ranks
+            for target in targets:
+                target.send_signal(signal.SIGUSR1)
+            _, stderr = job.communicate(timeout=120)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+        assert job.returncode == exits.EXIT_PREEMPTED, f"job {attempt + 1}: {stderr[-3000:]}"
+        # The vote counts the ranks whose flag was up when it was taken: both, or one when the
+        # other's signal came just after its flag was read (it is read again, too late to matter).
+        [line] = hvd_lines(stderr)
+        assert re.match(PREEMPTED_BY_SIGNAL, line), line
+        [event] = events(run)
+        assert (event["event"], event["signal"], event["ranks_asked"] in (1, 2)) == ("preempted", "SIGUSR1", True)
+        assert "position" in torch.load(run / "checkpoint_last.pt", weights_only=True)
+        run_train(["--resume", str(run)], launcher="mpirun", np=2)
+        assert_same_training(run, straight_2())
 
 
 @pytest.mark.slow

@@ -51,13 +51,17 @@ stops.install()
 for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGUSR1):
     os.kill(os.getpid(), sig)
     time.sleep(0.1)
+time.sleep(stops.STOP_REPEAT_WINDOW_S)  # past the window in which a repeat is the same stop
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.1)
 print(signal.Signals(stops.asked()).name, "still here", flush=True)
 """
 
 
 def test_under_slurm_a_repeated_stop_signal_does_not_end_the_rank():
     """Slurm delivers one requeue or preemption twice (the step's SIGTERM, srun's forwarded one):
-    a rank of a Slurm job keeps saving; outside Slurm the second signal ends it (test_preemption)."""
+    a rank of a Slurm job keeps saving; outside Slurm a signal after the repeat window ends it
+    (test_preemption)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.run([sys.executable, "-c", REPEATED_STOP], cwd=ROOT, env={**env, "SLURM_JOB_ID": "7"},
                           capture_output=True, text=True, timeout=60)

@@ -10,6 +10,10 @@
 * A host that ssh cannot reach ends the launch with one line naming it and ssh's last word
   (``horovodrun: cannot reach host HOST by ssh: ...``, status 2) instead of horovodrun's
   per-host dump and 20-line ``RuntimeError: could not connect to some hosts via ssh`` traceback.
+* An elastic job whose host discovery script fails at its first run ends with status 2 and the
+  script's own line (launch/discover-hosts.sh names the hostfile's bad line), or, from a script
+  that fails otherwise than with status 2, one line saying so, instead of two tracebacks (the
+  driver's discovery thread's, then its own).
 
 ``launch/horovodrun.sh`` runs horovodrun this way. What plain ``horovodrun`` needs as well is
 carried in the Horovod that scripts/install.sh builds (its Fix 5: MPI mode ends in ``exec
@@ -23,6 +27,7 @@ import io
 import re
 import signal
 import sys
+import threading
 
 from hvd_cifar.launch import commands
 
@@ -59,6 +64,25 @@ def record_unreachable_hosts() -> None:
     launch._check_all_hosts_ssh_successful = quiet_check
 
 
+_DISCOVERY_FAILED = re.compile(r"^Failed to execute discovery script: (?P<script>.*)\. Exit code: (?P<code>-?\d+)$")
+_failed_discovery: list[re.Match] = []  # the discovery thread's error, from the first run of the script
+
+
+def record_failed_discovery() -> None:
+    """Keep the error that Horovod's elastic driver raises in its discovery thread when the
+    script fails at its first run (the thread's traceback, before the driver's own) for ``main``
+    to say in one line; any other thread's error is printed as before."""
+    previous = threading.excepthook
+
+    def hook(args):
+        if m := _DISCOVERY_FAILED.match(str(args.exc_value)):
+            _failed_discovery.append(m)
+        else:
+            previous(args)
+
+    threading.excepthook = hook
+
+
 def status_text(code: int) -> str:
     """'143 (SIGTERM)' for a status that says a signal ended the process."""
     try:
@@ -72,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from horovod.runner.launch import run_commandline
 
     record_unreachable_hosts()
+    record_failed_discovery()
 
     if argv is not None:
         sys.argv[1:] = argv
@@ -83,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         if _unreachable and "could not connect to some hosts via ssh" in text:
             for host, why in _unreachable:
                 print(f"horovodrun: cannot reach host {host} by ssh: {why}", file=sys.stderr)
+            return 2
+        if _failed_discovery and "Job has been shutdown" in text:
+            failed = _failed_discovery[0]
+            if failed["code"] != "2":  # 2: the script said why itself, as launch/discover-hosts.sh does
+                print(f"horovodrun: the host discovery script {failed['script']} failed at its first run "
+                      f"(status {status_text(int(failed['code']))})", file=sys.stderr)
             return 2
         if m := _GLOO_FAILED.search(text):
             code = int(m["code"])

@@ -1,8 +1,15 @@
 """Hostfiles: one host per line, ``HOST slots=N`` (Open MPI style) or ``HOST:N`` (horovodrun
-style), ``#`` comments and blank lines allowed. Validated before anything is launched.
+style), ``#`` comments and blank lines allowed; each host listed once. Validated before anything
+is launched. These rules live here alone: launch/horovodrun.sh and launch/mpirun.sh check the
+file with this module, the Horovod that scripts/install.sh builds reads ``horovodrun -H FILE``
+and ``-hostfile FILE`` (so also ``python -m hvd_cifar.launch.horovodrun``) through ``parse``, and
+launch/discover-hosts.sh prints an elastic job's hosts with it.
 
     python -m hvd_cifar.launch.hostfile hostfiles/localhost --np 2 --format horovod   # localhost:2
     python -m hvd_cifar.launch.hostfile hostfiles/localhost --np 2 --format mpi       # a clean copy for mpirun
+    python -m hvd_cifar.launch.hostfile hostfiles/localhost --format lines            # HOST:SLOTS a line
+
+Only the standard library: the discovery script runs this every second, without site-packages.
 """
 from __future__ import annotations
 
@@ -40,7 +47,9 @@ def parse(path: str) -> list[tuple[str, int]]:
         if slots < 1:
             raise HostfileError(f"hostfile {path}:{number}: {host} has {slots} slots; need at least 1")
         if host in seen:
-            raise HostfileError(f"hostfile {path}:{number}: {host} already listed on line {seen[host]}")
+            together = dict(hosts)[host] + slots
+            raise HostfileError(f"hostfile {path}:{number}: {host} already listed on line {seen[host]} "
+                                f"(list each host once, with all its slots: '{host} slots={together}')")
         seen[host] = number
         hosts.append((host, slots))
     if not hosts:
@@ -66,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("hostfile")
     parser.add_argument("--np", type=int, default=0, help="processes to be launched (checked against slots)")
-    parser.add_argument("--format", choices=("horovod", "mpi", "check"), default="check")
+    parser.add_argument("--format", choices=("horovod", "mpi", "lines", "check"), default="check")
     args = parser.parse_args(argv)
     try:
         hosts = parse(args.hostfile)
@@ -79,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         print(horovod_hosts(hosts))
     elif args.format == "mpi":
         sys.stdout.write(mpi_hostfile(hosts))
+    elif args.format == "lines":  # what a host discovery script prints
+        sys.stdout.write("".join(f"{host}:{slots}\n" for host, slots in hosts))
     else:
         print(f"{args.hostfile}: {len(hosts)} host(s), {sum(s for _, s in hosts)} slot(s)")
     return 0

@@ -1,7 +1,10 @@
 """checkpoint_last.pt: what a checkpoint holds (the weights, the optimizer, the scaler, the
 freezing policy, each rank's own state, and for a preempted run the place in the epoch), written
-whole or not at all; read back and checked against the run it should continue (its identity,
-its weights' shapes). torch is imported only where a checkpoint or a model is touched."""
+whole or not at all; read back and checked before any of it is used: every key a resume reads
+and its type (``contents_problem``), then against the run it should continue (its identity, the
+shapes of its weights, its optimizer state and its BatchNorm statistics). A file that fails is
+a RunError naming it and what is wrong. torch is imported only where a checkpoint or a model is
+touched."""
 from __future__ import annotations
 
 import os
@@ -15,6 +18,15 @@ if TYPE_CHECKING:
     import torch
 
 CHECKPOINT = "checkpoint_last.pt"
+
+# What a resume reads of a checkpoint, with the type of each: (type, required). Every checkpoint
+# holds the first four; the others only some (a preempted run's place, a scheme's rank states).
+INTEGER, NUMBER, LIST = "an integer >= 0", "a number", "a list"
+CONTENTS = {"epoch": (INTEGER, True), "identity": (dict, True), "model": (dict, True), "optimizer": (dict, True),
+            "frozen_blocks": (INTEGER, False), "freezing": (dict, False), "scaler": (dict, False),
+            "record": (dict, False), "rank_states": (LIST, False), "position": (dict, False)}
+POSITION = {"step": (INTEGER, True), "position": (INTEGER, True), "totals": (LIST, True),
+            "elapsed_s": (NUMBER, True), "world_size": (INTEGER, False), "rank_buffers": (LIST, False)}
 
 
 def checkpoint_identity(cfg, num_classes: int) -> dict:
@@ -98,19 +110,117 @@ def rank_state(ckpt: dict | None, rank: int, world_size: int) -> dict | None:
 
 def restore_training(ckpt: dict, model, optimizer, scaler, model_name: str) -> None:
     """The checkpoint's weights, optimizer state and grad scaler into this run's; a checkpoint
-    that does not fit them is a RunError."""
+    that does not fit them (or whose saved BatchNorm statistics, any rank's, do not fit this
+    model) is a RunError, the same on every rank, since every rank holds the same checkpoint."""
     mismatch = state_dict_mismatch(model.state_dict(), ckpt["model"])
+    buffers = dict(model.named_buffers())
+    for rank, saved in enumerate((ckpt.get("position") or {}).get("rank_buffers") or ()):
+        mismatch = mismatch or (f"rank {rank}'s BatchNorm statistics: {found}"
+                                if (found := state_dict_mismatch(buffers, saved)) else "")
     if mismatch:
         raise RunError(f"resume: the checkpoint's weights do not fit this {model_name} ({mismatch}); "
                        f"was it saved with other model settings (e.g. batchnorm)?")
+    if settings := param_groups_mismatch(optimizer.param_groups, ckpt["optimizer"]["param_groups"]):
+        raise RunError(f"resume: the checkpoint's optimizer does not fit this run's ({settings})")
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as exc:
+        if scaler is not None and "scaler" in ckpt:
+            scaler.load_state_dict(ckpt["scaler"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         raise RunError(f"resume: checkpoint does not fit this model/optimizer "
                        f"({str(exc).splitlines()[0]})") from None
-    if scaler is not None and "scaler" in ckpt:
-        scaler.load_state_dict(ckpt["scaler"])
+    if reshaped := optimizer_state_mismatch(optimizer):
+        raise RunError(f"resume: the checkpoint's optimizer state does not fit this {model_name} ({reshaped})")
+
+
+def optimizer_state_mismatch(optimizer) -> str:
+    """A loaded optimizer state that would fail at the first update, in a few words ('' when it
+    fits): load_state_dict takes a parameter's state (SGD's momentum) as it is, so a tensor of
+    another shape, or something other than a tensor, is found here."""
+    import torch
+    for number, param in enumerate(p for group in optimizer.param_groups for p in group["params"]):
+        for key, value in optimizer.state.get(param, {}).items():
+            if value is not None and not isinstance(value, torch.Tensor):
+                return f"{key} of parameter {number} is {type(value).__name__}, not a tensor"
+            if value is not None and value.dim() and tuple(value.shape) != tuple(param.shape):
+                return f"{key} of parameter {number} is {tuple(value.shape)}, the parameter {tuple(param.shape)}"
+    return ""
+
+
+def param_groups_mismatch(live: list[dict], saved: list[dict]) -> str:
+    """The saved optimizer's group settings against this run's ('' when they fit): every setting
+    this run's groups hold saved too, and each number (lr, momentum, ...) a number, since
+    load_state_dict puts the saved groups in place of this run's as they are."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    for index, (mine, theirs) in enumerate(zip(live, saved)):
+        for key, value in mine.items():
+            if key != "params" and key not in theirs:
+                return f"group {index} has no {key!r}"
+            if key != "params" and number(value) and not number(theirs[key]):
+                return f"group {index}'s {key!r} is {_described(theirs[key])}, not a number"
+    return ""
+
+
+def _is(value, kind) -> bool:
+    if kind == INTEGER:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if kind == NUMBER:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == LIST:
+        return isinstance(value, (list, tuple))
+    return isinstance(value, kind)
+
+
+def _described(value) -> str:
+    """A value's type, and the value itself where it is a short scalar (never a tensor's lines)."""
+    shown = f" {value!r:.40}" if isinstance(value, (bool, int, float, str)) else ""
+    return type(value).__name__ + shown
+
+
+def _keys_problem(state: dict, schema: dict, where: str) -> str:
+    """What is wrong with ``state``'s keys against ``schema`` ('' when nothing is)."""
+    for key, (kind, required) in schema.items():
+        if key not in state:
+            if required:
+                return f"{where}{key!r} is missing"
+        elif not _is(state[key], kind):
+            return f"{where}{key!r} is {_described(state[key])}, not {'a dict' if kind is dict else kind}"
+    return ""
+
+
+def _tensors_problem(tensors, where: str) -> str:
+    import torch
+    if not isinstance(tensors, dict):
+        return f"{where} is {type(tensors).__name__}, not a dict of tensors"
+    bad = next((k for k, v in tensors.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)), None)
+    return "" if bad is None else f"{where} holds {type(tensors[bad]).__name__} at {bad!r}, not a tensor"
+
+
+def contents_problem(state) -> str:
+    """What a resume would trip on in a checkpoint's contents, in a few words ('' when nothing):
+    a key missing, or of the wrong type, anywhere a resume reads."""
+    if not isinstance(state, dict):
+        return f"it holds {_described(state)}, not a checkpoint's dict"
+    problem = _keys_problem(state, CONTENTS, "")
+    optimizer = state.get("optimizer", {})
+    if not problem and not (isinstance(optimizer.get("state"), dict) and isinstance(optimizer.get("param_groups"), list)
+                            and all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                    for g in optimizer["param_groups"])):
+        problem = "'optimizer' is not an optimizer's state (its 'state' dict and 'param_groups' list)"
+    problem = problem or _tensors_problem(state["model"], "'model'")
+    if not problem and "record" in state:
+        problem = _keys_problem(state["record"], {"epoch": (INTEGER, True)}, "'record': ")
+    if not problem and "rank_states" in state and not all(isinstance(r, dict) for r in state["rank_states"]):
+        problem = "'rank_states' holds something other than dicts"
+    position = state.get("position")
+    if not problem and position is not None:
+        problem = _keys_problem(position, POSITION, "'position': ")
+        if not problem and not all(_is(t, NUMBER) for t in position["totals"]):
+            problem = "'position': 'totals' holds something other than numbers"
+        for rank, buffers in enumerate(position.get("rank_buffers") or ()):
+            problem = problem or _tensors_problem(buffers, f"'position': rank {rank}'s buffers")
+    return problem
 
 
 def load_checkpoint(run_dir: str, identity: dict) -> dict:
@@ -123,7 +233,9 @@ def load_checkpoint(run_dir: str, identity: dict) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user-facing fault
         raise RunError(f"resume: {path} is not a readable checkpoint ({type(exc).__name__})") from None
-    if state.get("identity") != identity:
+    if problem := contents_problem(state):
+        raise RunError(f"resume: {path} is not a checkpoint this program wrote ({problem})")
+    if state["identity"] != identity:
         raise RunError(f"resume: checkpoint {path} is for {state.get('identity')}, "
                        f"but this run is {identity}")
     return state

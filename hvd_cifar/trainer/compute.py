@@ -15,22 +15,27 @@ run's first line; config.yaml holds the setting chosen (``compute: bf16-channels
 resumed run continues in it. Timing costs seconds (VGG-11) to tens of seconds (ResNet-18), so a
 choice is kept in a cache file per (processor, torch, model, batch, image shape, threads,
 candidates): later runs of the same question take it from there (``cache_path``; delete the file
-to time again).
+to time again). A bad cache is only a cost: a file that is not a JSON object, or an entry of
+another shape or naming a setting that is not among its question's candidates, is timed again
+(one warning line from rank 0) and the cache rewritten whole without what was wrong.
 """
 from __future__ import annotations
 
 import copy
 import datetime
 import json
+import math
 import os
 import socket
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 from hvd_cifar.core.config import COMPUTE_SETTINGS, Config, ConfigError, usable_cpus
+from hvd_cifar.core.files import RunError, atomic_write
 from hvd_cifar.core.names import runs_a_scheme
 
 ROUNDS = 3            # rounds over the candidates, each in a rotated order
@@ -163,7 +168,10 @@ def decide(cfg: Config, device: torch.device, model: torch.nn.Module, images: to
         how = "auto: the only candidate" if len(allowed) == 1 else "auto: not timed under elastic training (first candidate)"
         return {"setting": allowed[0], "how": how}
     key = cache_key(cfg, device, images, allowed)
-    if cached := read_cache().get(key):
+    cache, problem = read_cache(key)
+    if problem:  # rank 0 alone decides, so this is said once
+        print(f"hvd_cifar: warning: compute cache {cache_path()}: {problem}; timing again", file=sys.stderr, flush=True)
+    if cached := cache.get(key):
         return {"setting": cached["setting"], "how": f"auto: fastest of {len(allowed)} as timed on this processor "
                 f"at {cached['timed_utc']} (cached: {cache_path()})", "seconds_per_step": cached["seconds_per_step"],
                 "timing_s": 0.0}
@@ -198,28 +206,51 @@ def cache_key(cfg: Config, device: torch.device, images: torch.Tensor, candidate
             f"{' '.join(candidates)}")
 
 
-def read_cache() -> dict:
+def entry_problem(key: str, entry) -> str:
+    """What is wrong with one cached choice ('' when nothing): it must have the shape write_cache
+    gives it, its setting one of its question's candidates (the key's last part) and its
+    seconds per step a number for each of them."""
+    candidates = key.rsplit(" | ", 1)[-1].split()
+    if not (isinstance(entry, dict) and isinstance(entry.get("timed_utc"), str)
+            and isinstance(entry.get("seconds_per_step"), dict)):
+        return "not a choice ({setting, seconds_per_step, timed_utc})"
+    if entry.get("setting") not in COMPUTE_SETTINGS or entry["setting"] not in candidates:
+        return f"the setting {str(entry.get('setting'))[:40]!r} is not one of its candidates ({', '.join(candidates)})"
+    times = entry["seconds_per_step"]
+    if sorted(times) != sorted(candidates) or not all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0
+            for t in times.values()):
+        return "its seconds_per_step are not a number of seconds for each candidate"
+    return ""
+
+
+def read_cache(key: str | None = None) -> tuple[dict, str]:
+    """(the cache's good entries, what was wrong): a missing file is an empty cache; a file that
+    is not a JSON object, or the entry for ``key`` if it is bad, is said in the second part;
+    every bad entry is left out (write_cache then writes the cache without them)."""
     try:
-        with open(cache_path()) as f:
-            cache = json.load(f)
-        return cache if isinstance(cache, dict) else {}
-    except (OSError, ValueError):
-        return {}  # none yet, or unreadable: time again
+        with open(cache_path(), "rb") as f:
+            cache = json.loads(f.read().decode())
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+        return {}, f"not a readable JSON file ({type(exc).__name__})"
+    if not isinstance(cache, dict):
+        return {}, f"holds a JSON {type(cache).__name__}, not an object of choices"
+    problems = {k: why for k, v in cache.items() if (why := entry_problem(k, v))}
+    good = {k: v for k, v in cache.items() if k not in problems}
+    return good, (f"the entry for this question is dropped: {problems[key]}" if key in problems else "")
 
 
 def write_cache(key: str, entry: dict) -> None:
-    """Add one choice, written whole (temp file + rename); a cache that cannot be written is
-    only a cost, never an error."""
+    """Add one choice, written whole (core.files.atomic_write: a temp file renamed into place);
+    a cache that cannot be written is only a cost, never an error."""
     path = cache_path()
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        cache = read_cache()
-        cache[key] = entry
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(cache, f, indent=1)
-        os.replace(tmp, path)
-    except OSError:
+        cache = {**read_cache()[0], key: entry}  # read again: another run may have added one since
+        atomic_write(path, lambda f: f.write(json.dumps(cache, indent=1).encode()))
+    except (OSError, RunError):
         pass
 
 

@@ -15,11 +15,14 @@ all read the same sum after the same update, so all stop there together: at the 
 boundary after the signal (in an epoch's first update, the third). The entry point then
 writes the checkpoint (the epoch, the steps taken in it, the images consumed and the epoch's
 running sums over all ranks), appends a ``preempted`` line to ``events.jsonl`` and exits with
-EXIT_PREEMPTED (hvd_cifar/trainer/exits.py). A second stop signal takes its default action and ends the process at once;
-SIGINT stays an immediate stop too (train.main aborts the job). Under Slurm (SLURM_JOB_ID set)
-later stop signals are ignored instead: Slurm delivers one preemption or requeue more than once
-(SIGTERM from the step, then again when srun forwards its own), and ends a job that does not
-stop with SIGKILL after KillWait anyway (docs/SLURM.md).
+EXIT_PREEMPTED (hvd_cifar/trainer/exits.py). A stop signal within 2 s of the first
+(core.stops.STOP_REPEAT_WINDOW_S) is the same stop: ``pkill -USR1 -f hvd_cifar.train`` reaches
+mpirun, which passes it on, and each rank, so every rank gets it twice. A stop signal later than
+that takes its default action and ends the process at once; SIGINT stays an immediate stop too
+(train.main aborts the job). Under Slurm (SLURM_JOB_ID set) later stop signals are ignored
+instead: Slurm delivers one preemption or requeue more than once (SIGTERM from the step, then
+again when srun forwards its own), and ends a job that does not stop with SIGKILL after KillWait
+anyway (docs/SLURM.md).
 """
 from __future__ import annotations
 

@@ -1,13 +1,21 @@
 """Resuming a run from its checkpoint: rank 0 reads it and hands it to every rank, then the
 freezing policy, the trainable set, the model, the optimizer, the grad scaler and each rank's
 own communication state take it back, so that the resumed run goes on as the unbroken one
-would (docs/RUN_FOLDER.md, "Resuming")."""
+would (docs/RUN_FOLDER.md, "Resuming"). rank 0 checks the checkpoint's contents before it hands
+them on (``checkpoint.load_checkpoint``); what does not fit this run then is one RunError, the
+same on every rank, and rank 0 says it."""
 from __future__ import annotations
 
+import os
+
 from hvd_cifar.core.errors import ConfigError
+from hvd_cifar.core.files import RunError
 from hvd_cifar.runfolder import checkpoint
 from hvd_cifar.trainer.context import Training
-from hvd_cifar.trainer.ranks import before_loop
+from hvd_cifar.trainer.ranks import before_loop, on_every_rank
+
+# What a state's load_state_dict raises when a checkpoint's part of it has other contents.
+LOAD_ERRORS = (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError)
 
 
 def resume(run: Training, run_dir: str) -> None:
@@ -21,7 +29,8 @@ def resume(run: Training, run_dir: str) -> None:
     run.start_epoch = ckpt["epoch"] if ckpt else 0
     run.resume_at = ckpt.get("position") if ckpt else None
     run.resume_record = ckpt.get("record") if ckpt else None
-    run.freezing.load_state_dict(ckpt.get("freezing", {}) if ckpt else {})
+    loading(run_dir, "the freezing policy's",
+            lambda: run.freezing.load_state_dict(ckpt.get("freezing", {}) if ckpt else {}))
     # The trainable set the checkpoint's optimizer was saved with; the epoch loop's
     # freezing.follow_schedule then moves on to the set of start_epoch, as an unbroken run would.
     saved_frozen = ckpt.get("frozen_blocks") if ckpt else None
@@ -29,8 +38,22 @@ def resume(run: Training, run_dir: str) -> None:
     if ckpt:
         checkpoint.restore_training(ckpt, run.model, run.optimizer, run.scaler, cfg.model)
     if (own := checkpoint.rank_state(ckpt, sync.rank, sync.size)) is not None:
-        sync.load_rank_state(own)  # after set_trainable: the scheme knows its parameters
+        # After set_trainable: the scheme knows its parameters. Each rank loads its own, so one
+        # that fails stops them all (on_every_rank), with rank 0's line.
+        before_loop(sync, lambda: loading(run_dir, f"rank {sync.rank}'s communication",
+                                          lambda: sync.load_rank_state(own)), on_every_rank)
     if ckpt and cfg.stop_after and cfg.stop_after <= run.start_epoch < cfg.epochs:
         raise ConfigError(f"stop_after: the run already stopped after epoch {run.start_epoch} of {cfg.epochs}, as "
                           f"its stop_after: {cfg.stop_after} asks; to go on: --resume {run_dir} --stop-after 0 "
                           f"(to the end) or --stop-after N (N > {run.start_epoch})")
+
+
+def loading(run_dir: str, part: str, load) -> None:
+    """``load()``, a part of the run taking back its state; a checkpoint whose part does not fit
+    is a RunError naming the file and the part."""
+    try:
+        load()
+    except LOAD_ERRORS as exc:
+        path = os.path.join(run_dir, checkpoint.CHECKPOINT)
+        raise RunError(f"resume: {path}: {part} state does not fit this run "
+                       f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
