@@ -65,9 +65,10 @@ def job_env() -> dict:
     return commands.job_env(OMP_NUM_THREADS="1")
 
 
-def our_lines(stderr: str) -> list[str]:
-    """The lines of ``stderr`` that hvd_cifar wrote (a launcher's rank tags taken off)."""
-    return [line for line in stderr.splitlines() if RANK_TAG.sub("", line).startswith("hvd_cifar")]
+def our_lines(stderr: str, speaker: str = "hvd_cifar") -> list[str]:
+    """The lines of ``stderr`` that hvd_cifar wrote (a launcher's rank tags taken off); ``speaker``:
+    "horovodrun" for what our fixes to Horovod's launcher say in its name."""
+    return [line for line in stderr.splitlines() if RANK_TAG.sub("", line).startswith(speaker)]
 
 
 # ----------------------------------------------------------------------------- bad inputs
@@ -147,6 +148,31 @@ def label_beyond_the_classes(work: Path) -> None:
     (folder.parent / "checksums.json").write_text(json.dumps(manifest))
 
 
+def changed_checkpoint(change: Callable[[dict], object]) -> Callable[[Path], None]:
+    """A finished run whose checkpoint is saved again as ``change`` makes it (given the
+    checkpoint's dict; what it returns is saved, or the dict it changed in place)."""
+    def prepare(work: Path) -> None:
+        import torch  # only for the cases that rewrite a checkpoint
+        finished_run(work)
+        path = work / "logs" / "run" / "checkpoint_last.pt"
+        saved = torch.load(path, weights_only=True)
+        made = change(saved)
+        torch.save(saved if made is None else made, path)
+    return prepare
+
+
+def other_momentum(saved: dict) -> None:
+    """The first parameter's momentum buffer one element longer than the parameter."""
+    import torch
+    state = saved["optimizer"]["state"]
+    first = next(iter(state))
+    state[first]["momentum_buffer"] = torch.zeros(state[first]["momentum_buffer"].numel() + 1)
+
+
+def one_host_twice(work: Path) -> None:
+    write(work / "hosts", "localhost slots=1\nlocalhost slots=1\n")
+
+
 def unwritable(work: Path) -> None:
     write(work / "file", "a file where the log folder's parent should be")
 
@@ -159,6 +185,7 @@ class BadInput:
     prepare: Callable[[Path], None] = field(default=lambda work: None)
     config_error: bool = False                 # the config alone is wrong: load_config rejects it
     status: int = 2                            # the exit status (hvd_cifar.trainer.exits: 2 is bad input)
+    speaker: str = "hvd_cifar"                 # who says the one line (plain horovodrun: "horovodrun")
 
     def trainer_flags(self, work: Path) -> list[str]:
         """The trainer's own flags in the case's command (what follows ``-m hvd_cifar.train``)."""
@@ -273,6 +300,22 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("generated data set larger than the machine's memory",
              mpirun2_tiny("--dataset", "shapes", "--shapes-train", "100000000", "--data-dir", "{w}/data"),
              "hvd_cifar: error: dataset: shapes: 100,000,000 training and 10,000 test images need"),
+    BadInput("checkpoint that is not a checkpoint's dict (a list)", mpirun2("--resume", "{w}/logs/run", "--epochs", "2"),
+             "hvd_cifar: error: resume: ", changed_checkpoint(lambda saved: [saved])),
+    BadInput("checkpoint without its epoch", mpirun2("--resume", "{w}/logs/run", "--epochs", "2"), "('epoch' is missing)",
+             changed_checkpoint(lambda saved: (saved.pop("epoch"), saved)[1])),
+    BadInput("checkpoint whose epoch is a string", mpirun2("--resume", "{w}/logs/run", "--epochs", "2"), "('epoch' is str '",
+             changed_checkpoint(lambda saved: saved.update(epoch=str(saved["epoch"])))),
+    BadInput("checkpoint whose momentum does not fit the model", mpirun2("--resume", "{w}/logs/run", "--epochs", "2"),
+             "hvd_cifar: error: resume: the checkpoint's optimizer state does not fit this smallcnn (",
+             changed_checkpoint(other_momentum)),
+    BadInput("hostfile listing a host twice, plain horovodrun -H FILE",
+             lambda w: [str(ROOT / ".venv" / "bin" / "horovodrun"), "-np", "2", "-H", str(w / "hosts"),
+                        *launcher_argv("single", 1), *tiny(w)],
+             "horovodrun: error: hostfile ", one_host_twice, speaker="horovodrun"),
+    BadInput("hostfile listing a host twice, launch/mpirun.sh",
+             lambda w: [str(ROOT / "launch" / "mpirun.sh"), "-np", "2", "-hostfile", str(w / "hosts"), *tiny(w)],
+             "hvd_cifar: error: hostfile ", one_host_twice),
 ]
 
 
@@ -284,7 +327,7 @@ def run_bad_input(case: BadInput, work: Path, bound_s: float = BAD_INPUT_BOUND_S
     argv = case.argv(work)
     done = jobs.run(case.name, argv, env=job_env(), timeout=bound_s + 90, check=False)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    ours = our_lines(done.stderr)
+    ours = our_lines(done.stderr, case.speaker)
     problems = []
     if done.code is None:
         problems.append(f"still running after {bound_s + 90:.0f} s (stopped)")
@@ -295,7 +338,7 @@ def run_bad_input(case: BadInput, work: Path, bound_s: float = BAD_INPUT_BOUND_S
     if any("Traceback" in line for line in lines):
         problems.append("a Python traceback on stderr")
     if len(ours) != 1:
-        problems.append(f"{len(ours)} lines from hvd_cifar")
+        problems.append(f"{len(ours)} lines from {case.speaker}")
     elif case.expect not in ours[0]:
         problems.append(f"the line does not hold {case.expect!r}")
     return {"case": case.name, "command": argv, "exit": done.code, "seconds": round(done.seconds, 2),
