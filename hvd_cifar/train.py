@@ -36,7 +36,7 @@ from hvd_cifar.core.config import Config, ConfigError
 from hvd_cifar.runfolder import checkpoint, lock, writer
 from hvd_cifar.sync import make as make_sync
 from hvd_cifar.sync.base import SyncMethod
-from hvd_cifar.trainer import compute, exits, freezing, loop, metrics, netstats, preemption, resources
+from hvd_cifar.trainer import compute, exits, freezing, liveness, loop, metrics, netstats, preemption, resources
 from hvd_cifar.trainer.context import Training, make_state
 from hvd_cifar.trainer.ranks import before_loop, on_every_rank, on_main
 from hvd_cifar.trainer.recording import checkpoint_and_record, finish
@@ -234,6 +234,8 @@ def run(cfg: Config, inert_keys: dict[str, str] | None = None,
     sync, device = start_backend(cfg)
     on_sync(sync)
     run_dir = open_run_dir(cfg, sync)
+    # A host that drops off the network is named and the job ended (trainer/liveness.py).
+    heartbeat = liveness.start(cfg.liveness_timeout_s, sync, run_dir)
     training = build(cfg, sync, device)
     training.started = started
     training.inert_keys = inert_keys or {}
@@ -257,6 +259,7 @@ def run(cfg: Config, inert_keys: dict[str, str] | None = None,
     # The wrappers the sync method made hold its communication resources (DDP's reducer holds
     # the process group): let them go before the method closes.
     training.net = training.optimizer = state = None
+    liveness.stop(heartbeat)
     sync.close()
     return sync, stopped
 

@@ -105,6 +105,7 @@ _INERT = (
     ("horovod_", lambda c: c.sync != "horovod", lambda c: f"Horovod's own tuning, and sync is {c.sync}"),
     ("ps_servers", lambda c: c.sync != "mpi-async-ps", lambda c: f"the parameter server's, and sync is {c.sync}"),
     ("commit_every", lambda c: not c.elastic, lambda c: "elastic training's commit period, and elastic is false"),
+    ("liveness_timeout_s", lambda c: c.elastic, lambda c: "elastic training's driver handles a worker that goes away"),
     ("freeze_auto_threshold", lambda c: c.freeze != "auto", lambda c: f"freeze: auto's threshold, and freeze is {c.freeze}"),
     ("synthetic_size", lambda c: c.dataset != "synthetic", lambda c: f"the synthetic data set's size, and dataset is {c.dataset}"),
     ("shapes_", lambda c: c.dataset != "shapes", lambda c: f"the generated data set's, and dataset is {c.dataset}"),

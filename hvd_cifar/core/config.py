@@ -95,6 +95,7 @@ class Config:
     freeze_schedule: dict = field(default_factory=dict)  # {epoch: frozen blocks from that epoch on}
     elastic: bool = False              # Horovod elastic training (horovodrun --min-np/--max-np/--host-discovery-script)
     commit_every: int = 10             # elastic: optimizer updates between commits of the state (work lost at most)
+    liveness_timeout_s: float = 30.0   # seconds a rank's heartbeat to rank 0 (or rank 0's to it) may go unheard before its host counts as dropped off the network and the job ends; 0 = off
     ps_servers: int = 1                # sync: mpi-async-ps: the first this many ranks hold the weights, the rest train
     # Horovod's own tuning (sync: horovod); null = the launcher's setting (horovodrun --cycle-time-ms,
     # --fusion-threshold-mb, --hierarchical-allreduce, --autotune), else hvd_cifar's or Horovod's default
@@ -134,6 +135,8 @@ class Config:
         for key in non_negative:
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
+        if not (self.liveness_timeout_s == 0 or self.liveness_timeout_s >= 1):
+            raise ConfigError(f"liveness_timeout_s: must be 0 (off) or >= 1 (seconds), got {self.liveness_timeout_s}")
         if self.lr < 0:
             raise ConfigError(f"lr: must be > 0, got {self.lr} (or 0 for the model's default)")
         if self.lr == 0:

@@ -4,6 +4,7 @@ the status the launcher and Slurm see.
 
     0    done
     1    a fault on some rank (that rank says what; the others say they stopped for it)
+         or a host dropped off the network (rank 0 names it: trainer/liveness.py)
     2    bad input (config, data set, run folder, checkpoint): one line, from rank 0
     3    diverged (the last checkpoint is from before it, untouched)
     4    preempted: a stop signal; the checkpoint holds the place in the epoch, --resume goes on
