@@ -178,14 +178,12 @@ def test_one_rank_signalled_mid_update_stops_both_and_resumes_exactly(tmp_path, 
     assert_same_training(run, straight_2(), sync)
 
 
-@pytest.mark.slow
-def test_sigusr1_to_mpirun_pauses_the_job_and_resume_finishes_it_exactly(tmp_path, straight_2):
-    """kill -USR1 of mpirun once the first epoch is recorded (mpirun forwards SIGUSR1 to every
-    rank, each at its own moment): exit 4 with a checkpoint inside epoch 2 or at the start of
-    epoch 3; resumed, the run ends where the uninterrupted one did."""
+def signalled_job(log_dir: Path, name: str, signal_it) -> tuple[subprocess.Popen, str]:
+    """A 2-rank mpirun job of FLAGS into LOG_DIR/NAME, given to ``signal_it`` once its first
+    epoch is recorded; the ended job and its stderr (SIGKILL to its session if it outlives that)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    run = tmp_path / "paused"
-    job = subprocess.Popen([*launch_argv("mpirun", 2), *FLAGS, "--log-dir", str(tmp_path), "--run-name", "paused"],
+    run = log_dir / name
+    job = subprocess.Popen([*launch_argv("mpirun", 2), *FLAGS, "--log-dir", str(log_dir), "--run-name", name],
                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     try:
@@ -193,12 +191,22 @@ def test_sigusr1_to_mpirun_pauses_the_job_and_resume_finishes_it_exactly(tmp_pat
         while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
             assert job.poll() is None and time.monotonic() < deadline, "training never got through epoch 1"
             time.sleep(0.2)
-        job.send_signal(signal.SIGUSR1)
+        signal_it(job)
         _, stderr = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)  # mpirun's session: the launcher and its ranks
             job.wait()
+    return job, stderr
+
+
+@pytest.mark.slow
+def test_sigusr1_to_mpirun_pauses_the_job_and_resume_finishes_it_exactly(tmp_path, straight_2):
+    """kill -USR1 of mpirun once the first epoch is recorded (mpirun forwards SIGUSR1 to every
+    rank, each at its own moment): exit 4 with a checkpoint inside epoch 2 or at the start of
+    epoch 3; resumed, the run ends where the uninterrupted one did."""
+    run = tmp_path / "paused"
+    job, stderr = signalled_job(tmp_path, "paused", lambda job: job.send_signal(signal.SIGUSR1))
     assert job.returncode == exits.EXIT_PREEMPTED, stderr[-3000:]
     [line] = hvd_lines(stderr)  # both ranks, or one whose signal came just after its flag was read
     assert re.match(PREEMPTED_BY_SIGNAL, line), line
@@ -224,27 +232,16 @@ def test_sigusr1_to_mpirun_and_both_ranks_at_once_is_one_stop_every_time(tmp_pat
     each rank gets SIGUSR1 twice within milliseconds: three jobs, each signalled so once the
     first epoch is recorded, each ends as one stop (exit 4, one line, one event, a checkpoint
     inside the epoch), and each resumed run ends on the uninterrupted run's weights and metrics."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    def pkill_usr1(job: subprocess.Popen) -> None:
+        targets = job_processes(f"--run-name {job.args[-1]}")
+        assert len(targets) == 3 and targets[0].pid == job.pid, targets  # mpirun and its 2 ranks
+        for target in targets:
+            target.send_signal(signal.SIGUSR1)
+
     for attempt in range(3):  # each job is a stop and a resume: about 30 s here
         name = f"paused-{attempt}"
         run = tmp_path / name
-        job = subprocess.Popen([*launch_argv("mpirun", 2), *FLAGS, "--log-dir", str(tmp_path), "--run-name", name],
-                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-        try:
-            deadline = time.monotonic() + 240
-            while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
-                assert job.poll() is None and time.monotonic() < deadline, "training never got through epoch 1"
-                time.sleep(0.2)
-            targets = job_processes(f"--run-name {name}")
-            assert len(targets) == 3 and targets[0].pid == job.pid, targets  # mpirun and its 2 ranks
-            for target in targets:
-                target.send_signal(signal.SIGUSR1)
-            _, stderr = job.communicate(timeout=120)
-        finally:
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait()
+        job, stderr = signalled_job(tmp_path, name, pkill_usr1)
         assert job.returncode == exits.EXIT_PREEMPTED, f"job {attempt + 1}: {stderr[-3000:]}"
         # The vote counts the ranks whose flag was up when it was taken: both, or one when the
         # other's signal came just after its flag was read (it is read again, too late to matter).
