@@ -10,6 +10,14 @@ the job when it fails. Every script under benchmarks/ runs its jobs through ``ru
     run_dir = jobs.cluster_training(cluster, 4, flags, "OUT/runs", "fp16", label="bytes fp16 np=4",
                                     log="OUT/logs/bytes-fp16-np4.log", timeout=900)  # a training job, its run folder
 
+Each job is noted for the results file (hvd_cifar.measure.results.note_job), so that it can
+record the code its figures ran: a training job by its run folder (``--log-dir`` and
+``--run-name``, or ``--resume``, in its command; a callable command names it with ``run_dir=``),
+whose RUN/code.json lists the modules its ranks loaded; another program of the checkout (a script,
+or ``-m hvd_cifar.X``; a callable command names it with ``program=``) by the modules it may import.
+A callable that names neither, or a training job that left no code.json, is a job whose code is
+not known: its results file goes stale by the older rule (any change to the package).
+
 Also the parts of a benchmark's output that several scripts share: ``write_results`` (OUT/STEM.json
 first, OUT/STEM.md from it, the table printed), ``machine`` (what the numbers were measured on),
 the probe job, a training job and the trainer flags of every job on the namespace cluster. No
@@ -31,6 +39,9 @@ import psutil
 
 from hvd_cifar.core.files import write_json, write_text
 from hvd_cifar.launch.commands import ROOT, job_env, start, stop, terminate_raises
+from hvd_cifar.measure import results as results_file
+
+results_file.track_jobs()  # every benchmark's jobs run through ``run``: each is noted there
 
 TAIL_CHARS = 3000  # of a failed job's output, in its error when it has no log
 
@@ -90,11 +101,13 @@ def _run_elsewhere(call: Callable[[], Any]) -> tuple:
 
 
 def run(label: str, command: Command, *, log: str | None = None, timeout: float | None = None,
-        env: dict | None = None, cwd: str = ROOT, check: bool = True) -> Finished:
+        env: dict | None = None, cwd: str = ROOT, check: bool = True, run_dir: str | None = None,
+        program: str | None = None) -> Finished:
     """Run one job (``label`` names it in errors) to its end or ``timeout`` seconds. ``log``:
     a file for its stdout then its stderr. ``env``: default ``job_env()``; a callable command
-    sets its own environment and timeout. A job that exits non-zero or outlives its timeout
-    raises JobError, unless ``check`` is False."""
+    sets its own environment and timeout, and may name the run folder (``run_dir``) or the
+    program's file (``program``) it runs, for the results file's record of its code. A job that
+    exits non-zero or outlives its timeout raises JobError, unless ``check`` is False."""
     began = time.perf_counter()
     with terminate_raises():  # a SIGTERM to the benchmark stops the job first
         if callable(command):
@@ -102,11 +115,61 @@ def run(label: str, command: Command, *, log: str | None = None, timeout: float 
         else:
             code, stdout, stderr = _run_here(command, timeout, env, cwd)
     done = Finished(code, stdout, stderr, time.perf_counter() - began)
+    note_code(label, command, cwd, run_dir, program)
     if log:
         write_text(log, stdout + stderr)
     if check and code != 0:
         raise JobError(label, code, log, stdout + stderr)
     return done
+
+
+TRAINER = os.path.join(ROOT, "hvd_cifar", "train.py")
+
+
+def note_code(label: str, command: Command, cwd: str, run_dir: str | None = None,
+              program: str | None = None) -> None:
+    """Note for the results file what code a job ran (module docstring); a command that runs
+    no program of the checkout (``ip``, ``tc``) ran none of it."""
+    if not callable(command):
+        run_dir = run_dir or trainer_run_dir(command, cwd)
+        program = program or program_file(command, cwd)
+    if run_dir:
+        results_file.note_job(label, run_dir=run_dir)
+    elif program == TRAINER or (callable(command) and not program):  # its run folder not known
+        results_file.note_job(label)
+    elif program:
+        results_file.note_job(label, entry=program)
+
+
+def trainer_run_dir(argv: Sequence[str], cwd: str = ROOT) -> str | None:
+    """The run folder a trainer's command line names (``--resume DIR``, or ``--log-dir`` with
+    ``--run-name``), or None."""
+    argv, flags = [str(a) for a in argv], {}
+    for i, arg in enumerate(argv):
+        key, sep, value = arg.partition("=")
+        if key in ("--resume", "--log-dir", "--run-name"):
+            flags[key] = value if sep else argv[i + 1] if i + 1 < len(argv) else ""
+    if flags.get("--resume"):
+        return os.path.join(cwd, flags["--resume"])
+    if flags.get("--log-dir") and flags.get("--run-name"):
+        return os.path.join(cwd, flags["--log-dir"], flags["--run-name"])
+    return None
+
+
+def program_file(argv: Sequence[str], cwd: str = ROOT) -> str | None:
+    """The file of the checkout a command runs: ``-m hvd_cifar.X``'s module, a Python script of
+    the checkout, or TRAINER for a launch/ script; None for any other program."""
+    argv = [str(a) for a in argv]
+    for i, arg in enumerate(argv):
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1].split(".")[0] == "hvd_cifar":
+            name = os.path.join(ROOT, *argv[i + 1].split("."))
+            return name + ".py" if os.path.isfile(name + ".py") else os.path.join(name, "__main__.py")
+        path = os.path.realpath(os.path.join(cwd, arg))
+        if arg.endswith(".py") and os.path.isfile(path) and path.startswith(os.path.realpath(ROOT) + os.sep):
+            return path
+        if os.path.dirname(path) == os.path.realpath(os.path.join(ROOT, "launch")) and arg.endswith(".sh"):
+            return TRAINER
+    return None
 
 
 def cluster_training(cluster, np: int, flags: Sequence[str], runs: str, name: str, *, label: str, log: str,
@@ -116,7 +179,8 @@ def cluster_training(cluster, np: int, flags: Sequence[str], runs: str, name: st
     run folder RUNS/NAME, which it returns; its seconds said on stderr as it ends (a
     benchmark's progress)."""
     train = [*CLUSTER_TRAIN_FLAGS, *flags, "--log-dir", runs, "--run-name", name]
-    done = run(label, lambda: cluster.run_horovodrun(np, train, gloo=True, timeout=timeout), log=log)
+    done = run(label, lambda: cluster.run_horovodrun(np, train, gloo=True, timeout=timeout), log=log,
+               run_dir=os.path.join(runs, name))
     print(f"{label}: {done.seconds:.0f} s", file=sys.stderr, flush=True)
     return os.path.join(runs, name)
 
@@ -128,7 +192,8 @@ def probe(cluster, n: int, out: str, *, iters: int, timeout: float, max_bytes: i
     flags = ["--iters", str(iters), "--sizes", str(sizes), "--min-bytes", str(min_bytes),
              *(["--max-bytes", str(max_bytes)] if max_bytes else []), "--out", out]
     argv = cluster.mpirun_argv(n, [], program=[cluster.python, "-m", "hvd_cifar.probe", *flags])
-    run(f"probe at np={n}", lambda: cluster.exec(0, argv, timeout=timeout))
+    run(f"probe at np={n}", lambda: cluster.exec(0, argv, timeout=timeout),
+        program=os.path.join(ROOT, "hvd_cifar", "probe.py"))
     if not os.path.exists(out):
         raise JobError(f"probe at np={n}", 0, None, f"no {out} written")
     with open(out) as f:

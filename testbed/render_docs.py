@@ -40,11 +40,18 @@ quoting):
 
 A results file that does not exist renders as a line saying which command writes it, never as
 an old number. tests/test_docs_tables.py fails when a block differs from what this makes.
+
+A block is stale when code its figures ran changed since: a results file records the modules
+its jobs loaded, each by the hash of its code, the benchmark script's and the Horovod build's
+fixes (hvd_cifar.measure.results.code_record), and the block then names the files whose code
+differs now (comments, docstrings and layout are not code). A results file without that record,
+or with jobs whose code is not known, goes stale by the older rule: any file under
+MEASURED_PATHS, or the script, whose code changed after the file's commit. ``--check`` also
+prints, for each block measured on code that changed since, which files did.
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 import glob
 import json
@@ -56,8 +63,9 @@ import statistics
 import subprocess
 import sys
 
-from hvd_cifar.measure.results import RESULTS_DIR, ROOT, verdict
+from hvd_cifar.measure.results import INSTALL_SCRIPT, RESULTS_DIR, ROOT, horovod_fixes, verdict
 from hvd_cifar.measure.stats import Interval, interval_of, judge, t_interval
+from hvd_cifar.runfolder import code
 
 # A marker is a line of its own; the text may quote the syntax inline without starting a block.
 BLOCK = re.compile(r"(?P<open>^<!-- results: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(?P<close>^<!-- /results -->)",
@@ -280,9 +288,10 @@ def cells_are(options: dict) -> str:
             else "median, or mean where the row says, (95 % interval)")
 
 
-# What a results file measures: the package, its install, and the benchmark script that made it
-# (the file's command); when any of these changed after its commit, its tables are stale.
-MEASURED_PATHS = ("hvd_cifar", "scripts/install.sh")
+# What a results file without a record of its code measures: the package, its install, and the
+# benchmark script that made it (the file's command); when any of these changed after its
+# commit, its tables are stale.
+MEASURED_PATHS = ("hvd_cifar", INSTALL_SCRIPT)
 STALE = "**Stale:**"
 
 
@@ -304,38 +313,65 @@ def changed_since(commit: str, script: str = "") -> tuple[str, ...] | None:
 
 
 def _same_code(commit: str, path: str) -> bool:
-    """Whether a Python file differs from ``commit``'s only in its comments and layout (the same
-    syntax tree): then the code it runs did not change."""
+    """Whether a Python file differs from ``commit``'s only in its comments, docstrings and
+    layout (the same code hash): then the code it runs did not change."""
     if not path.endswith(".py"):
         return False
     old = _git("show", f"{commit}:{path}")
-    try:
-        with open(os.path.join(ROOT, path)) as f:
-            new = f.read()
-        return old.returncode == 0 and ast.dump(ast.parse(old.stdout)) == ast.dump(ast.parse(new))
-    except (OSError, SyntaxError, ValueError):
-        return False
+    return old.returncode == 0 and code.code_hash(old.stdout) == code.file_hash(os.path.join(ROOT, path))
+
+
+def code_changes(data: dict) -> tuple[str, ...] | None:
+    """The files whose code changed since a results file's figures ran it: by the file's record
+    (``code``) the modules its jobs loaded, the benchmark script and the Horovod build's fixes
+    that differ now; without a record, or for jobs it names as not known, the older rule too
+    (``changed_since`` its commit). None when that rule is needed and this clone cannot tell."""
+    record, script = data.get("code"), data.get("command", [""])[0]
+    older: tuple[str, ...] | None = ()
+    if record is None or record.get("unrecorded"):
+        older = changed_since(data.get("commit", ""), script if script.startswith("benchmarks/") else "")
+        if record is None or older is None:
+            return older
+    found = set(code.changed({**record.get("modules", {}), **record.get("script", {})}, ROOT))
+    if record.get("horovod_fixes", "") != horovod_fixes(ROOT):
+        found.add(INSTALL_SCRIPT)
+    return tuple(sorted(found.union(older)))
+
+
+def few(paths: tuple[str, ...] | list[str], shown: int = 3) -> str:
+    """The first ``shown`` paths, then how many more."""
+    more = len(paths) - shown
+    return ", ".join(f"`{p}`" for p in paths[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def staleness(data: dict) -> str:
-    """A sentence when the code a results file measures changed after the file's commit."""
-    script = data.get("command", [""])[0]
-    changed = changed_since(data.get("commit", ""), script if script.startswith("benchmarks/") else "")
+    """A sentence when code a results file's figures ran changed since (``code_changes``)."""
+    changed = code_changes(data)
     if not changed:
         return ""
-    shown = ", ".join(f"`{p}`" for p in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-    return (f"{STALE} the code these figures measure changed after commit {data['commit']} ({len(changed)} "
-            f"file{'s' if len(changed) > 1 else ''}: {shown}); rerun the command above to measure the current code.")
+    files = f"{len(changed)} file{'s' if len(changed) > 1 else ''}: {few(changed)}"
+    if data.get("code") is not None and not data["code"].get("unrecorded"):
+        return (f"{STALE} code these figures ran changed since they were measured ({files}); rerun the command "
+                f"above to measure the current code.")
+    return (f"{STALE} the code these figures measure changed after commit {data['commit']} ({files}); "
+            f"rerun the command above to measure the current code.")
+
+
+def load(name: str, results_dir: str) -> dict | None:
+    """The results file ``name`` in ``results_dir``, or None where there is none."""
+    path = os.path.join(results_dir, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def render_block(spec: str, results_dir: str) -> str:
     name, options = parse_spec(spec)
-    path = os.path.join(results_dir, name)
-    if not os.path.exists(path):
+    data = load(name, results_dir)
+    if data is None:
         return (f"_Not measured on the current code yet: `make bench` (or the command above) writes "
                 f"`benchmarks/results/{name}`._\n")
-    with open(path) as f:
-        data = json.load(f)
     show = options.get("show", "table")
     makers = {"table": summary_table, "rounds": rounds_table, "checks": checks_table, "failed": failed_list,
               "paired": paired_table}
@@ -352,22 +388,33 @@ def render(text: str, results_dir: str = RESULTS_DIR) -> str:
 
 
 def stale_blocks(text: str, results_dir: str = RESULTS_DIR) -> list[str]:
-    """The markers whose block differs from what ``render`` makes. Where this clone does not hold
-    a results file's commit, its staleness cannot be told, and the block's staleness line is
-    left out of the comparison."""
-    def same(body: str, made: str) -> bool:
-        return body == made or _without_staleness(body) == _without_staleness(made) and not _history_for(made)
-    return [m["spec"] for m in BLOCK.finditer(text) if not same(m["body"], render_block(m["spec"], results_dir))]
+    """The markers whose block differs from what ``render`` makes. Where a results file's
+    staleness cannot be told (it has no record of its code, and this clone does not hold its
+    commit), the block's staleness line is left out of the comparison."""
+    def same(spec: str, body: str, made: str) -> bool:
+        return body == made or _without_staleness(body) == _without_staleness(made) and not _known(spec, results_dir)
+    return [m["spec"] for m in BLOCK.finditer(text) if not same(m["spec"], m["body"], render_block(m["spec"], results_dir))]
+
+
+def stale_code(text: str, results_dir: str = RESULTS_DIR) -> list[tuple[str, tuple[str, ...]]]:
+    """(marker, files) of each block whose figures ran code that changed since (``code_changes``)."""
+    found = []
+    for m in BLOCK.finditer(text):
+        data = load(parse_spec(m["spec"])[0], results_dir)
+        changed = code_changes(data) if data is not None else None
+        if changed:
+            found.append((m["spec"], changed))
+    return found
 
 
 def _without_staleness(body: str) -> str:
     return "\n".join(line for line in body.split("\n") if not line.startswith(STALE)).rstrip("\n")
 
 
-def _history_for(made: str) -> bool:
-    """Whether this clone holds the commit a freshly made block names (so its staleness is known)."""
-    found = re.search(r", commit ([0-9a-f]{4,40})\b", made)
-    return bool(found) and changed_since(found[1]) is not None
+def _known(spec: str, results_dir: str) -> bool:
+    """Whether the staleness of a block's results file can be told here."""
+    data = load(parse_spec(spec)[0], results_dir)
+    return data is not None and code_changes(data) is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,7 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(path) as f:
             text = f.read()
         if args.check:
-            stale += [f"{os.path.relpath(path, ROOT)}: {spec}" for spec in stale_blocks(text, args.results)]
+            doc = os.path.relpath(path, ROOT)
+            stale += [f"{doc}: {spec}" for spec in stale_blocks(text, args.results)]
+            for spec, changed in stale_code(text, args.results):
+                print(f"render_docs: {doc}: {spec}: measured before a change to {few(changed, 5)}", file=sys.stderr)
         else:
             new = render(text, args.results)
             if new != text:

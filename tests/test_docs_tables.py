@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import re
 
 import pytest
@@ -14,6 +15,8 @@ import pytest
 from testbed import render_docs
 from hvd_cifar.measure import results
 from hvd_cifar.measure.results import Figure, Results, verdict
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("path", render_docs.doc_files(), ids=os.path.basename)
@@ -253,19 +256,21 @@ def test_paired_comparisons_give_the_interval_and_say_when_it_cannot_resolve(tmp
         in text, text
 
 
-def test_a_table_whose_code_changed_after_its_results_commit_says_it_is_stale(tmp_path):
-    """A results file made at the project's first commit: hvd_cifar/ changed since, so its table
-    says so, naming the files; one made at HEAD names only what differs from HEAD (none in a
-    clean clone); a commit this clone does not hold says nothing, and --check then tolerates a
-    staleness line it cannot judge."""
+def test_a_table_whose_code_changed_after_its_results_commit_says_it_is_stale(tmp_path, monkeypatch):
+    """The older rule, for a results file without a record of its code: one made at the project's
+    first commit: hvd_cifar/ changed since, so its table says so, naming the files; one made at
+    HEAD names only what differs from HEAD (none in a clean clone); a commit this clone does not
+    hold says nothing, and --check then tolerates a staleness line it cannot judge."""
     import subprocess
     first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=results.ROOT, capture_output=True,
                            text=True).stdout.split()
     if not first:
         pytest.skip("no git history in this clone")
+    monkeypatch.setattr(results, "_jobs", [])  # the file records its code, as a benchmark's does
     made(tmp_path, [(1, "a", 100.0), (1, "b", 50.0), (2, "a", 90.0), (2, "b", 100.0)])
     path = tmp_path / "demo-t.json"
     data = json.loads(path.read_text())
+    data.pop("code", None)  # as a results file written before results files recorded it
     doc = "<!-- results: demo-t.json configs=a -->\n<!-- /results -->\n"
     for commit, stale in ((first[0][:7], True), ("0" * 7, False)):
         path.write_text(json.dumps({**data, "commit": commit}))
@@ -323,3 +328,19 @@ def test_a_change_to_comments_alone_leaves_a_table_current(tmp_path, monkeypatch
         assert render_docs.changed_since(commit) == ("hvd_cifar/b.py",)
     finally:
         render_docs.changed_since.cache_clear()
+
+
+def test_make_bench_quick_measures_every_results_file_the_readme_shows():
+    """Each command of ``make bench-quick`` writes benchmarks/results/NAME[-TAG].json; together
+    they are the files README.md's blocks render, and the docs are rendered after them."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\nbench-quick:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    written = set()
+    for line in recipe:
+        found = re.search(r"benchmarks/(\w+)\.py(.*)", line)
+        if found:
+            tag = re.search(r"--tag (\S+)", found[2])
+            written.add(results.file_name(found[1], tag[1] if tag else ""))
+    shown = {render_docs.parse_spec(m["spec"])[0] for m in render_docs.BLOCK.finditer((ROOT / "README.md").read_text())}
+    assert shown and written == shown, (sorted(written), sorted(shown))
+    assert recipe[-1].strip() == "$(PY) -m testbed.render_docs"

@@ -139,3 +139,29 @@ def test_a_job_beside_a_busy_process_is_disturbed_and_the_table_says_so(tmp_path
     results.write()
     text = render_docs.render("<!-- results: demo-n.json -->\n<!-- /results -->\n", str(tmp_path))
     assert "Rounds run while the machine was disturbed" in text and "a round 1." in text
+
+
+def test_each_job_says_where_its_benchmark_is_and_about_how_long_is_left(tmp_path, capsys):
+    """Progress from the jobs' times so far: with the total planned, from the first job; without
+    it, once round 2 starts (round 1's jobs times the rounds); a lower round starts a new pass."""
+    from hvd_cifar.measure.rounds import Progress
+    now = [0.0]
+    planned = Progress(jobs=30, rounds=5, clock=lambda: now[0])
+    for job in range(7):
+        now[0] += 50.0  # each job 50 s: 23 left, about 19 min
+        line = planned.step(job // 6 + 1)
+    assert line == "round 2/5, job 7/30, about 19 min left"
+    counted = Progress(rounds=3, clock=lambda: now[0])
+    lines = []
+    for k in (1, 1, 2, 2, 3, 3, 1):
+        now[0] += 20.0
+        lines.append(counted.step(k))
+    assert lines[:3] == ["round 1/3, job 1", "round 1/3, job 2", "round 2/3, job 3/6, about 1 min left"]
+    assert lines[5] == "round 3/3, job 6/6, nothing left" and lines[6] == "round 1/3, job 1"
+
+    results = Results("demo", argparse.Namespace(results=str(tmp_path), repeats=2), {"x": Figure("x")})
+    results.plan(jobs=4, rounds=2)
+    for k in (1, 1, 2):
+        results.measure(k, f"c{k}", lambda: {"x": 1.0})
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("c2 round 2: done in 0 s; round 2/2, job 3/4, ") and err[-1].endswith(" left"), err

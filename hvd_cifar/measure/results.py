@@ -2,6 +2,7 @@
 --tag), the data every table in docs/ is rendered from (``python -m testbed.render_docs``).
 
     results = Results("sync_methods", args, FIGURES)        # command line, commit, date, machine, load
+    results.plan(jobs=30, rounds=5)                         # each job's line: "round 2/5, job 7/30, about 6 min left"
     results.add(1, "horovod np=2", {"images_per_s": 155.0, "cpu_s_per_image": 0.0128})
     results.fail(2, "horovod np=2", "exit status 1; see OUT/horovod-np2-r2.log")
     results.derive("horovod / best other np=2", "ratio", lambda r: r["horovod np=2"]["images_per_s"] / ...)
@@ -14,15 +15,23 @@ parsed options), ``figures`` (each figure's label, format, unit scale), ``rounds
 round number, configuration, its raw figures, and for a job run through ``measure`` the machine's
 noise around it: ``steal_share``, ``foreign_cpus``, ``disturbed``; a failed one with ``ok: false``
 and its reason),
-and ``summary``: per configuration and figure the median, the 95 % interval of the mean (low,
-high), min, max, n and ``unstable`` over its rounds that did not fail (``stats.spread``). A derived figure (a ratio of two configurations' figures) is computed per round,
-so it too has a spread. No torch here.
+``summary``: per configuration and figure the median, the 95 % interval of the mean (low,
+high), min, max, n and ``unstable`` over its rounds that did not fail (``stats.spread``), and
+``code``, what the figures ran (``code_record``; only where the jobs ran through testbed.jobs,
+which notes each): the modules of the package the jobs loaded, with the benchmark's own, each by
+the hash of its code (hvd_cifar.runfolder.code), the benchmark script's hash, the Horovod build's
+set of fixes, and the jobs whose code is not known (a training job that left no RUN/code.json,
+a job run elsewhere that named no run folder). A
+derived figure (a ratio of two configurations' figures) is computed per round, so it too has a
+spread. Each job's line on stderr says where the benchmark is and about how long it has left
+(``rounds.Progress``). No torch here.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -30,12 +39,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from hvd_cifar.core.files import write_json
-from hvd_cifar.measure.rounds import Disturbance
+from hvd_cifar.measure.rounds import Disturbance, Progress
+from hvd_cifar.runfolder import code
 from hvd_cifar.measure.stats import interval_of, judge, spread
 
 # The project checkout this package runs from (an editable install): where benchmarks/results is.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")
+INSTALL_SCRIPT = "scripts/install.sh"  # builds Horovod with the set of fixes it names (HOROVOD_FIXES)
 
 
 @dataclass
@@ -111,6 +122,53 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
+def horovod_fixes(root: str = ROOT) -> str:
+    """The set of fixes scripts/install.sh builds Horovod with (its HOROVOD_FIXES); '' when it names none."""
+    try:
+        with open(os.path.join(root, INSTALL_SCRIPT)) as f:
+            found = re.search(r"^HOROVOD_FIXES=(\S+)", f.read(), re.M)
+    except OSError:
+        return ""
+    return found[1] if found else ""
+
+
+# The jobs this process ran, as testbed.jobs notes them (``note_job``); a results file records
+# the code of those that ran after it was made. None until ``track_jobs``: a process whose jobs
+# run some other way (a sweep's) cannot tell what they ran, and its results files record none.
+_jobs: list[dict] | None = None
+
+
+def track_jobs() -> None:
+    """Every job of this process will be noted (testbed.jobs, through which benchmarks run theirs)."""
+    global _jobs
+    if _jobs is None:
+        _jobs = []
+
+
+def note_job(label: str, run_dir: str | None = None, entry: str | None = None) -> None:
+    """A job that ran: a training run (``run_dir``, its folder: its code.json), a program that
+    records nothing itself (``entry``, its file: the modules it may import), or, with neither, a
+    job whose code is not known."""
+    track_jobs()
+    _jobs.append({"label": label, "run_dir": run_dir,
+                  "modules": code.imports_of(entry) if entry else code.read(run_dir) if run_dir else None})
+
+
+def code_record(script: str, jobs: list[dict]) -> dict:
+    """What a results file's figures ran: the union of the modules its ``jobs`` loaded (each
+    training run's code.json, read again where it was not there when the job ended: a run
+    resumed later) and this process's own, the code hash of the benchmark ``script`` (its path
+    relative to the checkout), the Horovod build's fixes, and the jobs whose code is not known."""
+    for job in jobs:
+        if job["modules"] is None and job["run_dir"]:
+            job["modules"] = code.read(job["run_dir"])
+    path = os.path.join(ROOT, script)
+    return {"modules": code.union([code.loaded(), *(j["modules"] for j in jobs if j["modules"] is not None)]),
+            "script": {script: code.file_hash(path)} if script.endswith(".py") and os.path.isfile(path) else {},
+            "horovod_fixes": horovod_fixes(), "jobs": len(jobs),
+            "unrecorded": [j["label"] for j in jobs if j["modules"] is None]}
+
+
 # Seeds by role, kept apart: defaults are chosen on tuning seeds and judged on evaluation seeds
 # only. A results file of runs by seed names the role of its seeds (Results.seeds).
 SEED_ROLES = {"tuning": range(100, 200), "evaluation": range(200, 300)}
@@ -147,9 +205,16 @@ class Results:
             "figures": {key: asdict(f) for key, f in figures.items()},
             "rounds": [], "summary": {}}
         self.noise: dict = {}  # the last attempted job's (measure.rounds.Disturbance)
+        self._jobs_from = len(_jobs or [])  # the jobs noted from here on are this file's
+        self.progress = Progress(rounds=int(getattr(args, "repeats", 0) or 0))
         # False while the jobs run where this process cannot see them as its children (a namespace
         # cluster's hosts, Slurm): the sampler would count their CPU as other processes'.
         self.sample_noise = True
+
+    def plan(self, jobs: int = 0, rounds: int = 0) -> None:
+        """Say how many jobs (and rounds) follow, for the progress and time-left on each job's line
+        (``self.progress.step``; ``attempt`` calls it)."""
+        self.progress = Progress(jobs, rounds)
 
     def seeds(self, seeds: list[int]) -> None:
         """Name the seeds the rounds ran at, and their role (tuning or evaluation)."""
@@ -184,12 +249,14 @@ class Results:
         except (RuntimeError, OSError, KeyError, ValueError, ZeroDivisionError, StopIteration,
                 subprocess.SubprocessError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            print(f"{config} round {round_no}: failed: {reason}", file=sys.stderr, flush=True)
+            print(f"{config} round {round_no}: failed: {reason} ({self.progress.step(round_no)})",
+                  file=sys.stderr, flush=True)
             self.fail(round_no, config, reason)
             return None
         self.noise = {**noise.figures, "disturbed": noise.disturbed} if noise.figures else {}
         print(f"{config} round {round_no}: done in {time.perf_counter() - start:.0f} s"
-              f"{' (disturbed)' if self.noise.get('disturbed') else ''}", file=sys.stderr, flush=True)
+              f"{' (disturbed)' if self.noise.get('disturbed') else ''}; {self.progress.step(round_no)}",
+              file=sys.stderr, flush=True)
         return done
 
     def measure(self, round_no: int, config: str, job: Callable[[], dict]) -> dict | None:
@@ -245,7 +312,10 @@ class Results:
         self.data["finished_utc"] = utc_now()
         self.data["machine"]["load_average_after"] = list(os.getloadavg())
         self.data["summary"] = self.summarize()
+        if _jobs is not None:
+            self.data["code"] = code_record(self.data["command"][0], _jobs[self._jobs_from:])
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         write_json(self.path, self.data)
         print(f"results: {self.path}", file=sys.stderr, flush=True)
         return self.path
+
