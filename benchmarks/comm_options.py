@@ -47,9 +47,9 @@ from hvd_cifar.runfolder.reader import load_run
 
 OPTIONS = {  # name -> trainer flags
     "fp32": [],
-    "fp16": ["--fp16-allreduce", "true"],
+    "fp16": ["--compression", "fp16"],
     "k=4": ["--accumulation-steps", "4"],
-    "fp16+k=4": ["--fp16-allreduce", "true", "--accumulation-steps", "4"],
+    "fp16+k=4": ["--compression", "fp16", "--accumulation-steps", "4"],
     "freeze 2": ["--freeze", "2"],
     "freeze 6": ["--freeze", "6"],
 }

@@ -51,7 +51,7 @@ import time
 from testbed import jobs, render_docs
 from testbed.hosts import Hosts
 from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
-from hvd_cifar.compress import registry
+from hvd_cifar.core import schemes
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
 from hvd_cifar.analysis.summary import run_bytes, steady_mean, steady_nic_mean, time_to_target
@@ -62,7 +62,7 @@ SCHEMES = {  # name -> trainer flags: each scheme at its defaults
     "fp16": ["--compression", "fp16"],
     "powersgd": ["--compression", "powersgd"],
     "topk": ["--compression", "topk"],
-    "localsgd": ["--local-sgd-steps", "4"],
+    "localsgd": ["--compression", "local-sgd", "--local-sgd-steps", "4"],
 }
 FIGURES = {
     "test_acc": Figure("final test acc", ".4f"),
@@ -117,9 +117,9 @@ def run_job(cluster: NetCluster, pass_name: str, name: str, flags: list[str], ar
 
 
 def scheme_label(config: dict) -> str:
-    """A run's scheme as predict's compression column names it (fp16 kept apart from none)."""
+    """A run's compression as predict's compression column names it (schemes.label)."""
     name = config.get("compression", "none")
-    return registry.label(name, int(config.get("local_sgd_steps") or 1), registry.of(name, config))
+    return schemes.label(name, schemes.of(name, config))
 
 
 def accuracy_row(run_dir: str) -> dict:
@@ -144,7 +144,7 @@ def check_predictions(rows: dict, rate: str, args, k: int) -> dict:
     """predict from round ``k``'s ``none`` run at ``rate`` with every other scheme asked for, the
     round's runs as --measured; scheme label -> (predicted, measured step s, error %)."""
     out = os.path.join(args.out, f"predict-{rate}-r{k}")
-    asked = [s for s in ("fp16", "powersgd", "topk") if s in rows]
+    asked = [s for s in ("fp16", "powersgd", "topk") if s in rows] + (["local-sgd"] if "localsgd" in rows else [])
     argv = [sys.executable, "-m", "hvd_cifar.predict", rows["none"]["path"], "--bandwidth", rate,
             *([] if args.hostfile else ["--shared-cores", str(os.cpu_count())]), "--np", str(args.np), "--out", out,
             *(["--compression", *asked] if asked else []),
@@ -153,9 +153,8 @@ def check_predictions(rows: dict, rate: str, args, k: int) -> dict:
     jobs.run(f"predict at {rate}", argv, log=os.path.join(args.out, "logs", f"predict-{rate}-r{k}.log"), timeout=600)
     with open(os.path.join(out, "predict.csv")) as f:
         predicted = [r for r in csv.DictReader(f) if r["measured_step_s"]]
-    return {("fp16" if r["fp16_allreduce"] == "true" else r["compression"]):
-            {"predicted_step_s": float(r["step_s"]), "measured_step_s": float(r["measured_step_s"]),
-             "error_pct": float(r["error_pct"])} for r in predicted}
+    return {r["compression"]: {"predicted_step_s": float(r["step_s"]), "measured_step_s": float(r["measured_step_s"]),
+                               "error_pct": float(r["error_pct"])} for r in predicted}
 
 
 def accuracy_figures(run_dir: str) -> dict:

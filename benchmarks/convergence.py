@@ -42,7 +42,7 @@ CASES = {  # name: (ranks, extra flags)
     "np2": (2, []),
     "np4": (4, []),
     "np2-acc4": (2, ["--accumulation-steps", "4"]),
-    "np2-fp16": (2, ["--fp16-allreduce"]),
+    "np2-fp16": (2, ["--compression", "fp16"]),
     "np4-fp16": (4, ["--compression", "fp16"]),
     "np2-powersgd": (2, ["--compression", "powersgd"]),
     "np4-powersgd": (4, ["--compression", "powersgd"]),
@@ -134,7 +134,8 @@ def run_case(model: str, case: str, k: int, args, results: Results) -> None:
     if done.code != 0:
         error = next((line for line in done.stderr.splitlines() if "hvd_cifar:" in line), done.stderr.strip()[-200:])
         results.fail(k, config, f"exit {done.code}: {error}")
-        print(f"{config} round {k}: failed: exit {done.code}: {error}", file=sys.stderr, flush=True)
+        print(f"{config} round {k}: failed: exit {done.code}: {error} ({results.progress.step(k)})",
+              file=sys.stderr, flush=True)
         return
     run = load_run(os.path.join(args.out, "runs", name))
     accs = [r["test_acc"] for r in run.metrics]
@@ -148,7 +149,8 @@ def run_case(model: str, case: str, k: int, args, results: Results) -> None:
     results.add(k, config, figures, accuracy_per_epoch=accs, wall_s=round(done.seconds, 1), compute=compute,
                 **noise.figures, **({"disturbed": True} if noise.disturbed else {}),
                 **({"seed": args.seeds[k - 1]} if args.seeds else {}))
-    print(f"{config} round {k}: final {accs[-1]:.4f} in {done.seconds:.0f} s", file=sys.stderr, flush=True)
+    print(f"{config} round {k}: final {accs[-1]:.4f} in {done.seconds:.0f} s; {results.progress.step(k)}",
+          file=sys.stderr, flush=True)
 
 
 def derive_spreads(results: Results, models: list[str]) -> None:
@@ -163,6 +165,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
     results = Results("convergence", args, FIGURES, argv)
+    results.plan(jobs=args.repeats * len(args.models) * len(args.cases), rounds=args.repeats)
     if args.seeds:
         results.seeds(args.seeds)
     for k in range(1, args.repeats + 1):

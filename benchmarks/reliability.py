@@ -47,6 +47,7 @@ from testbed.drill import BAD_INPUT_BOUND_S, BAD_INPUTS, KILL_BOUND_S, KILL_JOBS
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 from hvd_cifar.core.files import write_json, write_text
 from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
+from hvd_cifar.measure.rounds import Progress
 
 FIGURES = {"seconds": Figure("seconds to exit", ".1f"), "passed": Figure("passed", ".0f"),
            "cases": Figure("cases", ".0f"), "slowest_s": Figure("slowest (s)", ".1f")}
@@ -88,39 +89,51 @@ def slowest(rows: list[dict]) -> float:
     return max((r["seconds"] for r in rows if r["seconds"] is not None), default=float("nan"))
 
 
-def run_bad_inputs(rows: list[dict], work: Path, match: list[str]) -> list[str]:
+def chosen_bad_inputs(match: list[str]) -> list[tuple]:
+    """(number, case) of the bad inputs whose name holds one of ``match`` (all without)."""
+    return [(i, case) for i, case in enumerate(BAD_INPUTS, 1) if not match or any(t in case.name for t in match)]
+
+
+def planned(args) -> int:
+    """The cases this invocation runs (for its progress lines)."""
+    return ((len(chosen_bad_inputs(args.match)) if args.only in (None, "bad-inputs") else 0)
+            + (2 * len(KILL_JOBS) if args.only in (None, "kills") else 0)
+            + (len(PREEMPT_JOBS) if args.only in (None, "preemptions") else 0))
+
+
+def run_bad_inputs(rows: list[dict], work: Path, match: list[str], progress: Progress) -> list[str]:
     """The bad inputs whose name holds one of ``match`` (all without), appended to ``rows``; the
     table and its summary."""
-    cases = [(i, case) for i, case in enumerate(BAD_INPUTS, 1) if not match or any(t in case.name for t in match)]
+    cases = chosen_bad_inputs(match)
     for i, case in cases:
         rows.append({"number": i, **drill.run_bad_input(case, work / f"bad-{i:02d}")})
-        print(f"bad input {i}/{len(BAD_INPUTS)}: {case.name}: {'ok' if rows[-1]['ok'] else rows[-1]['why']}",
-              flush=True)
+        print(f"bad input {i}/{len(BAD_INPUTS)}: {case.name}: {'ok' if rows[-1]['ok'] else rows[-1]['why']}; "
+              f"{progress.step()}", flush=True)
     return [table(BAD_INPUT_COLUMNS, rows), "",
             f"bad inputs: {sum(r['ok'] for r in rows)} of {len(cases)} passed (one line from hvd_cifar, no "
             f"traceback, exit != 0 within {BAD_INPUT_BOUND_S:.0f} s); slowest {slowest(rows):.1f} s", ""]
 
 
-def run_kills(rows: list[dict], work: Path) -> list[str]:
+def run_kills(rows: list[dict], work: Path, progress: Progress) -> list[str]:
     """Rank 0, then rank 1, of every job of KILL_JOBS, appended to ``rows``; the table and its summary."""
     for launcher, sync in KILL_JOBS:
         for victim in (0, 1):
             rows.append(drill.kill_drill(launcher, sync, victim, work))
             r = rows[-1]
             print(f"kill rank {victim} of {launcher} {sync}: exit {r['exit']} after {r['seconds']} s"
-                  f"{'' if r['ok'] else ': ' + r['why']}", flush=True)
+                  f"{'' if r['ok'] else ': ' + r['why']}; {progress.step()}", flush=True)
     return [table(KILL_COLUMNS, rows), "",
             f"kills: {sum(r['ok'] for r in rows)} of {len(rows)} ended the job non-zero within {KILL_BOUND_S:.0f} s "
             f"with no rank left running; slowest {slowest(rows):.1f} s", ""]
 
 
-def run_preemptions(rows: list[dict], work: Path) -> list[str]:
+def run_preemptions(rows: list[dict], work: Path, progress: Progress) -> list[str]:
     """Every job of PREEMPT_JOBS, appended to ``rows``; the table and its summary."""
     for job in PREEMPT_JOBS:
         rows.append(drill.preempt_drill(*job, work))
         r = rows[-1]
         print(f"preempt {' '.join(job)}: exit {r['exit']} after {r['seconds']} s, resumed: {r['resume_exit']}"
-              f"{'' if r['ok'] else ': ' + r['why']}", flush=True)
+              f"{'' if r['ok'] else ': ' + r['why']}; {progress.step()}", flush=True)
     return [table(PREEMPT_COLUMNS, rows), "", f"preemptions: {sum(r['ok'] for r in rows)} of {len(rows)} exited 4 "
             f"within {PREEMPT_BOUND_S:.0f} s with a checkpoint and resumed to the end; slowest {slowest(rows):.1f} s", ""]
 
@@ -163,13 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": platform.platform(),
               "cpus": os.cpu_count(), "load_start": os.getloadavg()[0], "bad_inputs": [], "kills": [],
               "preemptions": []}
-    text = []
+    text, progress = [], Progress(jobs=planned(args))
     if args.only in (None, "bad-inputs"):
-        text += run_bad_inputs(report["bad_inputs"], out, args.match)
+        text += run_bad_inputs(report["bad_inputs"], out, args.match, progress)
     if args.only in (None, "kills"):
-        text += run_kills(report["kills"], out / "kills")
+        text += run_kills(report["kills"], out / "kills", progress)
     if args.only in (None, "preemptions"):
-        text += run_preemptions(report["preemptions"], out / "preemptions")
+        text += run_preemptions(report["preemptions"], out / "preemptions", progress)
     report["load_end"] = os.getloadavg()[0]
     report["ended"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     write_json(str(out / "reliability.json"), report)

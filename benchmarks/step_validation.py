@@ -32,10 +32,10 @@ from hvd_cifar.measure.results import Figure, Results, add_options as add_result
 from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 from hvd_cifar.launch.commands import ROOT
 
-# option label -> (train flags, predict's scenario keys: fp16, accumulation steps)
-OPTIONS = {"plain": ([], (False, 1)),
-           "fp16": (["--fp16-allreduce", "true"], (True, 1)),
-           "accum4": (["--accumulation-steps", "4"], (False, 4))}
+# option label -> (train flags, predict's scenario keys: compression, accumulation steps)
+OPTIONS = {"plain": ([], ("none", 1)),
+           "fp16": (["--compression", "fp16"], ("fp16", 1)),
+           "accum4": (["--accumulation-steps", "4"], ("none", 4))}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -87,14 +87,14 @@ def validate_rate(rate: str, args) -> list[dict]:
                 print(f"{rate} {sync} {option}: trained", file=sys.stderr, flush=True)
     wanted = {(s, *OPTIONS[o][1], n) for s in args.syncs for o in args.options for n in args.nps}
     pred_args = predict.parse_args([single, "--probe", probe_path, "--np", *map(str, args.nps), "--sync", *args.syncs,
-                                    "--fp16-allreduce", "--accumulation-steps", "4", "--overlap-from", overlap,
+                                    "--compression", "fp16", "--accumulation-steps", "4", "--overlap-from", overlap,
                                     "--shared-cores", str(os.cpu_count() or 1), "--measured", *measured,
                                     "--out", os.path.join(args.out, f"predict-{rate}")])
     rows, text = predict.run(pred_args)
     with open(os.path.join(args.out, f"predict-{rate}.md"), "w") as f:
         f.write(text + "\n")
     rows = [{"rate": rate, **r} for r in rows
-            if (r["method"], r["fp16_allreduce"], r["accumulation_steps"], r["np"]) in wanted and r["freeze"] == 0]
+            if (r["method"], r["compression"], r["accumulation_steps"], r["np"]) in wanted and r["freeze"] == 0]
     unmatched = [r for r in rows if "measured_step_s" not in r]
     if len(rows) != len(wanted) or unmatched:
         raise RuntimeError(f"{rate}: {len(wanted)} trained configurations but {len(rows) - len(unmatched)} "
@@ -103,7 +103,8 @@ def validate_rate(rate: str, args) -> list[dict]:
 
 
 def option_label(r: dict) -> str:
-    return "fp16" if r["fp16_allreduce"] else f"accum {r['accumulation_steps']}" if r["accumulation_steps"] > 1 else "plain"
+    return ("fp16" if r["compression"] == "fp16" else f"accum {r['accumulation_steps']}" if r["accumulation_steps"] > 1
+            else "plain")
 
 
 FIGURES = {"step_s": Figure("predicted step (ms)", ".1f", 1e-3),
@@ -115,7 +116,7 @@ def config(r: dict) -> str:
     return f"{r['rate']} {r['method']} {option_label(r)} np={r['np']}"
 
 
-COLUMNS = [Column("rate", "rate"), Column("sync", "method"), Column("option", "fp16_allreduce", row_fmt=option_label),
+COLUMNS = [Column("rate", "rate"), Column("sync", "method"), Column("option", "compression", row_fmt=option_label),
            Column("np", "np", numeric=True), num("predicted step (ms)", "step_s", ".1f", 1e-3),
            num("measured step (ms)", "measured_step_s", ".1f", 1e-3), num("error (%)", "error_pct", "+.1f")]
 

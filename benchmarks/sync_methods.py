@@ -260,6 +260,8 @@ def local_figures(run_dir: str) -> dict:
 def run_local_pass(args, results: Results) -> None:
     """Every method at every --np (and the plain loop at np=1), ``repeats`` rounds; within a round
     the sizes follow each other and each size's jobs rotate, so that none always runs first."""
+    results.plan(jobs=args.repeats * sum(len(METHODS) + (np == 1 and args.plain) for np in args.np),
+                 rounds=args.repeats)
     for k in range(1, args.repeats + 1):
         for np in args.np:
             labels = [*METHODS, *([PLAIN] if np == 1 and args.plain else [])]
@@ -308,6 +310,7 @@ def run_cluster_pass(cluster: NetCluster, args, results: Results) -> None:
     cluster's namespaces, not as this process's children: no noise sampling."""
     suffix = f" cluster {args.rate}"
     results.sample_noise = False
+    results.plan(jobs=args.cluster_repeats * len(cluster_variants(args)), rounds=args.cluster_repeats)
     for k in range(1, args.cluster_repeats + 1):
         for label in jobs.rotated(tuple(cluster_variants(args)), k - 1):
             def measure(label=label):

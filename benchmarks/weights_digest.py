@@ -6,6 +6,7 @@ the same digest means the same weights bit for bit.
 
     .venv/bin/python benchmarks/weights_digest.py --out logs/digest-before.json
     .venv/bin/python benchmarks/weights_digest.py --out logs/digest-after.json --compare logs/digest-before.json
+    .venv/bin/python benchmarks/weights_digest.py --out logs/digest-ddp.json --only "ddp np2" --compare logs/digest-before.json
 
 The schemes leave their warm-ups early (compression_warmup_steps 2, topk_warmup_epochs 0) so
 that both epochs' updates after the second go through the scheme. The asynchronous parameter
@@ -78,12 +79,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--compare", help="an earlier --out: report each case as same or different")
+    p.add_argument("--only", nargs="+", metavar="TEXT",
+                   help="run (and compare) only the cases whose name holds one of these, e.g. 'ddp np2' localsgd")
     args = p.parse_args(argv)
     found: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as folder:
         for i, (sync, np_, scheme, extra) in enumerate(CASES):
             key = f"{sync} np{np_} {scheme}{' ' + ' '.join(extra) if extra else ''}"
             key += " (again)" if key in found else ""
+            if args.only and not any(text in key for text in args.only):
+                continue
             found[key] = run(sync, np_, scheme, extra, folder, f"case{i}")
             print(f"{key}: {found[key]}", flush=True)
     with open(args.out, "w") as f:

@@ -1,7 +1,7 @@
 """A scaling sweep in one command: train every combination of the options given, each as its
 own launched job, and tabulate and plot how throughput scales with the number of processes.
 
-    python -m hvd_cifar.bench --np 1 2 --fp16-allreduce false true --accumulation-steps 1 4 \\
+    python -m hvd_cifar.bench --np 1 2 --compression none fp16 --accumulation-steps 1 4 \\
         --batch-size 32 --model smallcnn --steps 10
     python -m hvd_cifar.bench --np 1 2 4 --launcher mpirun --hostfile hostfiles/example-cluster \\
         --model vgg11 --dataset cifar10 --steps 50 --extra "--data-dir /shared/data"
@@ -12,9 +12,9 @@ Time to accuracy (whole epochs, --steps 0), with options tried at one world size
 
     python -m hvd_cifar.bench --model vgg11 --dataset digits --batch-size 32 --epochs 6 --steps 0 \
         --target-acc 0.95 --np 1 2 4 --sync horovod ddp mpi-gather-scatter \
-        --also "--np 2 --sync horovod --fp16-allreduce true" --also "--np 2 --sync horovod --accumulation-steps 4"
+        --also "--np 2 --sync horovod --compression fp16" --also "--np 2 --sync horovod --accumulation-steps 4"
 
-Options taking several values (--np, --sync, --model, --batch-size, --fp16-allreduce,
+Options taking several values (--np, --sync, --model, --batch-size, --compression,
 --accumulation-steps, --freeze) span a cartesian product. Each --also "OPTIONS" adds another
 product: these options as given there, the others as in the main sweep; a configuration asked
 for twice runs once. Each configuration is one run of ``python -m hvd_cifar.train`` with
@@ -77,12 +77,12 @@ from hvd_cifar.core.errors import ReportError
 from hvd_cifar.core.files import RunError
 from hvd_cifar.launch.commands import Terminated
 from hvd_cifar.launch.runners import LocalRunner, SlurmRunner
-from hvd_cifar.launch.sweep_jobs import (BenchError, add_sweep_options, also_sweep, configurations, extra_flags,
-                                         run_name, sweep_values, train_flags, unique_name)
+from hvd_cifar.launch.sweep_jobs import (BenchError, add_sweep_options, also_sweep, check_compressions, configurations,
+                                         extra_flags, run_name, sweep_values, train_flags, unique_name)
 from hvd_cifar.measure.rounds import Disturbance, rotated
 
 # A configuration's identity (a job's row keys); comparisons pair jobs of the same identity.
-KEYS = ("model", "sync", "batch_size", "fp16_allreduce", "accumulation_steps", "freeze", "world_size", "dataset")
+KEYS = ("model", "sync", "batch_size", "compression", "accumulation_steps", "freeze", "world_size", "dataset")
 MAX_ROUNDS = 50  # --resolve adds rounds up to this many, whatever the budget
 
 
@@ -91,7 +91,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sweep_options(p, defaults=True)
     p.add_argument("--also", action="append", default=[], metavar='"OPTIONS"',
-                   help='one more sweep, e.g. "--np 2 --fp16-allreduce true": the sweep options given '
+                   help='one more sweep, e.g. "--np 2 --compression fp16": the sweep options given '
                         'there, the others as in the main sweep (repeatable)')
     p.add_argument("--dataset", choices=config_mod.DATASETS, default="synthetic",
                    help="default: synthetic (CIFAR-shaped random images, offline)")
@@ -293,6 +293,7 @@ def prepare(args, argv: list[str]):
     folder, the sweep's state: OUT's when it holds this sweep; None for a dry run)."""
     args, argv = resumed(args, argv)
     extra = extra_flags(args.extra)
+    check_compressions(configurations(args), extra)
     runner = make_runner(args)
     if args.hostfile and not os.path.isfile(args.hostfile):
         raise BenchError(f"--hostfile: {args.hostfile} does not exist")

@@ -4,14 +4,18 @@ have, from one run's measured phases and a network probe. The model is hvd_cifar
 
     python -m hvd_cifar.predict logs/RUN --probe probe.json --np 1 2 4 8 16 32 64 128 256 512 1024
     python -m hvd_cifar.predict logs/RUN --probe probe.json --np 1 2 4 --sync horovod mpi-gather-scatter \\
-        --fp16-allreduce --accumulation-steps 4 --freeze 2 --measured logs/np2 logs/np4
+        --compression fp16 --accumulation-steps 4 --freeze 2 --measured logs/np2 logs/np4
     python -m hvd_cifar.predict logs/RUN --bandwidth 1gbit --latency-us 50 --np 2 4 8   # no probe: a link you name
     python -m hvd_cifar.predict logs/RUN --bandwidth 100mbit --np 2 4 8 --compression fp16 powersgd topk \
-        --local-sgd-steps 4                                                              # the schemes of hvd_cifar/compress/
+        local-sgd --local-sgd-steps 4                                  # the compressions of core/schemes.py
+    python -m hvd_cifar.predict logs/RUN --probe probe.json --np 8 16 --hierarchical --ranks-per-host 4
 
 ``probe.json`` comes from ``python -m hvd_cifar.probe`` (launched like training, on your hosts).
-``--measured`` run folders (other np, same model) are overlaid on the plot and, where one
-matches a predicted row (sync, np, fp16, accumulation, freeze), put beside it with the error.
+The methods and compressions, how each is priced and which runs which, are the registries'
+(hvd_cifar/core/methods.py, hvd_cifar/core/schemes.py); a method whose entry names no transport
+the probe times is refused in one line. ``--measured`` run folders (other np, same model) are
+overlaid on the plot and, where one matches a predicted row (sync, hierarchical, np,
+compression, accumulation, freeze), put beside it with the error.
 Writes OUT/predict.csv and OUT/predict.png (OUT: --out, default RUN/predict), prints the table.
 Bad input is one ``hvd_cifar: error:`` line and exit status 2.
 """
@@ -24,14 +28,12 @@ import sys
 from dataclasses import replace
 
 from hvd_cifar.analysis.plots import plot_prediction
-from hvd_cifar.compress import registry
-from hvd_cifar.core import units
+from hvd_cifar.core import methods, schemes, units
 from hvd_cifar.core.errors import PredictError, ReportError
 from hvd_cifar.core.files import RunError
-from hvd_cifar.core.names import COMPRESSIONS, SCHEME_SYNC_METHODS
 from hvd_cifar.runfolder.reader import load_run
-from hvd_cifar.analysis.scaling import (SCENARIO_KEYS, TRANSPORTS, Compute, Link, Network, Scenario, measure, predict,
-                               profile, scheme_of, time_schemes)
+from hvd_cifar.analysis.scaling import (SCENARIO_KEYS, Compute, Link, Network, Scenario, as_run, compression_of,
+                                        hierarchical_of, measure, predict, profile, time_schemes)
 from hvd_cifar.analysis.summary import MB, summarize
 from hvd_cifar.analysis.tabulate import Column, OneLineParser, markdown_table, num, write_csv
 
@@ -57,24 +59,25 @@ def probe_link(probe: dict, name: str, path: str) -> Link:
                 fit.get("per_op_s", 0.0))
 
 
-def network(methods: list[str], args: argparse.Namespace) -> Network:
-    """Links per method: --bandwidth/--latency-us for all, else the probe's fit of each
-    method's transport (TRANSPORTS)."""
+def network(names: list[str], args: argparse.Namespace) -> Network:
+    """Links per method: --bandwidth/--latency-us for all, else the probe's fit of the first of
+    the method's transports (its registry entry's) that the probe holds."""
     if args.bandwidth:
         try:
             beta = units.parse_rate(args.bandwidth) / 8
         except ValueError as exc:
             raise PredictError(f"--bandwidth: {exc}") from None
         link = Link(args.latency_us * 1e-6, beta, 0.0, f"--bandwidth {args.bandwidth} --latency-us {args.latency_us:g}")
-        return Network({m: link for m in methods}, None, args.ranks_per_host, shared_cores=args.shared_cores)
+        return Network({m: link for m in names}, None, args.ranks_per_host, shared_cores=args.shared_cores)
     if not args.probe:
         raise PredictError("no network: give --probe probe.json (python -m hvd_cifar.probe) or --bandwidth RATE")
     probe = read_probe(args.probe)
     links = {}
-    for m in methods:
-        found = [t for t in TRANSPORTS[m] if t in probe["transports"]]
+    for m in names:
+        transports = methods.priced(m).transports
+        found = [t for t in transports if t in probe["transports"]]
         if not found:
-            raise PredictError(f"{args.probe}: no {' or '.join(TRANSPORTS[m])} timings for --sync {m} "
+            raise PredictError(f"{args.probe}: no {' or '.join(transports)} timings for --sync {m} "
                                f"(it has: {', '.join(probe['transports']) or 'none'})")
         links[m] = probe_link(probe, found[0], args.probe)
     local = probe_link(probe, "mpi-intra-host", args.probe) if "mpi-intra-host" in probe["transports"] else None
@@ -88,17 +91,13 @@ def measured_rows(paths: list[str]) -> list[dict]:
     for path in paths:
         run = load_run(path)
         s = summarize(run)
-        rows.append({"run": s["run"], "method": s["sync"], "np": s["world_size"],
-                     "fp16_allreduce": bool(s["fp16_allreduce"]), "accumulation_steps": int(s["accumulation_steps"]),
+        compression, settings = compression_of(run.config)
+        rows.append({"run": s["run"], "method": s["sync"], "hierarchical": hierarchical_of(s["sync"], run.config),
+                     "np": s["world_size"], "accumulation_steps": int(s["accumulation_steps"]),
                      "freeze": int(run.metrics[-1].get("frozen_blocks", 0)),
-                     "compression": scheme_label(scheme_of(run.config)),
+                     "compression": schemes.label(compression, dict(settings)),
                      "step_s": s["step_time_s"], "images_per_s": s["images_per_s"]})
     return rows
-
-
-def scheme_label(scheme: dict) -> str:
-    """A Scenario's scheme fields (scaling.scheme_of) as its table cell."""
-    return registry.label(scheme["compression"], scheme["local_sgd_steps"], dict(scheme["settings"]))
 
 
 def attach_measured(rows: list[dict], measured: list[dict]) -> None:
@@ -112,8 +111,8 @@ def attach_measured(rows: list[dict], measured: list[dict]) -> None:
 
 # ----------------------------------------------------------------------------- output
 COLUMNS = [
-    Column("method", "method"), Column("np", "np", numeric=True),
-    Column("fp16", "fp16_allreduce"), Column("accum", "accumulation_steps", numeric=True),
+    Column("method", "method"), Column("hierarchical", "hierarchical"), Column("np", "np", numeric=True),
+    Column("accum", "accumulation_steps", numeric=True),
     Column("freeze", "freeze", numeric=True), Column("compression", "compression"),
     num("payload (MB/sync)", "payload_bytes", ".2f", MB),
     num("comm (ms/sync)", "comm_s_per_sync", ".2f", 1e-3),
@@ -137,18 +136,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--bandwidth", help="instead of a probe: link rate, bits per second (1e9) or tc syntax (1gbit, 100mbit)")
     p.add_argument("--latency-us", type=float, default=50.0, help="with --bandwidth: α in µs (default 50)")
     p.add_argument("--np", type=int, nargs="+", default=list(DEFAULT_NP), help="world sizes")
-    p.add_argument("--sync", nargs="+", choices=list(TRANSPORTS), help="methods (default: the run's)")
-    p.add_argument("--fp16-allreduce", action="store_true", help="predict with fp16 gradients too")
+    p.add_argument("--sync", nargs="+", choices=methods.names(),
+                   help=f"methods (default: the run's; priced: {', '.join(priced_methods())})")
     p.add_argument("--accumulation-steps", type=int, help="predict with k micro-batches per sync too")
     p.add_argument("--freeze", type=int, help="predict with n leading blocks frozen too")
-    p.add_argument("--compression", nargs="+", choices=list(COMPRESSIONS), default=[],
-                   help="predict with each of these gradient compressions too (powersgd, topk: horovod and ddp)")
-    p.add_argument("--local-sgd-steps", type=int, metavar="H", help="predict local SGD too (models averaged every H updates)")
-    for key, (scheme, setting) in registry.settings().items():  # the settings that shape a scheme's bytes
+    p.add_argument("--compression", nargs="+", choices=schemes.names(), default=[],
+                   help=f"predict with each of these compressions too ({', '.join(schemes.replacing())}: under "
+                        f"{', '.join(methods.with_capability('runs_schemes'))})")
+    for key, (scheme, setting) in schemes.settings().items():  # the settings that shape a scheme's bytes
         if setting.bytes:
             p.add_argument(f"--{key.replace('_', '-')}", type=setting.kind, default=setting.default,
                            help=f"with --compression {scheme} (default {setting.default}): {setting.meaning}")
-    p.add_argument("--ranks-per-host", type=int, default=1, help="for horovod-hierarchical (default 1)")
+    p.add_argument("--hierarchical", action="store_true",
+                   help=f"predict the hierarchical allreduce too, where a method has one "
+                        f"({', '.join(m for m, spec in methods.METHODS.items() if spec.hierarchical_key)})")
+    p.add_argument("--ranks-per-host", type=int, default=1, help="for the hierarchical allreduce (default 1)")
     p.add_argument("--shared-cores", type=int, default=0, metavar="C",
                    help="every rank runs on one machine with C cores (the namespace cluster, an "
                         "oversubscribed node): compute slows by np·threads_per_rank/C beyond C (default: "
@@ -160,48 +162,71 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.np) < 1 or args.ranks_per_host < 1 or (args.accumulation_steps or 1) < 1 or min(args.freeze or 0, args.shared_cores) < 0:
         p.error("--np, --ranks-per-host and --accumulation-steps must be >= 1, --freeze and --shared-cores >= 0")
-    if (args.local_sgd_steps or 2) < 2:
-        p.error("--local-sgd-steps must be >= 2")
-    for key, (_, setting) in registry.settings().items():
+    for key, (_, setting) in schemes.settings().items():
         if setting.bytes and not setting.allowed(getattr(args, key)):
             p.error(f"--{key.replace('_', '-')}: {setting.rule}, got {getattr(args, key)}")
     return args
 
 
-def with_schemes(plain: list[Scenario], args: argparse.Namespace) -> list[Scenario]:
-    """``plain`` and each of its scenarios again under each --compression and --local-sgd-steps
-    asked for; powersgd, topk and local SGD only for the methods that run them (horovod, ddp)."""
-    asked = [{"fp16": name == "fp16", "compression": "none" if name == "fp16" else name, "local_sgd_steps": 1}
-             for name in args.compression]
-    if args.local_sgd_steps:
-        asked.append({"fp16": False, "compression": "none", "local_sgd_steps": args.local_sgd_steps})
-    runs_schemes = [s for s in plain if s.method in SCHEME_SYNC_METHODS]
-    if any(a["compression"] != "none" or a["local_sgd_steps"] > 1 for a in asked) and not runs_schemes:
-        raise PredictError(f"--compression/--local-sgd-steps: powersgd, topk and local SGD run under "
-                           f"{' and '.join(SCHEME_SYNC_METHODS)}; give one of them in --sync")
-    more = [replace(s, **a, settings=tuple(registry.of(a["compression"], vars(args)).items())) for s in plain
-            for a in asked if s in runs_schemes or (a["compression"] == "none" and a["local_sgd_steps"] == 1)]
-    return list(dict.fromkeys(plain + more))
+def priced_methods() -> list[str]:
+    """The methods the scaling model can price: their registry entry names a transport."""
+    return [m for m, spec in methods.METHODS.items() if spec.transports]
 
 
-def scenarios(c: Compute, args: argparse.Namespace, depth: int, run_scheme: dict | None = None) -> list[Scenario]:
-    """Each method as the run ran (``run_scheme``: its scheme_of), then with each option asked
-    for, then with all of them; then each of those with each scheme asked for (with_schemes)."""
+def asked_methods(c: Compute, args: argparse.Namespace) -> list[str]:
+    """--sync, else the run's method: each one the model can price (core.methods.priced), else
+    one line why."""
+    if args.sync:
+        for m in args.sync:
+            methods.priced(m)
+        return list(dict.fromkeys(args.sync))
+    try:
+        methods.priced(c.sync)
+    except PredictError as exc:
+        raise PredictError(f"{args.run}: {exc}; pick --sync from {', '.join(priced_methods())}") from None
+    return [c.sync]
+
+
+def scenarios(c: Compute, args: argparse.Namespace, names: list[str], depth: int, config: dict) -> list[Scenario]:
+    """Each of the methods ``names`` as the run ran (its compression and the scheme's settings,
+    from ``config``, its saved config), then with each option asked for, then with all of them;
+    each of those again under each --compression, and with --hierarchical where the method has
+    one. A method takes only the compressions it runs (core.methods.runs)."""
     if args.freeze is not None and args.freeze > depth:
         raise PredictError(f"--freeze: {args.freeze} blocks asked for but {c.model} has {depth}")
-    fp16, k, frozen = as_run = (c.fp16, c.accumulation_steps, c.frozen_blocks)
-    options = [as_run]
-    if args.fp16_allreduce:
-        options.append((True, k, frozen))
+    for name in args.compression:
+        if not any(methods.runs(m, name) for m in names):
+            runners = [m for m in methods.names() if methods.runs(m, name)]
+            raise PredictError(f"--compression {name}: runs under {', '.join(runners)}; give one of them in --sync")
+    k, frozen = c.accumulation_steps, c.frozen_blocks
+    options = [(k, frozen)]
     if args.accumulation_steps:
-        options.append((fp16, args.accumulation_steps, frozen))
+        options.append((args.accumulation_steps, frozen))
     if args.freeze is not None:
-        options.append((fp16, k, args.freeze))
-    options.append((args.fp16_allreduce or fp16, args.accumulation_steps or k,
-                    frozen if args.freeze is None else args.freeze))  # every option asked for at once
-    unique = list(dict.fromkeys(options))
-    plain = [Scenario(m, f, k, z, **(run_scheme or {})) for m in (args.sync or [c.sync]) for f, k, z in unique]
-    return with_schemes(plain, args)
+        options.append((k, args.freeze))
+    options.append((args.accumulation_steps or k, frozen if args.freeze is None else args.freeze))  # every option at once
+    ran = as_run(c, config)
+    plain = [replace(ran, method=m, hierarchical=hierarchical_of(m, config), accumulation_steps=a, freeze=z)
+             for m in names for a, z in dict.fromkeys(options)]
+    found = [s for s in plain + [replace(s, compression=name, settings=tuple(schemes.of(name, vars(args)).items()))
+                                 for s in plain for name in args.compression] if methods.runs(s.method, s.compression)]
+    for m in names:
+        if not any(s.method == m for s in found):
+            raise PredictError(f"--sync {m}: runs neither the run's compression ({ran.compression}) nor one of "
+                               f"--compression; add --compression none")
+    return with_hierarchical(list(dict.fromkeys(found)), args)
+
+
+def with_hierarchical(found: list[Scenario], args: argparse.Namespace) -> list[Scenario]:
+    """``found`` and, with --hierarchical, each of them again with the hierarchical allreduce where
+    its method has one (its registry entry's hierarchical_key)."""
+    if not args.hierarchical:
+        return found
+    more = [replace(s, hierarchical=True) for s in found if methods.METHODS[s.method].hierarchical_key]
+    if not more:
+        raise PredictError(f"--hierarchical: no method of --sync has one "
+                           f"({', '.join(m for m, spec in methods.METHODS.items() if spec.hierarchical_key)} has)")
+    return list(dict.fromkeys(found + more))
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict], str]:
@@ -209,13 +234,12 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
     c = measure(source)
     if args.overlap_from:
         c = replace(c, hidden_fraction=measure(load_run(args.overlap_from)).hidden_fraction)
-    if c.sync not in TRANSPORTS and not args.sync:
-        raise PredictError(f"{args.run}: sync {c.sync} has no model here; pick --sync from {', '.join(TRANSPORTS)}")
     if args.shared_cores and not c.threads_per_rank:
         raise PredictError(f"--shared-cores: {args.run} chose its threads per rank from its host's cores; "
                            "use a run with threads_per_rank set")
+    names = asked_methods(c, args)
     prof = profile(c.model, c.num_classes)
-    wanted = time_schemes(prof, scenarios(c, args, len(prof.block_params), scheme_of(source.config)), c.threads_per_rank)
+    wanted = time_schemes(prof, scenarios(c, args, names, len(prof.block_params), source.config), c.threads_per_rank)
     net = network(list(dict.fromkeys(s.method for s in wanted)), args)
     rows = predict(c, prof, net, wanted, sorted(set(args.np)))
     measured = measured_rows(args.measured)
@@ -223,6 +247,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
     out = args.out or os.path.join(args.run, "predict")
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "predict.csv"), COLUMNS, rows)
+    shown = [col for col in COLUMNS if col.key != "hierarchical" or any(r["hierarchical"] for r in rows)]
     sources = "; ".join(sorted({link.source for link in net.links.values()}))
     plot_prediction(rows, measured, os.path.join(out, "predict.png"), f"{c.model}, compute from {os.path.basename(os.path.normpath(args.run))} "
          f"(np={c.world_size}); network: {sources}")
@@ -231,7 +256,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
             f"{f' (from {args.overlap_from})' if args.overlap_from else ''}; "
             f"network: {sources}"
             f"{f'; all ranks on {args.shared_cores} cores, {c.threads_per_rank} thread(s) each' if args.shared_cores else ''}\n")
-    return rows, head + markdown_table(COLUMNS, rows) + f"\nwritten to {out}/predict.csv and predict.png"
+    return rows, head + markdown_table(shown, rows) + f"\nwritten to {out}/predict.csv and predict.png"
 
 
 def main(argv: list[str] | None = None) -> int:

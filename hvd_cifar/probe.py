@@ -9,12 +9,16 @@ instead of the trainer; its flags follow):
     launch/horovodrun.sh -np 4 -hostfile hostfiles/example-cluster --gloo --probe --out probe-gloo.json
     horovodrun -np 2 -H localhost:2 .venv/bin/python -m hvd_cifar.probe --max-bytes 1000000 --iters 3
 
-The launcher decides what there is to time. Under MPI (mpirun, horovodrun's default MPI mode):
-``mpi-allreduce`` (mpi4py Allreduce), ``mpi-p2p`` (one-way Send/Recv between rank 0 and the last
-rank, gather/scatter's messages), ``mpi-intra-host`` (Allreduce among one host's ranks, when
-hosts hold several), ``horovod-mpi`` and ``torch-gloo`` (DDP's collective). Under
-``horovodrun --gloo``: ``horovod-gloo`` and ``torch-gloo``. To have both Horovod transports, run
-the probe once with each launcher and pass either file to predict.
+What is timed is the sync methods' registry's (hvd_cifar/core/methods.py): each method whose
+entry has a ``probe``, started as training starts it, under the transport name its entry gives
+("allreduce": its allreduce of a buffer; "gather-scatter": its own averaging, under its name),
+and, under an MPI launcher, MPI's own links: ``mpi-p2p`` (one-way Send/Recv between rank 0 and
+the last rank, gather/scatter's messages) and ``mpi-intra-host`` (Allreduce among one host's
+ranks, when hosts hold several). The launcher decides what can start: under MPI (mpirun,
+horovodrun's default MPI mode) ``horovod-mpi``, ``mpi-allreduce``, ``mpi-gather-scatter`` and
+``torch-gloo`` (DDP's collective); under ``horovodrun --gloo`` ``horovod-gloo`` and
+``torch-gloo``. To have both Horovod transports, run the probe once with each launcher and pass
+either file to predict.
 
 Each message size (geometric, --min-bytes to --max-bytes, default the model's fp32 gradient) is
 timed --iters times after one warm-up, each time after a 1-element allreduce that starts the
@@ -36,8 +40,10 @@ import torch
 
 from hvd_cifar.analysis import scaling
 from hvd_cifar.analysis.tabulate import OneLineParser
-from hvd_cifar.core import launcher, lifecycle, units
+from hvd_cifar.core import launcher, lifecycle, methods, units
+from hvd_cifar.core.errors import ConfigError
 from hvd_cifar.runfolder import writer
+from hvd_cifar.sync import make, openmpi
 
 
 def size(text: str) -> int:
@@ -63,7 +69,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def message_sizes(args: argparse.Namespace) -> list[int]:
     """Geometric from --min-bytes to --max-bytes, whole float32 elements."""
-    top = args.max_bytes or scaling.profile(args.model, 10).payload_bytes(0, False)
+    top = args.max_bytes or scaling.profile(args.model, 10).payload_bytes(0)
     ratio = (top / args.min_bytes) ** (1 / (args.sizes - 1))
     return sorted({max(1, round(args.min_bytes * ratio ** i / 4)) * 4 for i in range(args.sizes)})
 
@@ -96,73 +102,65 @@ def result(kind: str, ranks: int, scope: str, sizes: list[int], seconds: list[li
 
 
 # ----------------------------------------------------------------------------- the transports
-def probe_mpi(sizes: list[int], iters: int, reduce_s_per_byte: float):
-    """mpi4py's Allreduce over all ranks and inside each host, and point-to-point."""
-    from hvd_cifar.sync import make
-    mpi = make("mpi-allreduce")
-    comm, MPI, hosts = mpi.comm, mpi.MPI, _hosts(mpi)
-    out = {"mpi-allreduce": result("allreduce", mpi.size, _scope(hosts), sizes, time_sizes(
-        lambda t: comm.Allreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM), comm.Barrier, sizes, iters))}
-    last = mpi.size - 1
+def mpi_links(sizes: list[int], iters: int) -> dict:
+    """MPI's own links, timed with mpi4py before any method starts (so that mpi4py, not a
+    method's library, initialises MPI, and that method's shutdown leaves it up): one-way
+    point-to-point between rank 0 and the last rank (``mpi-p2p``, what a gather/scatter root's
+    messages are priced by) and, when hosts hold several ranks, Allreduce among one host's ranks
+    (``mpi-intra-host``, the hierarchical allreduce's local ring)."""
+    openmpi.apply_defaults()
+    from mpi4py import MPI  # importing initialises MPI
+    comm = MPI.COMM_WORLD
+    rank, size, last = comm.Get_rank(), comm.Get_size(), comm.Get_size() - 1
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    scope = _scope(len(set(comm.allgather(socket.gethostname()))))
 
     def ping_pong(t):  # rank 0 and the last rank; a round trip is two one-way messages
-        if mpi.rank == 0:
+        if rank == 0:
             comm.Send(t.numpy(), dest=last)
             comm.Recv(t.numpy(), source=last)
-        elif mpi.rank == last:
+        elif rank == last:
             comm.Recv(t.numpy(), source=0)
             comm.Send(t.numpy(), dest=0)
     round_trips = time_sizes(ping_pong, comm.Barrier, sizes, iters)
-    out["mpi-p2p"] = result("p2p", 2, _scope(hosts), sizes, [[s / 2 for s in r] for r in round_trips])
-    gather_scatter = gather_scatter_op()
-    out["mpi-gather-scatter"] = result("gather-scatter", mpi.size, _scope(hosts), sizes,
-                                       time_sizes(gather_scatter, comm.Barrier, sizes, iters), reduce_s_per_byte)
-    if 1 < mpi.local_size < mpi.size:
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        out["mpi-intra-host"] = result("allreduce", mpi.local_size, "intra-host", sizes, time_sizes(
+    out = {"mpi-p2p": result("p2p", 2, scope, sizes, [[s / 2 for s in r] for r in round_trips])}
+    if 1 < node.Get_size() < size:
+        out["mpi-intra-host"] = result("allreduce", node.Get_size(), "intra-host", sizes, time_sizes(
             lambda t: node.Allreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM), comm.Barrier, sizes, iters))
-        node.Free()
-    return mpi, out
+    node.Free()
+    return out
 
 
-def gather_scatter_op():
-    """mpi-gather-scatter's own averaging of a buffer the size of the tensor given (its buffers
-    laid out once per size, as wrap() does per trainable set)."""
-    from hvd_cifar.sync import make
-    gs = make("mpi-gather-scatter")
+def probe_method(name: str, sync, sizes: list[int], iters: int, reduce_s_per_byte: float) -> dict:
+    """Method ``name`` (started: ``sync``) timed as its registry entry's ``probe`` says:
+    "allreduce", its allreduce_sum of a buffer, recorded under the one of its entry's transports
+    this job runs over (``sync.transport_index``), its per-collective wait apart; "gather-scatter",
+    its own averaging of a buffer, the root's sums at ``reduce_s_per_byte``, under its name."""
+    spec = methods.METHODS[name]
+    scope = _scope(_hosts(sync))
+    barrier = lambda: sync.allreduce_sum(torch.zeros(1))  # noqa: E731
+    if spec.probe == "gather-scatter":
+        return {name: result("gather-scatter", sync.size, scope, sizes,
+                             time_sizes(averaging(sync), barrier, sizes, iters), reduce_s_per_byte)}
+    return {spec.transports[sync.transport_index]: result(
+        "allreduce", sync.size, scope, sizes, time_sizes(sync.allreduce_sum, barrier, sizes, iters),
+        per_op_s=sync.collective_wait_s)}
+
+
+def averaging(sync):
+    """The method's own averaging of a buffer the size of the tensor given: the tensor as the
+    gradient of the one trainable parameter (laid out once per size, as wrap() does per trainable
+    set), then synchronize()."""
+    param = torch.nn.Parameter(torch.zeros(0))
 
     def average(t):
-        if not gs.params or gs.params[0].numel() != t.numel():
-            gs.wrap(None, None, [("probe", torch.nn.Parameter(t))], 1)
-        gs.average()
+        nonlocal param
+        if param.numel() != t.numel():
+            param = torch.nn.Parameter(torch.zeros_like(t))
+            sync.wrap(None, None, [("probe", param)], 1)
+        param.grad = t
+        sync.synchronize(None)
     return average
-
-
-def probe_torch_gloo(sizes: list[int], iters: int):
-    """torch.distributed's Gloo allreduce, DDP's collective, set up as DDP sets it up."""
-    import torch.distributed as dist
-    from hvd_cifar.sync import make
-    ddp = make("ddp")
-    hosts = _hosts(ddp)
-    barrier = lambda: ddp.allreduce_sum(torch.zeros(1))  # noqa: E731
-    return ddp, {"torch-gloo": result("allreduce", ddp.size, _scope(hosts), sizes,
-                                      time_sizes(dist.all_reduce, barrier, sizes, iters))}
-
-
-def probe_horovod(sizes: list[int], iters: int):
-    """Horovod's allreduce (its negotiation cycle included), over the controller it was given."""
-    import horovod.torch as hvd
-    from hvd_cifar.sync import make
-    horovod = make("horovod")
-    hosts = _hosts(horovod)
-    name = "horovod-mpi" if hvd.mpi_enabled() else "horovod-gloo"
-    op = lambda t: hvd.allreduce_(t, op=hvd.Sum, name=f"probe.{t.numel()}")  # noqa: E731
-    barrier = lambda: horovod.allreduce_sum(torch.zeros(1))  # noqa: E731
-    # Every collective waits for a negotiation cycle, however many ranks: a constant of its own,
-    # not latency per ring step (fitted as such, it made np=3 twice as slow as measured).
-    cycle_s = float(os.environ.get("HOROVOD_CYCLE_TIME", "5")) / 1000
-    return horovod, {name: result("allreduce", horovod.size, _scope(hosts), sizes, time_sizes(op, barrier, sizes, iters),
-                                  per_op_s=cycle_s)}
 
 
 def _hosts(sync) -> int:
@@ -189,29 +187,32 @@ def _seconds(fn) -> float:
 
 
 # ----------------------------------------------------------------------------- the run
-def run_probe(args: argparse.Namespace) -> tuple[dict, object]:
-    """Every transport this launch offers, one after the other: MPI first (so that mpi4py, not
-    Horovod, initialises MPI and Horovod's shutdown leaves it up), then torch's Gloo, then
-    Horovod. Returns the results and the last sync method (for the ranks and hosts)."""
+def run_probe(args: argparse.Namespace) -> tuple[dict, list]:
+    """MPI's own links first (under an MPI launcher), then every method whose registry entry has a
+    ``probe`` and that this launch can start (an MPI method refuses one without MPI), one at a
+    time in the registry's order, each closed before the next starts (so that no method's
+    threads run beside another's timings). Returns the results and the methods started."""
     if launcher.launch_size() < 2:
         raise ValueError("probe: needs 2 or more ranks; launch it like training (see python -m hvd_cifar.probe --help)")
     sizes = message_sizes(args)
     costs = local_costs(sizes[-1])  # before any transport's threads compete for the cores
-    mpi = lambda sizes, iters: probe_mpi(sizes, iters, costs["reduce_s_per_byte"])  # noqa: E731
-    steps = ([mpi] if launcher.launched_by_mpi() else []) + [probe_torch_gloo, probe_horovod]
-    transports, started = {}, []
-    for step in steps:
-        sync, found = step(sizes, args.iters)
+    transports = mpi_links(sizes, args.iters) if launcher.launched_by_mpi() else {}
+    started, job = [], {}
+    for name in (m for m, spec in methods.METHODS.items() if spec.probe):
+        try:
+            sync = make(name)
+        except ConfigError:  # this launcher cannot start it
+            continue
         started.append(sync)
-        transports.update(found)
-    hostnames = started[-1].allgather_object(socket.gethostname())
-    probe = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "world_size": started[-1].size,
-             "hosts": sorted(set(hostnames)), "ranks_per_host": started[-1].local_size,
-             "launcher": launcher.launcher_name(), "comm_settings": writer.comm_settings(),
-             "sizes_bytes": sizes, "iters": args.iters, "transports": transports,
-             **costs}
-    for sync in reversed(started):
+        transports.update(probe_method(name, sync, sizes, args.iters, costs["reduce_s_per_byte"]))
+        job = job or {"world_size": sync.size, "hosts": sorted(set(sync.allgather_object(socket.gethostname()))),
+                      "ranks_per_host": sync.local_size}
         sync.close()
+    if not started:
+        raise ValueError("probe: no sync method could start under this launcher")
+    probe = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **job, "launcher": launcher.launcher_name(),
+             "comm_settings": writer.comm_settings(), "sizes_bytes": sizes, "iters": args.iters,
+             "transports": transports, **costs}
     return probe, started
 
 

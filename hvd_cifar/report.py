@@ -33,6 +33,7 @@ from typing import Any
 from hvd_cifar.analysis.explain import explain
 from hvd_cifar.analysis.sweep import repeated_section
 from hvd_cifar.analysis.plots import plot_compare, plot_run, plot_scaling
+from hvd_cifar.core import methods
 from hvd_cifar.core.errors import PredictError, ReportError
 from hvd_cifar.core.names import RUN_IDENTITY
 from hvd_cifar.core.files import RunError, write_text
@@ -80,7 +81,7 @@ def summary_items(run: Run, s: dict) -> list[tuple[str, Any]]:
         ("model", s["model"]), ("dataset", s["dataset"]),
         ("world size (ranks)", s["world_size"]), ("hosts", ", ".join(sorted(set(run.meta.get("hostnames", [])))) or "-"),
         ("launcher", run.meta.get("launcher", "-")), ("device", run.meta.get("device", "-")),
-        ("sync method", s["sync"]), ("fp16 allreduce", text(s["fp16_allreduce"])),
+        ("sync method", s["sync"]), ("compression", s["compression"]),
         ("accumulation steps", s["accumulation_steps"]), ("frozen blocks (config)", s["freeze"]),
         ("frozen blocks (last epoch)", last.get("frozen_blocks", "-")),
         ("trainable parameters (last epoch)", f"{last['trainable_params']:,}" if "trainable_params" in last else "-"),
@@ -110,7 +111,8 @@ def run_report(run: Run, out: str) -> str:
     """report.md and the figures of one run in ``out``; returns the report's path."""
     os.makedirs(out, exist_ok=True)
     figures = plot_run(run, out)
-    summary = summary_items(run, summarize(run))
+    row = summarize(run)
+    summary = summary_items(run, row)
     lines = [f"# Run report: {run.name}\n", f"Run folder: `{run.path}`\n",
              *([f"Note: {METRICS}: {torn_note(run)}.\n"] if run.torn else []), "## Summary\n",
             markdown_table([Column("item", "k"), Column("value", "v")], [{"k": k, "v": text(v)} for k, v in summary]),
@@ -121,7 +123,8 @@ def run_report(run: Run, out: str) -> str:
             "elapsed: wall time since the run started (set-up, training and evaluation).\n",
             markdown_table(EPOCH_COLUMNS, epoch_rows(run))]
     if any("staleness_mean" in r for r in run.metrics):
-        lines += ["## Asynchronous parameter server (mpi-async-ps)\n",
+        title = methods.METHODS[row["sync"]].title if row["sync"] in methods.METHODS else "parameter server"
+        lines += [f"## {title[:1].upper()}{title[1:]} ({row['sync']})\n",
                   "Staleness: server updates between a worker's pull of the weights and its push of the "
                   "gradient computed on them (0 would be synchronous SGD), over every push of the epoch; "
                   "server updates/s: the servers' mean rate of applied pushes.\n",
@@ -179,7 +182,8 @@ def time_went_section(runs: list[Run], rows: list[dict]) -> list[str]:
         except (PredictError, KeyError, ValueError) as exc:  # e.g. a run older than the phase times
             lines.append(f"{row['run']}: not explained ({str(exc).splitlines()[0]})\n")
             continue
-        pays = "; ".join(bandwidth_text(option, beta) for option, beta in e["break_even_bytes_per_s"].items())
+        pays = ("; ".join(bandwidth_text(option, beta) for option, beta in e["break_even_bytes_per_s"].items())
+                or "none to compare (its method runs no other compression)")
         star = e["gather_scatter_2x_np"]
         lines += [f"### {row['run']} (np={e['np']}) against {single.name}\n",
                   f"Ideal {e['ideal_images_per_s']:.1f} img/s (np x the np=1 run's), measured "
@@ -204,7 +208,7 @@ def compare_report(runs: list[Run], out: str) -> str:
     lines = ["# Run comparison\n",
             "Means and img/s are over all epochs but the first (warm-up) when a run has two or more. "
             "Speedup = img/s / img/s of the np=1 run of the same model, data set (and its own keys: sizes, seed), "
-            "batch size per rank, sync, compression, local SGD steps, accumulation steps, freeze, precision and "
+            "batch size per rank, sync, compression, accumulation steps, freeze, precision and "
             "other options that change the work among these runs (for a run whose precision compute: auto chose, "
             "failing that, the np=1 run whose precision auto chose too); efficiency = speedup / np; '-' where "
             "there is no such run. Bytes: gradient bytes sent per rank.\n",

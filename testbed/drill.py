@@ -236,7 +236,7 @@ BAD_INPUTS: list[BadInput] = [
     bad_flags("compression with amp fp16", ("--compression", "topk", "--amp", "fp16"),
               "compression: topk: not with amp: fp16"),
     bad_flags("local SGD with freeze: auto", ("--local-sgd-steps", "4", "--freeze", "auto"),
-              "local_sgd_steps: 4: not with freeze: auto"),
+              "compression: local-sgd: not with freeze: auto"),
     BadInput("freeze beyond the model's depth", mpirun2_tiny("--freeze", "9"),
              "hvd_cifar: error: freeze: 9 blocks asked for but smallcnn has 3"),
     bad_flags("unknown model", ("--model", "resnet999"), "model: 'resnet999' is not one of"),

@@ -36,13 +36,14 @@ def main() -> None:
         setattr(hvd, name, counted(name, getattr(hvd, name)))
     if mode == "communicate":  # configure() then finds no other class to become
         horovod_sync.HorovodAlone = horovod_sync.HorovodSync
-    optimizers, set_trainable = [], context.Training.set_trainable
+    optimizers, trainable_set = [], context.Setup.trainable_set
 
     def recorded(self, *args, **kwargs):
-        set_trainable(self, *args, **kwargs)
-        optimizers.append(f"{type(self.optimizer).__module__}.{type(self.optimizer).__name__}")
+        made = trainable_set(self, *args, **kwargs)
+        optimizers.append(f"{type(made.optimizer).__module__}.{type(made.optimizer).__name__}")
+        return made
 
-    context.Training.set_trainable = recorded
+    context.Setup.trainable_set = recorded
     status, _ = train.main(argv)
     print(json.dumps({"status": status, "calls": calls, "optimizers": optimizers}), flush=True)
     train.lifecycle.exit_process(status, True)  # Horovod's threads: no interpreter shutdown

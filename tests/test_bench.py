@@ -24,6 +24,7 @@ import pytest
 from conftest import assert_png, md_table, read_csv, read_metrics, shown
 from hvd_cifar import bench
 from hvd_cifar.analysis import sweep_state
+from hvd_cifar.runfolder.reader import read_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.5  # configs/tiny.yaml passes it within 3 whole epochs at np=1 and np=2
@@ -91,8 +92,8 @@ def test_sweep_runs_every_configuration(sweep):
     done, out = sweep
     assert done.returncode == 0, done.stdout + done.stderr
     names = sorted(p.name for p in (out / "runs").iterdir())
-    assert names == ["smallcnn-digits-horovod-np1-b32-fp16off-acc1-frz0-r1",
-                     "smallcnn-digits-horovod-np2-b32-fp16off-acc1-frz0-r1"]
+    assert names == ["smallcnn-digits-horovod-np1-b32-none-acc1-frz0-r1",
+                     "smallcnn-digits-horovod-np2-b32-none-acc1-frz0-r1"]
     progress = [line for line in done.stdout.splitlines() if line.startswith("[round 1, ")]
     assert len(progress) == 2 and all(" ok (" in line for line in progress), done.stdout
     assert "| np | sync |" in done.stdout  # the table is printed too
@@ -109,8 +110,8 @@ def test_scaling_csv_matches_metrics(sweep):
     for row, w in zip(rows, want):
         assert row["status"] == "ok"
         assert int(row["world_size"]) == w["world_size"]
-        assert (row["model"], row["dataset"], row["sync"], row["batch_size"], row["fp16_allreduce"],
-                row["accumulation_steps"], row["freeze"]) == ("smallcnn", "digits", "horovod", "32", "false", "1", "0")
+        assert (row["model"], row["dataset"], row["sync"], row["batch_size"], row["compression"],
+                row["accumulation_steps"], row["freeze"]) == ("smallcnn", "digits", "horovod", "32", "none", "1", "0")
         for key in ("mean_epoch_time_s", "images_per_s", "step_time_s", "sync_time_per_step_s",
                     "bytes_per_step_per_rank", "final_test_acc"):
             assert math.isclose(float(row[key]), w[key], rel_tol=1e-9, abs_tol=1e-12), key
@@ -260,17 +261,30 @@ def test_commands_are_argument_lists_for_each_launcher(tmp_path, capsys):
 def test_also_adds_sweeps_with_the_main_options_for_the_rest(capsys):
     """The issue 12 table: three methods at np 1, 2, 4; three options at np=2 only."""
     names = dry_run_names(["--np", "4", "1", "2", "--sync", "horovod", "ddp", "--model", "vgg11",
-                           "--also", "--np 2 --sync horovod --fp16-allreduce true",
+                           "--also", "--np 2 --sync horovod --compression fp16",
                            "--also", "--np 2 --accumulation-steps 4 --sync horovod",
                            "--also=--np=2 --sync horovod --freeze 2",  # "--also", "--np=2 ..." would be two options
                            "--also", "--np 2 --freeze auto",
                            "--also", "--np 2 1"], capsys)  # only configurations already asked for
-    assert names == [f"vgg11-synthetic-{sync}-np{n}-b32-fp16off-acc1-frz0" for sync in ("horovod", "ddp")
-                     for n in (1, 2, 4)] + ["vgg11-synthetic-horovod-np2-b32-fp16on-acc1-frz0",
-                                            "vgg11-synthetic-horovod-np2-b32-fp16off-acc4-frz0",
-                                            "vgg11-synthetic-horovod-np2-b32-fp16off-acc1-frz2"] + [
-                                            f"vgg11-synthetic-{sync}-np2-b32-fp16off-acc1-frzauto"
+    assert names == [f"vgg11-synthetic-{sync}-np{n}-b32-none-acc1-frz0" for sync in ("horovod", "ddp")
+                     for n in (1, 2, 4)] + ["vgg11-synthetic-horovod-np2-b32-fp16-acc1-frz0",
+                                            "vgg11-synthetic-horovod-np2-b32-none-acc4-frz0",
+                                            "vgg11-synthetic-horovod-np2-b32-none-acc1-frz2"] + [
+                                            f"vgg11-synthetic-{sync}-np2-b32-none-acc1-frzauto"
                                             for sync in ("horovod", "ddp")]
+
+
+def test_compression_is_a_sweep_axis_of_the_registrys_names(capsys):
+    """--compression takes core/schemes.py's names, several at once, and hands each job its one;
+    a scheme's own key goes through --extra, and an older spelling there that would train another
+    compression than the table says (core.aliases) is refused."""
+    def given(argv: list[str]) -> list[list[str]]:
+        assert bench.main(["--np", "2", "--repeats", "1", "--dry-run", *argv]) == 0
+        return [shlex.split(ln) for ln in capsys.readouterr().out.splitlines() if not ln.startswith("bench:")]
+    jobs = given(["--compression", "none", "fp16", "local-sgd"])
+    assert [argv[argv.index("--compression") + 1] for argv in jobs] == ["none", "fp16", "local-sgd"]
+    (job,) = given(["--compression", "local-sgd", "--extra", "--local-sgd-steps 2"])
+    assert job[-2:] == ["--local-sgd-steps", "2"]
 
 
 def test_target_and_whole_epochs_reach_the_trainer(capsys):
@@ -292,7 +306,10 @@ def test_target_and_whole_epochs_reach_the_trainer(capsys):
     (["--also", "--sync nccl"], "--also: argument --sync: invalid choice: 'nccl'"),
     (["--freeze", "some"], "--freeze: expected a number of blocks (>= 0) or auto, got 'some'"),
     (["--freeze", "-1"], "--freeze: expected a number of blocks (>= 0) or auto, got '-1'"),
-    (["--fp16-allreduce", "maybe"], "expected true or false"),
+    (["--compression", "fp32"], "argument --compression: invalid choice: 'fp32'"),
+    (["--extra=--fp16-allreduce"], "--extra: reads as compression: fp16 beside the sweep's --compression none"),
+    (["--extra", "--local-sgd-steps 2"], "--extra: reads as compression: local-sgd beside the sweep's --compression none"),
+    (["--compression", "topk", "--extra", "--local-sgd-steps 2"], "--extra: local_sgd_steps: averages whole models"),
     (["--extra", "--log-dir /tmp/x"], "--extra: --log-dir is set by the bench itself"),
     (["--extra", "--batch-size 8"], "--extra: --batch-size is set by the bench itself"),
     (["--extra", "--no-such-key 1"], "--extra: no_such_key: unknown config key"),
@@ -365,7 +382,7 @@ def test_repeated_sweep_gives_medians_intervals_and_paired_comparisons(repeated_
     assert re.fullmatch(r"[0-9.]+ \([0-9.]+–[0-9.]+\)", md[0]["img/s"]), md[0]["img/s"]
     saved = json.loads((out / "bench.json").read_text())
     assert len(saved["rounds"]) == 6 and {r["round"] for r in saved["rounds"]} == {1, 2, 3}
-    assert saved["summary"]["smallcnn-digits-horovod-np2-b32-fp16off-acc1-frz0"]["images_per_s"]["n"] == 3
+    assert saved["summary"]["smallcnn-digits-horovod-np2-b32-none-acc1-frz0"]["images_per_s"]["n"] == 3
 
 
 def _fake_jobs(monkeypatch, rate_of):
@@ -563,7 +580,7 @@ def test_a_signal_after_the_first_job_keeps_it_and_resume_runs_the_rest(signum, 
     assert_png(out / "scaling.png")
     _until(lambda: not _processes_mentioning(str(out / "runs")), 30, "the stopped job's processes to end")
     np1_dir = Path(first["run_dir"])
-    chose = (np1_dir / "config.yaml").read_text().split("compute: ", 1)[1].split()[0]
+    chose = read_config(str(np1_dir))["compute"]  # resolved.yaml's: what compute: auto chose
     assert json.loads((np1_dir / "meta.json").read_text())["compute_choice"]["how"].startswith("auto")
     assert f"compute: auto chose {chose} in {np1_dir.name}" in text
     before = (np1_dir / "metrics.jsonl").read_bytes(), (np1_dir / "metrics.jsonl").stat().st_mtime_ns

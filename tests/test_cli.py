@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from conftest import BIN, PYTHON, ROOT, TINY, md_table, read_metrics, run_train
-from hvd_cifar.core import combinations, config, config_help, units
+from hvd_cifar.core import combinations, config, config_help, methods, units
 
 HOSTFILE = "# this machine, as a user writes it\n\nlocalhost slots=2   # two ranks\n"
 
@@ -75,6 +75,11 @@ def test_train_help_config_and_config_md_list_the_same_keys_in_the_same_groups()
     flags = re.findall(r"^  --([\w-]+) ", proc.stdout, re.M)
     assert sorted(f.replace("-", "_") for f in flags) == sorted(config.FIELDS)
     assert "  --batch-size INT  (default 32)" in proc.stdout and "  --sync horovod|" in proc.stdout
+    # a registry's key: in its method's group, with the meaning its Setting declares
+    ps_servers = methods.METHODS["mpi-async-ps"].settings["ps_servers"]
+    group = proc.stdout.split("\nsync: mpi-async-ps:\n", 1)[1].split("\n\n", 1)[0]
+    assert group.startswith("  --ps-servers INT  (default 1)\n") and ps_servers.meaning in " ".join(group.split())
+    assert "scikit-learn" in proc.stdout.split("--dataset ", 1)[1].split("\n  --", 1)[0]
     doc = (ROOT / "docs" / "CONFIG.md").read_text()
     for group, keys in config_help.groups().items():
         rows = md_table(doc, f"### {group[0].upper()}{group[1:]}")
@@ -102,6 +107,12 @@ REFUSED = [
     ["--threads-per-rank", "100000"],
     ["--compute", "fp32", "--amp", "bf16"],
     ["--compute", "bf16", "--channels-last"],
+    ["--local-sgd-steps", "4", "--fp16-allreduce"],
+    ["--elastic", "--sync", "ddp"],
+    ["--comm-timeline", "--sync", "mpi-allreduce"],
+    ["--compression", "fp16", "--sync", "mpi-async-ps"],
+    ["--amp", "fp16", "--sync", "mpi-async-ps"],
+    ["--compute", "fp16", "--sync", "mpi-async-ps"],
 ]
 
 
@@ -167,8 +178,11 @@ def test_inert_keys_are_found_only_when_given_and_inert():
     topk = config.from_args(["--compression", "topk", "--no-tensorboard"])
     assert combinations.inert_keys(topk, {"topk_fraction", "compression_warmup_steps"}) == {}
     ddp = config.from_args(["--sync", "ddp", "--horovod-cycle-time-ms", "3", "--no-tensorboard"])
-    assert list(combinations.inert_keys(ddp, config.given_keys(["--sync", "ddp", "--horovod-cycle-time-ms", "3"]))) \
-        == ["horovod_cycle_time_ms"]
+    assert combinations.inert_keys(ddp, config.given_keys(["--sync", "ddp", "--horovod-cycle-time-ms", "3"])) \
+        == {"horovod_cycle_time_ms": "Horovod's own setting, and sync is ddp"}
+    assert combinations.inert_keys(ddp, {"ps_servers", "compression_warmup_steps"}) == {
+        "ps_servers": "asynchronous parameter server's own setting, and sync is ddp",
+        "compression_warmup_steps": "the warm-up of powersgd, topk, local-sgd, and compression is none"}
 
 
 def test_an_inert_key_is_one_warning_from_rank_0_and_in_meta_json(tmp_path, tiny_args):

@@ -36,7 +36,7 @@ def test_accumulated_update_equals_one_big_batch_update(tmp_path):
 def test_options_under_two_ranks(tmp_path, tiny_run, launcher):
     """fp16 halves the payload; k=4 over 6 steps syncs twice (the tail of 2 still syncs); ranks agree."""
     base = ["--config", "configs/tiny.yaml", "--epochs", "1", "--log-dir", str(tmp_path)]
-    run_train([*base, "--run-name", "mixed", "--fp16-allreduce", "--accumulation-steps", "4"],
+    run_train([*base, "--run-name", "mixed", "--compression", "fp16", "--accumulation-steps", "4"],
               launcher=launcher, np=2)
     fp32_run = tiny_run(launcher).run  # the tiny config as it is: 2 epochs, fp32, k=1
     (fp32, _), [mixed] = read_metrics(fp32_run), read_metrics(tmp_path / "mixed")

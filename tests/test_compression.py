@@ -6,14 +6,15 @@ import threading
 
 import pytest
 import torch
+import yaml
 
 from conftest import read_metrics, run_train
 from hvd_cifar import compress
-from hvd_cifar.compress import cost
+from hvd_cifar.core import cost
 from hvd_cifar.compress.localsgd import LocalSGD
 from hvd_cifar.compress.powersgd import PowerSGD, orthonormalise
 from hvd_cifar.compress.topk import TopK
-from hvd_cifar.compress.cost import POWERSGD_RANK, TOPK_FRACTION, TOPK_MIN_ENTRIES
+from hvd_cifar.core.cost import POWERSGD_RANK, TOPK_FRACTION, TOPK_MIN_ENTRIES
 
 
 class World:
@@ -319,7 +320,8 @@ RUNS = {  # name: (launcher, flags); warm-up 2 of the epoch's 6 updates for Powe
     "horovod-topk": ("horovodrun", ["--sync", "horovod", "--compression", "topk", "--compression-warmup-steps", "2",
                                     "--topk-warmup-epochs", "1"]),
     # local SGD after 2 updates of averaged gradients (post-local SGD's switch-over)
-    "ddp-localsgd": ("mpirun", ["--sync", "ddp", "--local-sgd-steps", "4", "--compression-warmup-steps", "2"]),
+    "ddp-localsgd": ("mpirun", ["--sync", "ddp", "--compression", "local-sgd", "--local-sgd-steps", "4",
+                                "--compression-warmup-steps", "2"]),
 }
 
 
@@ -377,6 +379,43 @@ def test_two_ranks_agree_record_their_bytes_and_resume_onto_the_unbroken_runs_we
         assert torch.equal(straight[key], resumed[key]), key
 
 
+ALIASES = {  # the old spelling, read where the config is loaded, and the one spelling it means
+    "fp16": (["--fp16-allreduce"], ["--compression", "fp16"]),
+    "local-sgd": (["--local-sgd-steps", "2"], ["--compression", "local-sgd", "--local-sgd-steps", "2"]),
+}
+
+
+def same(a, b) -> bool:
+    """Whether two checkpoint parts hold the same values: tensors bit for bit, inside dicts and lists."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("compression", ALIASES)
+def test_an_alias_trains_as_its_one_spelling(tmp_path, compression):
+    """--fp16-allreduce is compression: fp16 and --local-sgd-steps N alone is compression:
+    local-sgd: 2 ranks, 1 epoch each way, the same weights, momentum and scheme state bit for bit,
+    and the alias's config.yaml holds the one spelling (red while an alias reached the run as a
+    setting of its own: local SGD off, or fp16 not on the wire)."""
+    saved = {}
+    for run_name, flags in zip(("alias", "one"), ALIASES[compression]):
+        run_train(["--config", "configs/tiny.yaml", "--epochs", "1", "--sync", "ddp", "--compression-warmup-steps", "2",
+                   "--log-dir", str(tmp_path), "--run-name", run_name, "--no-tensorboard", *flags],
+                  launcher="mpirun", np=2)
+        saved[run_name] = torch.load(tmp_path / run_name / "checkpoint_last.pt", weights_only=True)
+    assert yaml.safe_load((tmp_path / "alias" / "config.yaml").read_text())["compression"] == compression
+    alias, one = saved["alias"], saved["one"]
+    for part in ("model", "optimizer", "rank_states"):
+        assert same(alias.get(part), one.get(part)), part
+    [alias_record], [one_record] = read_metrics(tmp_path / "alias"), read_metrics(tmp_path / "one")
+    assert alias_record["comm_bytes_per_rank"] == one_record["comm_bytes_per_rank"]
+
+
 @pytest.mark.parametrize("warmup, lr, what", [("1000", "1e30", "non-finite gradients"), ("0", "1000", "chance level")])
 def test_local_sgd_diverging_where_every_rank_sees_it_ends_with_one_line(tmp_path, warmup, lr, what):
     """Where every rank sees the divergence alike, local SGD ends as plain averaging does: one
@@ -384,7 +423,8 @@ def test_local_sgd_diverging_where_every_rank_sees_it_ends_with_one_line(tmp_pat
     averaged gradients; after it, the epoch's training loss is reduced over the ranks (red while
     local SGD counted every divergence as one rank's own: a line per rank, each naming itself)."""
     proc = run_train(["--config", "configs/tiny.yaml", "--epochs", "2", "--log-dir", str(tmp_path), "--run-name", "run",
-                      "--sync", "ddp", "--local-sgd-steps", "4", "--compression-warmup-steps", warmup, "--lr", lr],
+                      "--sync", "ddp", "--compression", "local-sgd", "--local-sgd-steps", "4",
+                      "--compression-warmup-steps", warmup, "--lr", lr],
                      launcher="mpirun", np=2, check=False)
     assert proc.returncode == 3, proc.stderr[-3000:]
     ours = [line for line in proc.stderr.splitlines() if "hvd_cifar:" in line]
@@ -395,10 +435,10 @@ def test_local_sgd_diverging_where_every_rank_sees_it_ends_with_one_line(tmp_pat
 
 
 # ----------------------------------------------------------------------------- the scaling model
-def scenario(method, fp16, k, freeze, compression="none", local_sgd_steps=1, scheme_s=0.0, **settings):
+def scenario(method, k, freeze, compression="none", scheme_s=0.0, **settings):
     """A scaling.Scenario, the scheme's settings given as keywords."""
     from hvd_cifar.analysis import scaling
-    return scaling.Scenario(method, fp16, k, freeze, compression, local_sgd_steps, tuple(settings.items()), scheme_s)
+    return scaling.Scenario(method, compression, k, freeze, tuple(settings.items()), scheme_s=scheme_s)
 
 
 def scaling_case():
@@ -406,7 +446,7 @@ def scaling_case():
     # block 0: a conv (4, 2, 3, 3) and its bias; the head: a linear (10, 4) and its bias
     prof = scaling.Profile(block_params=(76,), block_macs=(1,), head_params=50, head_macs=1,
                            param_shapes=((0, (4, 2, 3, 3)), (0, (4,)), (1, (10, 4)), (1, (10,))))
-    c = scaling.Compute(model="m", num_classes=10, sync="horovod", world_size=1, fp16=False,
+    c = scaling.Compute(model="m", num_classes=10, sync="horovod", world_size=1, compression="none",
                         accumulation_steps=1, frozen_blocks=0, images_per_step=32, data_s=0.0,
                         forward_s=0.0, backward_s=10.0, other_s=0.0, optimizer_s=0.0, sync_s=0.0,
                         hidden_fraction=0.5, step_s=10.0)
@@ -427,36 +467,36 @@ def scaling_case():
     ({"compression": "topk", "topk_fraction": 0.5, "topk_min_entries": 50}, 0, 504, (3 * 288 + 1.5 * 216) / 1000,
      3 * 288 + 1.5 * 216),
     # local SGD H=4: the 126-parameter model in one ring every 4th update
-    ({"local_sgd_steps": 4}, 0, 504 / 4, 1.5 * 504 / 1000 / 4, 1.5 * 504 / 4),
+    ({"compression": "local-sgd", "local_sgd_steps": 4}, 0, 504 / 4, 1.5 * 504 / 1000 / 4, 1.5 * 504 / 4),
 ])
 def test_the_scaling_model_counts_each_schemes_collectives(scheme, freeze, payload, comm_s, wire):
     scaling, prof, c, net = scaling_case()
-    row = scaling.predict_step(c, prof, net, scenario("horovod", False, 1, freeze, **scheme), 4)
+    row = scaling.predict_step(c, prof, net, scenario("horovod", 1, freeze, **scheme), 4)
     assert row["payload_bytes"] == pytest.approx(payload)
     assert row["comm_s_per_sync"] == pytest.approx(comm_s)
     assert row["exposed_s_per_sync"] == pytest.approx(comm_s)  # after backward: nothing hides
     assert row["bytes_per_rank_per_step"] == pytest.approx(wire)
-    plain = scaling.predict_step(c, prof, net, scaling.Scenario("horovod", False, 1, freeze), 4)
+    plain = scaling.predict_step(c, prof, net, scaling.Scenario("horovod", "none", 1, freeze), 4)
     assert plain["compression"] == "none" and plain["payload_bytes"] == 4 * (126 if freeze == 0 else 50)
 
 
-@pytest.mark.parametrize("option", [{"compression": "topk", "topk_fraction": 0.5}, {"fp16": True}])
+@pytest.mark.parametrize("option", [{"compression": "topk", "topk_fraction": 0.5}, {"compression": "fp16"}])
 def test_a_schemes_own_compute_is_timed_on_the_models_shapes_and_paid_once_per_update(option):
     """time_schemes times the scheme (fp16: the casts to fp16 and back) on the trainable shapes
     (compress/compute.py); predict_step adds it to the step, per update (divided over k
     micro-batches), and to nothing else; fp16's casts only where there is a wire (np > 1).
     Red for fp16 while its casts were priced from a probe's figure alone (0 without one)."""
     scaling, prof, c, net = scaling_case()
-    plain = scaling.Scenario("horovod", False, 2, 0)
+    plain = scaling.Scenario("horovod", "none", 2, 0)
     from dataclasses import replace
-    timed_one = replace(plain, **option) if "fp16" in option else scenario("horovod", False, 2, 0, **option)
+    timed_one = scenario("horovod", 2, 0, **option)
     timed, same = scaling.time_schemes(prof, [timed_one, plain], threads=1)
     assert timed.scheme_s > 0 and same == plain
     untimed, row = (scaling.predict_step(c, prof, net, s, 4) for s in (timed_one, timed))
     assert row["scheme_s_per_sync"] == timed.scheme_s
     assert row["step_s"] == pytest.approx(untimed["step_s"] + timed.scheme_s / 2)
     alone = scaling.predict_step(c, prof, net, timed, 1)["scheme_s_per_sync"]
-    assert alone == (0.0 if "fp16" in option else timed.scheme_s)
+    assert alone == (0.0 if option["compression"] == "fp16" else timed.scheme_s)
     # timed with a core to itself: 4 one-thread ranks on 2 cores take twice as long, even when
     # the run's own compute was measured at 4 ranks already (its share is in it)
     shared, at4 = replace(net, shared_cores=2), replace(c, threads_per_rank=1, world_size=4)
@@ -472,8 +512,8 @@ def test_a_scheme_pays_below_the_bandwidth_where_its_saved_bytes_outweigh_its_co
     scaling, prof, c, net = scaling_case()
     from dataclasses import replace
     c = replace(c, hidden_fraction=0.0)
-    plain = scaling.Scenario("horovod", False, 1, 0)
-    powersgd = scenario("horovod", False, 1, 0, compression="powersgd", powersgd_rank=1, scheme_s=0.1)
+    plain = scaling.Scenario("horovod", "none", 1, 0)
+    powersgd = scenario("horovod", 1, 0, compression="powersgd", powersgd_rank=1, scheme_s=0.1)
     beta = scaling.break_even_bandwidth(c, prof, net, plain, powersgd, 4)
     assert beta == pytest.approx(1.5 * 304 / 0.1, rel=1e-6)
 
@@ -486,14 +526,17 @@ def test_the_profile_knows_each_parameters_block():
         assert sum(torch.Size(s).numel() for b, s in prof.param_shapes if b == block) == params
 
 
-def test_predict_adds_the_schemes_where_the_method_runs_them():
+def test_predict_adds_the_compressions_where_the_method_runs_them():
+    """Each --compression beside the run's own, under each method that runs it (fp16: every one
+    with it in its registry entry's native; the schemes: those that run schemes); a compression
+    no method asked for runs is one line."""
     from hvd_cifar import predict
     from hvd_cifar.core.errors import PredictError
-    from hvd_cifar.analysis.scaling import Scenario
-    args = predict.parse_args(["RUN", "--compression", "fp16", "topk", "--local-sgd-steps", "4"])
-    plain = [Scenario("horovod", False, 1, 0), Scenario("mpi-allreduce", False, 1, 0)]
-    got = {(s.method, s.fp16, s.compression, s.local_sgd_steps) for s in predict.with_schemes(plain, args)}
-    assert got == {("horovod", False, "none", 1), ("mpi-allreduce", False, "none", 1), ("horovod", True, "none", 1),
-                   ("mpi-allreduce", True, "none", 1), ("horovod", False, "topk", 1), ("horovod", False, "none", 4)}
-    with pytest.raises(PredictError, match="^--compression"):
-        predict.with_schemes(plain[1:], args)
+    _, _, c, _ = scaling_case()
+    args = predict.parse_args(["RUN", "--compression", "fp16", "topk", "local-sgd", "--local-sgd-steps", "4"])
+    got = {(s.method, s.compression, dict(s.settings).get("local_sgd_steps"))
+           for s in predict.scenarios(c, args, ["horovod", "mpi-allreduce"], 3, {})}
+    assert got == {("horovod", "none", None), ("mpi-allreduce", "none", None), ("horovod", "fp16", None),
+                   ("mpi-allreduce", "fp16", None), ("horovod", "topk", None), ("horovod", "local-sgd", 4)}
+    with pytest.raises(PredictError, match="^--compression topk"):
+        predict.scenarios(c, args, ["mpi-allreduce"], 3, {})

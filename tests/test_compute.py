@@ -11,6 +11,7 @@ import torch
 
 from conftest import TINY, read_metrics, run_train
 from hvd_cifar.core import config
+from hvd_cifar.runfolder import reader
 from hvd_cifar.trainer import compute
 from hvd_cifar.workload.models import build_model
 
@@ -63,6 +64,18 @@ def test_given_amp_and_layout_pin_the_candidates_and_schemes_rule_out_fp16(monke
     assert compute.candidates(cfg("--local-sgd-steps", "4"), CPU)[0] == "fp16"  # local SGD keeps no residual
 
 
+def test_the_choice_makes_a_settled_copy_and_leaves_the_config_as_given():
+    given = cfg("--compute", "auto")
+    used = compute.apply(given, {"setting": "bf16-channels-last", "how": "auto: fastest of 4 timed on this device"})
+    assert (given.compute, given.amp, given.channels_last) == ("auto", "none", False)
+    assert (used.compute, used.amp, used.channels_last) == ("bf16-channels-last", "bf16", True)
+    assert used.resolved()["how"] == {"lr": "0 asks for vgg11's default rate",
+                                      "compute": "auto: fastest of 4 timed on this device",
+                                      "amp": "from compute: bf16-channels-last",
+                                      "channels_last": "from compute: bf16-channels-last"}
+    assert used.given()["compute"] == "auto" and used.given()["amp"] == "none"
+
+
 def test_a_tie_goes_to_the_plainer_setting_and_a_named_setting_is_not_timed():
     assert compute.choose({"fp32": 1.0, "fp32-channels-last": 0.995, "bf16": 1.2}) == "fp32"
     assert compute.choose({"fp32": 1.0, "fp32-channels-last": 0.9, "bf16": 0.6}) == "bf16"
@@ -107,7 +120,7 @@ def test_threads_follow_the_cpus_a_rank_is_given(monkeypatch):
 
 def test_auto_is_decided_once_for_every_rank_and_recorded(tmp_path, tiny_args):
     """Two ranks under mpirun with compute: auto: meta.json holds the choice and each candidate's
-    seconds per step, config.yaml the setting chosen (what a resume continues in), the first
+    seconds per step, resolved.yaml the setting chosen (what a resume continues in), the first
     line says it, both ranks end on the same weights, each rank's threads are the 2 CPUs
     shared by 2 ranks."""
     proc = run_train([*tiny_args, "--compute", "auto", "--epochs", "1"], launcher="mpirun", np=2)
@@ -116,7 +129,8 @@ def test_auto_is_decided_once_for_every_rank_and_recorded(tmp_path, tiny_args):
     choice = meta["compute_choice"]
     assert choice["setting"] in choice["seconds_per_step"] and len(choice["seconds_per_step"]) >= 2, choice
     assert choice["seconds_per_step"][choice["setting"]] <= 1.01 * min(choice["seconds_per_step"].values())
-    saved = config.load_yaml(str(run / "config.yaml"))
+    assert config.load_yaml(str(run / "config.yaml"))["compute"] == "auto"  # as given
+    saved = reader.read_config(str(run))
     assert saved["compute"] == choice["setting"]
     assert (saved["amp"], saved["channels_last"]) == config.COMPUTE_SETTINGS[choice["setting"]]
     line = next(x for x in (proc.stdout + proc.stderr).splitlines() if f"compute={choice['setting']} (auto: fastest of" in x)
@@ -164,7 +178,7 @@ def test_the_cpu_refusals_hints_are_accepted_when_followed(monkeypatch, flags):
     def checked(argv):
         c = cfg(*argv)
         choice = compute.decide(c, CPU, None, torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long))
-        compute.apply(c, choice)
+        c = compute.apply(c, choice)
         compute.check_device(c, CPU, choice)
 
     with pytest.raises(config.ConfigError) as caught:

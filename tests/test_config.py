@@ -1,9 +1,12 @@
+import dataclasses
+import json
+import re
 import subprocess
 
 import pytest
 import yaml
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, ROOT, read_metrics, run_train
 from hvd_cifar.core import config
 from hvd_cifar.core.config import Config, ConfigError
 
@@ -19,14 +22,23 @@ def test_precedence_defaults_yaml_flags(tmp_path):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--fp16-allreduce"], True),
-    (["--no-fp16-allreduce"], False),
-    (["--fp16-allreduce", "true"], True),
-    (["--fp16-allreduce", "false"], False),
-    (["--fp16-allreduce=true"], True),
+    (["--augment"], True),
+    (["--no-augment"], False),
+    (["--augment", "true"], True),
+    (["--augment", "false"], False),
+    (["--augment=false"], False),
+    (["--no-augment", "--augment"], True),  # the last flag of a key wins
 ])
 def test_boolean_flag_forms(argv, expected):
-    assert config.from_args(argv).fp16_allreduce is expected
+    assert config.from_args(argv).augment is expected
+
+
+@pytest.mark.parametrize("argv, compression", [
+    (["--fp16-allreduce"], "fp16"), (["--no-fp16-allreduce"], "none"), (["--fp16-allreduce", "true"], "fp16"),
+    (["--fp16-allreduce", "false"], "none"), (["--fp16-allreduce=true"], "fp16"),
+])
+def test_the_fp16_alias_takes_every_boolean_form(argv, compression):
+    assert config.from_args(argv).compression == compression
 
 
 def test_flag_values_are_typed():
@@ -73,11 +85,20 @@ def test_flag_values_are_typed():
     (["--local-sgd-steps", "4", "--compression", "topk"], "local_sgd_steps"),
     (["--local-sgd-steps", "4", "--fp16-allreduce"], "local_sgd_steps"),
     (["--sync", "mpi-allreduce", "--compression", "powersgd"], "compression"),  # horovod and ddp only
-    (["--sync", "mpi-async-ps", "--local-sgd-steps", "2"], "local_sgd_steps"),
+    (["--sync", "mpi-async-ps", "--local-sgd-steps", "2"], "compression"),  # read as compression: local-sgd
     (["--compression", "topk", "--comm-timeline"], "compression"),
     (["--compression", "topk", "--elastic"], "compression"),
     (["--compression", "powersgd", "--amp", "fp16"], "compression"),
-    (["--sync", "ddp", "--local-sgd-steps", "2", "--freeze", "auto"], "local_sgd_steps"),
+    (["--sync", "ddp", "--local-sgd-steps", "2", "--freeze", "auto"], "compression"),
+    (["--compression", "local-sgd", "--local-sgd-steps", "1"], "local_sgd_steps"),
+    (["--compression", "fp16", "--sync", "mpi-async-ps"], "compression"),  # its entry's native: none
+    (["--amp", "fp16", "--sync", "mpi-async-ps"], "amp"),                   # its entry: no grad scaler
+    (["--comm-timeline", "--sync", "mpi-allreduce"], "comm_timeline"),
+    (["--elastic", "--sync", "ddp"], "elastic"),
+    (["--ps-servers", "0"], "ps_servers"),
+    (["--no-nesterov=1"], "nesterov"),
+    (["--fp16-allreduce", "maybe"], "fp16_allreduce"),
+    (["--batch-size", "8", "stray"], "command line"),
 ])
 def test_bad_values_name_the_key(argv, key):
     with pytest.raises(ConfigError) as err:
@@ -90,9 +111,9 @@ def test_bad_values_name_the_key(argv, key):
     ([], "none"), (["--fp16-allreduce"], "fp16"), (["--compression", "fp16"], "fp16"),
     (["--compression", "fp16", "--fp16-allreduce"], "fp16"), (["--compression", "topk"], "topk"),
 ])
-def test_fp16_allreduce_and_compression_fp16_are_one_setting(argv, compression):
+def test_fp16_allreduce_is_read_as_compression_fp16_its_one_setting(argv, compression):
     cfg = config.from_args(argv)
-    assert cfg.compression == compression and cfg.fp16_allreduce == (compression == "fp16")
+    assert cfg.compression == compression and "fp16_allreduce" not in config.FIELDS
 
 
 def test_schemes_run_under_horovod_and_ddp():
@@ -101,8 +122,8 @@ def test_schemes_run_under_horovod_and_ddp():
     for sync in ("horovod", "ddp"):
         cfg = config.from_args(["--sync", sync, "--compression", "powersgd", "--accumulation-steps", "2"])
         assert (cfg.sync, cfg.compression, cfg.accumulation_steps) == (sync, "powersgd", 2)
-        cfg = config.from_args(["--sync", sync, "--local-sgd-steps", "4", "--amp", "fp16"])
-        assert (cfg.sync, cfg.local_sgd_steps, cfg.amp, cfg.compression) == (sync, 4, "fp16", "none")
+        cfg = config.from_args(["--sync", sync, "--compression", "local-sgd", "--local-sgd-steps", "4", "--amp", "fp16"])
+        assert (cfg.sync, cfg.local_sgd_steps, cfg.amp, cfg.compression) == (sync, 4, "fp16", "local-sgd")
     with pytest.raises(ConfigError, match="compression: powersgd: needs sync: horovod or ddp"):
         config.from_args(["--sync", "mpi-allreduce", "--compression", "powersgd"])
 
@@ -195,3 +216,131 @@ def test_default_lr_is_the_models_own_and_is_saved_resolved(tmp_path):
     assert config.from_args([], base=config.load_yaml(str(tmp_path / "config.yaml"))).lr == 0.1
     with pytest.raises(config.ConfigError, match="^lr: must be > 0"):
         config.from_args(["--lr", "-0.1"])
+
+
+def test_the_config_is_frozen_and_validation_returns_the_settled_copy():
+    """Nothing assigns to a Config; validate leaves the one it was given as it was and returns the
+    copy the run uses, which remembers what was given (config.yaml) and what it settled and why
+    (resolved.yaml)."""
+    given = Config(model="smallcnn", compute="bf16")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        given.lr = 0.3
+    used = given.validate()
+    assert (given.lr, given.amp) == (0.0, "none")
+    assert (used.lr, used.amp, used.channels_last, used.compute) == (0.1, "bf16", False, "bf16")
+    assert (used.given()["lr"], used.given()["amp"]) == (0.0, "none")
+    assert used.resolved() == {"values": {"lr": 0.1, "amp": "bf16"},
+                               "how": {"lr": "0 asks for smallcnn's default rate", "amp": "from compute: bf16"}}
+    assert used.validate() == used and used.validate().resolved() == used.resolved()  # settling again changes nothing
+    with pytest.raises(ConfigError, match=r"^epochs: expected int, got '3' \(str\)$"):  # a Config made in code
+        Config(epochs="3").validate()
+
+
+ALIAS_LINES = {
+    "fp16": "fp16_allreduce: true read as compression: fp16 (its one spelling)",
+    "no-fp16": "fp16_allreduce: false dropped (compression alone says what goes on the wire)",
+    "steps2": "local_sgd_steps: 2 read as compression: local-sgd with local_sgd_steps: 2 (its one spelling)",
+    "steps1": "local_sgd_steps: 1 dropped (it meant no local SGD; local SGD is compression: local-sgd)",
+}
+
+
+@pytest.mark.parametrize("argv, compression, steps, said", [
+    (["--fp16-allreduce"], "fp16", 4, ["fp16"]),
+    (["--no-fp16-allreduce"], "none", 4, ["no-fp16"]),
+    (["--local-sgd-steps", "2"], "local-sgd", 2, ["steps2"]),
+    (["--local-sgd-steps", "2", "--compression", "none"], "local-sgd", 2, ["steps2"]),
+    (["--local-sgd-steps", "1", "--compression", "topk"], "topk", 4, ["steps1"]),
+    (["--local-sgd-steps", "1"], "none", 4, ["steps1"]),
+    (["--compression", "local-sgd", "--local-sgd-steps", "3"], "local-sgd", 3, []),  # the one spelling: nothing said
+])
+def test_each_alias_is_read_as_its_one_spelling_and_said_once(argv, compression, steps, said):
+    cfg = config.from_args(argv)
+    assert (cfg.compression, cfg.local_sgd_steps) == (compression, steps)
+    assert config.aliases_read(argv) == [ALIAS_LINES[s] for s in said]
+    assert "fp16_allreduce" not in config.given_keys(argv)
+
+
+def test_an_alias_in_the_yaml_file_is_read_and_said_there_too(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("fp16_allreduce: true\n")
+    assert config.from_args(["--config", str(path)]).compression == "fp16"
+    assert config.aliases_read(["--config", str(path), "--local-sgd-steps", "1"]) == [ALIAS_LINES["fp16"],
+                                                                                      ALIAS_LINES["steps1"]]
+
+
+def test_a_run_saved_with_the_old_spellings_resumes_as_it_ran_and_is_not_said(tmp_path, capsys):
+    """A run folder saved when fp16_allreduce and local_sgd_steps were switches: its config.yaml,
+    the resumed run's base, reads as the one spelling, and nothing is said of it (the user did not
+    write it); an alias on the resumed run's own command line is said once."""
+    from hvd_cifar import train
+    from hvd_cifar.runfolder import reader
+    for name, old, compression in (("fp16", {"fp16_allreduce": True, "compression": "fp16", "local_sgd_steps": 1},
+                                    "fp16"),
+                                   ("local", {"fp16_allreduce": False, "compression": "none", "local_sgd_steps": 4},
+                                    "local-sgd")):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text(yaml.safe_dump({"model": "smallcnn", "lr": 0.1, **old}))
+        assert reader.read_config(str(run))["compression"] == compression
+        cfg = train.load_config(["--resume", str(run), "--no-tensorboard"])
+        assert (cfg.compression, cfg.resume, cfg.lr) == (compression, str(run), 0.1)
+        assert capsys.readouterr().err == ""
+    train.load_config(["--resume", str(run), "--no-tensorboard", "--no-fp16-allreduce"])
+    assert capsys.readouterr().err == f"hvd_cifar: warning: {ALIAS_LINES['no-fp16']}\n"
+
+
+def test_a_saved_config_never_reads_back_as_an_alias(tmp_path):
+    """config.yaml holds a scheme's own keys only under that scheme: local_sgd_steps beside
+    compression: none would read back as local SGD's old switch."""
+    for flags in ([], ["--compression", "topk"], ["--compression", "local-sgd", "--local-sgd-steps", "3"]):
+        cfg = config.from_args(flags)
+        cfg.save(str(tmp_path / "config.yaml"))
+        saved = config.load_yaml(str(tmp_path / "config.yaml"))
+        assert ("local_sgd_steps" in saved) == (cfg.compression == "local-sgd")
+        assert ("topk_fraction" in saved) == (cfg.compression == "topk")
+        assert config.from_args(["--config", str(tmp_path / "config.yaml")]) == cfg
+
+
+def test_what_a_run_settles_is_in_resolved_yaml_and_a_resume_reads_it_back(tmp_path, tiny_args):
+    """Two ranks, lr 0 and compute: auto, with the fp16 alias: config.yaml holds the config as
+    given (the alias read), resolved.yaml what the run used (the model's lr, compute's choice,
+    the run folder) and why; the alias is said once in all the job's output. The resumed run
+    starts from those values and says no alias."""
+    from hvd_cifar.runfolder import reader
+    env = {"HVD_CIFAR_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_train([*tiny_args, "--lr", "0", "--compute", "auto", "--fp16-allreduce", "--stop-after", "1",
+                       "--max-steps-per-epoch", "2", "--no-tensorboard"], launcher="mpirun", np=2, env=env)
+    said = [line for line in (first.stdout + first.stderr).splitlines() if "warning" in line]
+    assert said == [f"hvd_cifar: warning: {ALIAS_LINES['fp16']}"], said
+    run = tmp_path / "logs" / "run"
+    given = yaml.safe_load((run / "config.yaml").read_text())
+    assert (given["lr"], given["compute"], given["compression"], given["run_name"]) == (0.0, "auto", "fp16", "run")
+    assert "fp16_allreduce" not in given
+    resolved = yaml.safe_load((run / "resolved.yaml").read_text())
+    chosen = json.loads((run / "meta.json").read_text())["compute_choice"]["setting"]
+    assert resolved["values"]["lr"] == config.MODEL_LR["smallcnn"] and resolved["values"]["compute"] == chosen
+    assert "log_dir" not in resolved["values"]  # given as the folder the run folder is in: nothing to settle
+    assert resolved["how"]["compute"].startswith("auto: fastest of") and set(resolved["how"]) == set(resolved["values"])
+    again = run_train(["--resume", str(run), "--stop-after", "0"], launcher="mpirun", np=2, env=env)
+    assert "warning" not in again.stdout + again.stderr
+    assert f"compute={chosen} (named in the config)" in again.stdout
+    seen = reader.read_config(str(run))
+    assert (seen["lr"], seen["compute"], seen["compression"], seen["resume"]) == (0.1, chosen, "fp16", str(run))
+    assert [r["epoch"] for r in read_metrics(run)] == [0, 1]
+
+
+@pytest.mark.parametrize("text, says", [("values: [1\n", "cannot be read"), ("- 1\n", "must hold 'values' and 'how'"),
+                                        ("values: {lr: 0.1}\n", "must hold 'values' and 'how'")])
+def test_a_resolved_yaml_that_cannot_be_read_is_one_line_naming_it(tmp_path, text, says):
+    """To the readers a ReportError, to a resume bad input (exit status 2), each one line naming the file."""
+    from hvd_cifar import train
+    from hvd_cifar.core.errors import ReportError
+    from hvd_cifar.core.files import RunError
+    from hvd_cifar.runfolder import reader
+    (tmp_path / "config.yaml").write_text("model: smallcnn\n")
+    (tmp_path / "resolved.yaml").write_text(text)
+    with pytest.raises(ReportError, match=rf"^{tmp_path}/resolved.yaml: {re.escape(says)}") as read:
+        reader.read_config(str(tmp_path))
+    with pytest.raises(RunError, match=rf"^resume: {tmp_path}/resolved.yaml: {re.escape(says)}") as resumed:
+        train.load_config(["--resume", str(tmp_path), "--no-tensorboard"])
+    assert "\n" not in str(read.value) + str(resumed.value)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from test_compression import FakeCollective, World, on_ranks, param
-from hvd_cifar.compress.cost import topk_fraction_at, topk_parts
+from hvd_cifar.core.cost import topk_fraction_at, topk_parts
 from hvd_cifar.compress.topk import TopK
 
 

@@ -12,11 +12,11 @@ import subprocess
 import pytest
 
 from conftest import PYTHON, run_train
-from hvd_cifar.core import config
+from hvd_cifar.core import config, methods
 
 
 def test_tuning_keys_default_to_someone_elses_setting_and_parse():
-    assert all(getattr(config.Config(), key) is None for key in config.HOROVOD_TUNING)
+    assert all(getattr(config.Config(), key) is None for key in methods.METHODS["horovod"].settings)
     cfg = config.from_args(["--horovod-cycle-time-ms", "2.5", "--horovod-fusion-threshold-mb", "0",
                             "--horovod-hierarchical", "--no-horovod-autotune", "--no-tensorboard"])
     assert (cfg.horovod_cycle_time_ms, cfg.horovod_fusion_threshold_mb) == (2.5, 0.0)

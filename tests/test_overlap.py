@@ -68,7 +68,7 @@ def test_horovod_records_its_timeline_and_splits_allreduce_time(tmp_path, tiny_a
 
 @pytest.mark.timeout(600)
 def test_ddp_times_its_buckets_and_mpi_exposes_everything(tmp_path, tiny_args, tiny_run, sync_run):
-    run_train(tiny_args + ["--sync", "ddp", "--comm-timeline", "true", "--fp16-allreduce"], launcher="mpirun", np=2)
+    run_train(tiny_args + ["--sync", "ddp", "--comm-timeline", "true", "--compression", "fp16"], launcher="mpirun", np=2)
     check_epochs(tmp_path / "logs" / "run", hidden_possible=True)
     # mpi-gather-scatter under mpirun: tests/test_sync_methods.py's run of it (conftest.sync_run)
     check_epochs(sync_run("mpi-gather-scatter").run, hidden_possible=False)

@@ -4,7 +4,7 @@ a hand-made example that fails without it (the config's refusals: tests/test_dgc
 import torch
 
 from test_compression import FakeCollective, World, on_ranks, param
-from hvd_cifar.compress import cost
+from hvd_cifar.core import cost
 from hvd_cifar.compress.powersgd import PowerSGD
 
 

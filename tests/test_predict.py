@@ -36,8 +36,8 @@ def test_hierarchical_is_a_local_ring_plus_a_ring_across_hosts():
     # 8 ranks, 4 per host: ring of 4 inside (6e-5 + 1500/1e5), ring of 2 hosts across (2e-3 + 1000/1000)
     assert p.hierarchical_s(8, 4, 1000, LINK, local) == pytest.approx(6e-5 + 0.015 + 2e-3 + 1.0)
     assert p.hierarchical_s(8, 1, 1000, LINK, local) == pytest.approx(p.ring_s(8, 1000, LINK))
-    assert p.wire_bytes("horovod-hierarchical", 8, 1000, 4) == pytest.approx(1000 / 4)  # each rank's slice
-    assert p.wire_bytes("mpi-gather-scatter", 8, 1000) == 7000
+    assert p.wire_bytes("hierarchical", 8, 1000, 4) == pytest.approx(1000 / 4)  # each rank's slice
+    assert p.wire_bytes("star", 8, 1000) == 7000
 
 
 def test_only_what_backward_can_hide_is_hidden():
@@ -62,10 +62,10 @@ def test_without_a_measured_fraction_what_hides_follows_the_order_gradients_come
     net = p.Network({"horovod": p.Link(0.0, 4000.0), "mpi-allreduce": p.Link(0.0, 4000.0)}, None)
     c = compute(hidden_fraction=None)
     ring = p.ring_s(2, 4000, net.links["horovod"])  # 1000 params x 4 bytes
-    hvd = p.predict_step(c, PROFILE, net, p.Scenario("horovod", False, 1, 0), 2)
+    hvd = p.predict_step(c, PROFILE, net, p.Scenario("horovod", "none", 1, 0), 2)
     assert hvd["exposed_s_per_sync"] == pytest.approx(
         p.overlap_exposed_s(PROFILE.ready_order(0), ring, c.backward_s)) and hvd["exposed_s_per_sync"] < ring
-    assert p.predict_step(c, PROFILE, net, p.Scenario("mpi-allreduce", False, 1, 0), 2)["exposed_s_per_sync"] == ring
+    assert p.predict_step(c, PROFILE, net, p.Scenario("mpi-allreduce", "none", 1, 0), 2)["exposed_s_per_sync"] == ring
 
 
 def test_fits_recover_alpha_and_beta_from_exact_times():
@@ -90,7 +90,7 @@ def test_fits_recover_alpha_and_beta_from_exact_times():
 
 
 def compute(**changes) -> p.Compute:
-    c = p.Compute(model="x", num_classes=10, sync="horovod", world_size=1, fp16=False, accumulation_steps=1,
+    c = p.Compute(model="x", num_classes=10, sync="horovod", world_size=1, compression="none", accumulation_steps=1,
                   frozen_blocks=0, images_per_step=32, data_s=0.01, forward_s=0.1, backward_s=0.2, other_s=0.0,
                   optimizer_s=0.05, sync_s=0.0, hidden_fraction=0.5, step_s=0.36)
     return p.Compute(**{**c.__dict__, **changes})
@@ -101,7 +101,7 @@ PROFILE = p.Profile(block_params=(100, 900), block_macs=(300, 700), head_params=
 
 def test_one_step_worked_by_hand():
     net = p.Network({"horovod": p.Link(0.0, 3600.0), "mpi-gather-scatter": p.Link(0.0, 3600.0)}, None)
-    s = p.Scenario("horovod", fp16=False, accumulation_steps=2, freeze=1)
+    s = p.Scenario("horovod", "none", accumulation_steps=2, freeze=1)
     row = p.predict_step(compute(), PROFILE, net, s, 4)
     # freeze 1: 900 params x 4 bytes; backward 0.2 x 0.7 (block 1 had 30 % of the multiply-adds)
     assert row["payload_bytes"] == 3600
@@ -110,14 +110,14 @@ def test_one_step_worked_by_hand():
     assert row["step_s"] == pytest.approx(0.01 + 0.1 + 0.14 + (0.05 + 1.36) / 2)
     assert row["images_per_s"] == pytest.approx(4 * 32 / row["step_s"])
     assert row["bytes_per_rank_per_step"] == pytest.approx(1.5 * 3600 / 2)
-    star = p.predict_step(compute(), PROFILE, net, p.Scenario("mpi-gather-scatter", True, 1, 0), 4)
+    star = p.predict_step(compute(), PROFILE, net, p.Scenario("mpi-gather-scatter", "fp16", 1, 0), 4)
     assert star["payload_bytes"] == 2000 and star["exposed_s_per_sync"] == pytest.approx(2 * 3 * 2000 / 3600)
 
 
 def test_ranks_sharing_one_machines_cores_compute_slower_by_their_share():
     link = p.Link(0.0, 3600.0)
     shared = p.Network({"mpi-allreduce": link}, None, shared_cores=2)
-    s = p.Scenario("mpi-allreduce", fp16=False, accumulation_steps=1, freeze=0)
+    s = p.Scenario("mpi-allreduce", "none", accumulation_steps=1, freeze=0)
     c = compute(threads_per_rank=1, hidden_fraction=None)
     comm4 = p.ring_s(4, 4000, link)  # 1000 params x 4 bytes
     # 4 ranks of 1 thread on 2 cores: every part of the compute twice as long; the link unchanged
@@ -134,12 +134,12 @@ def test_ranks_sharing_one_machines_cores_compute_slower_by_their_share():
 
 def test_fp16_pays_below_a_bandwidth_and_gather_scatter_falls_behind_at_a_worker_count():
     net = p.Network({"mpi-allreduce": p.Link(0.0, 1e6)}, None)
-    s = p.Scenario("mpi-allreduce", False, 1, 0)
-    beta = p.break_even_bandwidth(compute(), PROFILE, net, s, replace(s, fp16=True, scheme_s=4e-6), 4)
+    s = p.Scenario("mpi-allreduce", "none", 1, 0)
+    beta = p.break_even_bandwidth(compute(), PROFILE, net, s, replace(s, compression="fp16", scheme_s=4e-6), 4)
     # saving 1.5·2000/β equals the casts' 4 µs per update (scaling.time_schemes) at β = 7.5e8 bytes/s
     assert beta == pytest.approx(7.5e8, rel=1e-6)
     n = p.gather_scatter_falls_behind(compute(), PROFILE, net, s)
-    ratio = lambda k: (p.predict_step(compute(), PROFILE, p.Network({"mpi-gather-scatter": net.links["mpi-allreduce"]}, None), p.Scenario("mpi-gather-scatter", False, 1, 0), k)["step_s"]  # noqa: E731
+    ratio = lambda k: (p.predict_step(compute(), PROFILE, p.Network({"mpi-gather-scatter": net.links["mpi-allreduce"]}, None), p.Scenario("mpi-gather-scatter", "none", 1, 0), k)["step_s"]  # noqa: E731
                        / p.predict_step(compute(), PROFILE, net, s, k)["step_s"])
     assert ratio(n) >= 2 > ratio(n - 1)
 
@@ -149,19 +149,19 @@ def test_predict_on_a_real_run_folder(tmp_path, tiny_run):
     run_dir = tiny_run("single").run  # read only; the outputs go to tmp_path
     out = tmp_path / "pred"
     proc = subprocess.run([sys.executable, "-m", "hvd_cifar.predict", str(run_dir), "--bandwidth", "100mbit",
-                           "--np", "1", "2", "8", "--sync", "horovod", "mpi-gather-scatter", "--fp16-allreduce",
+                           "--np", "1", "2", "8", "--sync", "horovod", "mpi-gather-scatter", "--compression", "fp16",
                            "--measured", str(run_dir), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rows = read_csv(out / "predict.csv")
     assert len(rows) == 2 * 2 * 3 and (out / "predict.png").stat().st_size > 10_000
-    by = {(r["method"], r["fp16_allreduce"], r["np"]): r for r in rows}
+    by = {(r["method"], r["compression"], r["np"]): r for r in rows}
     smallcnn_bytes = 94_986 * 4
-    assert int(by["horovod", "false", "1"]["payload_bytes"]) == smallcnn_bytes
-    assert int(by["horovod", "true", "1"]["payload_bytes"]) == smallcnn_bytes // 2
+    assert int(by["horovod", "none", "1"]["payload_bytes"]) == smallcnn_bytes
+    assert int(by["horovod", "fp16", "1"]["payload_bytes"]) == smallcnn_bytes // 2  # the fp16 entry's 2 bytes
     # np=1 predicts the run itself back (only its near-zero sync wait is left out)
-    assert abs(float(by["horovod", "false", "1"]["error_pct"])) < 5, by["horovod", "false", "1"]
-    assert float(by["mpi-gather-scatter", "false", "8"]["comm_s_per_sync"]) == pytest.approx(
+    assert abs(float(by["horovod", "none", "1"]["error_pct"])) < 5, by["horovod", "none", "1"]
+    assert float(by["mpi-gather-scatter", "none", "8"]["comm_s_per_sync"]) == pytest.approx(
         14 * 50e-6 + 2 * 7 * smallcnn_bytes / 12.5e6)
     assert "| mpi-gather-scatter | 8 |" in proc.stdout
 
@@ -199,7 +199,7 @@ def test_report_says_where_the_time_went(tmp_path):
     assert f"({379_944 / 0.03 * 8 / 1e9:.3g} Gbit/s effective" in text
     assert "gather/scatter's step would take twice ring allreduce's from np=" in text
     # fp16 and each scheme the run's method (horovod) runs: where each would pay, by the model
-    from hvd_cifar.compress.cost import POWERSGD_RANK, TOPK_FRACTION
+    from hvd_cifar.core.cost import POWERSGD_RANK, TOPK_FRACTION
     for option in ("fp16 on ", f"powersgd r={POWERSGD_RANK} on ", f"topk f={TOPK_FRACTION:g} on ", "local SGD H=4 on "):
         assert option in text, option
 
@@ -216,9 +216,9 @@ def test_fp16_pays_its_casts_on_a_named_link_and_in_the_reports_break_even(tmp_p
     two_epochs(tmp_path / "np2", 2, 0.6, {**phases, "sync": 0.2})
     rows, _ = predict.run(predict.parse_args([str(tmp_path / "np1"), "--bandwidth", "100mbit", "--np", "1", "2",
                                               "--compression", "fp16", "--out", str(tmp_path / "out")]))
-    by = {(r["fp16_allreduce"], r["np"]): r for r in rows}
-    assert by[True, 1]["scheme_s_per_sync"] == 0 < by[True, 2]["scheme_s_per_sync"]  # one rank alone casts nothing
-    fp16, plain = by[True, 2], by[False, 2]  # the casts and what backward does not hide add up
+    by = {(r["compression"], r["np"]): r for r in rows}
+    assert by["fp16", 1]["scheme_s_per_sync"] == 0 < by["fp16", 2]["scheme_s_per_sync"]  # one rank alone casts nothing
+    fp16, plain = by["fp16", 2], by["none", 2]  # the casts and what backward does not hide add up
     assert fp16["step_s"] == pytest.approx(plain["step_s"] - plain["exposed_s_per_sync"]
                                            + fp16["exposed_s_per_sync"] + fp16["scheme_s_per_sync"])
     assert 0 < fp16["exposed_s_per_sync"] < fp16["comm_s_per_sync"]  # part hides (no measured fraction)
@@ -250,3 +250,71 @@ def test_the_model_loads_no_plotting_no_report_and_no_torch(tmp_path):
         done = subprocess.run([sys.executable, "-c", check.format(module, allowed)], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and done.stdout.strip() == "[]", (module, done.stdout, done.stderr)
+
+
+def test_a_method_the_model_cannot_price_is_refused_in_one_line(tmp_path):
+    """The registry says what the model can price (core.methods.priced): a method whose entry
+    names no transport (the parameter server) is refused by predict, asked for or as the run's
+    own, and by explain (the report's "where the time went"), never priced as another method."""
+    from hvd_cifar.core import methods
+    unpriced = next(m for m, spec in methods.METHODS.items() if not spec.transports)
+    asked = write_run(tmp_path / "run")
+    proc = subprocess.run([sys.executable, "-m", "hvd_cifar.predict", str(asked), "--bandwidth", "1gbit", "--np", "2",
+                           "--sync", unpriced], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"sync: {unpriced}: the scaling model cannot price it" in proc.stderr
+    phases = {"data": 0.0, "forward": 0.1, "backward": 0.2, "sync": 0.1, "optimizer": 0.1}
+    for n in (1, 2):
+        two_epochs(tmp_path / f"ps{n}", n, 0.5, phases, sync=unpriced)
+        (tmp_path / f"ps{n}" / "config.yaml").write_text(f"model: smallcnn\nsync: {unpriced}\nbatch_size: 32\n")
+    own = subprocess.run([sys.executable, "-m", "hvd_cifar.predict", str(tmp_path / "ps1"), "--bandwidth", "1gbit",
+                          "--np", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert own.returncode == 2 and own.stderr.count("\n") == 1 and "; pick --sync from horovod" in own.stderr, own.stderr
+    reported = subprocess.run([sys.executable, "-m", "hvd_cifar.report", str(tmp_path / "ps1"), str(tmp_path / "ps2"),
+                               "--out", str(tmp_path / "cmp")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert reported.returncode == 0, reported.stderr
+    assert (f"ps2: not explained (sync: {unpriced}: the scaling model cannot price it"
+            in (tmp_path / "cmp" / "compare.md").read_text())
+    with pytest.raises(predict.PredictError, match="'nope' is not a sync method"):
+        methods.priced("nope")
+
+
+def test_the_hierarchical_allreduce_is_a_scenarios_option_where_the_method_has_one(tmp_path):
+    """Hierarchical is no method of its own: a scenario asks for it, and a method whose registry
+    entry has a hierarchical_key prices it as a ring inside each host plus one across hosts."""
+    local, link = p.Link(0.0, 1e5), p.Link(0.0, 1000.0)
+    net = p.Network({"horovod": link, "mpi-allreduce": link}, local, ranks_per_host=4)
+    c = compute(hidden_fraction=0.0)
+    flat, hier = (p.predict_step(c, PROFILE, net, p.Scenario("horovod", "none", 1, 0, hierarchical=h), 8) for h in (False, True))
+    assert flat["comm_s_per_sync"] == pytest.approx(p.ring_s(8, 4000, link))
+    assert hier["comm_s_per_sync"] == pytest.approx(p.hierarchical_s(8, 4, 4000, link, local))
+    assert hier["comm_s_per_sync"] < flat["comm_s_per_sync"]
+    assert hier["bytes_per_rank_per_step"] == pytest.approx(p.wire_bytes("hierarchical", 8, 4000, 4))
+    # a method without the key: its own ring, whatever the scenario asks
+    ring = p.predict_step(c, PROFILE, net, p.Scenario("mpi-allreduce", "none", 1, 0, hierarchical=True), 8)
+    assert ring["comm_s_per_sync"] == pytest.approx(p.ring_s(8, 4000, link))
+    run = write_run(tmp_path / "run", config={"horovod_hierarchical": True})
+    rows, text = predict.run(predict.parse_args([str(run), "--bandwidth", "1gbit", "--np", "8", "--sync", "horovod",
+                                                 "mpi-allreduce", "--hierarchical", "--ranks-per-host", "4",
+                                                 "--out", str(tmp_path / "out")]))
+    assert sorted((r["method"], r["hierarchical"]) for r in rows) == [("horovod", True), ("mpi-allreduce", False)]
+    assert "| hierarchical |" in text  # shown where a row has it
+    with pytest.raises(predict.PredictError, match="--hierarchical: no method of --sync has one"):
+        predict.run(predict.parse_args([str(run), "--bandwidth", "1gbit", "--np", "8", "--sync", "mpi-allreduce",
+                                        "--hierarchical"]))
+
+
+def test_the_scenario_carries_the_runs_compression_and_local_sgd_is_one(tmp_path):
+    """A run's compression (local SGD among them, its period the scheme's own setting) is the
+    scenario's; --local-sgd-steps shapes --compression local-sgd's bytes, by the scheme's rule."""
+    run = write_run(tmp_path / "run", config={"compression": "local-sgd", "local_sgd_steps": 8})
+    rows, _ = predict.run(predict.parse_args([str(run), "--bandwidth", "1gbit", "--np", "2", "--compression", "none",
+                                              "local-sgd", "--local-sgd-steps", "2", "--out", str(tmp_path / "out")]))
+    wire = {r["compression"]: r["bytes_per_rank_per_step"] for r in rows}
+    assert set(wire) == {"local SGD H=8", "none", "local SGD H=2"}  # the run's own, and the two asked for
+    assert wire["local SGD H=2"] == pytest.approx(4 * wire["local SGD H=8"])  # models averaged 4x as often
+    assert wire["local SGD H=2"] == pytest.approx(p.ring_wire_bytes(2, 4 * 94_986) / 2)
+    bad = subprocess.run([sys.executable, "-m", "hvd_cifar.predict", str(run), "--bandwidth", "1gbit", "--np", "2",
+                          "--compression", "local-sgd", "--local-sgd-steps", "1"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "--local-sgd-steps: must be >= 2" in bad.stderr

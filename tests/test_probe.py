@@ -40,7 +40,8 @@ def test_probe_under_mpi_and_under_gloo_times_every_transport_there(tmp_path):
     got = probe([str(ROOT / "launch" / "mpirun.sh"), "-np", "2", "--oversubscribe", "--probe"], tmp_path / "mpi.json")
     sizes = got["sizes_bytes"]
     assert sizes == [4096, 28620, 200000] and got["world_size"] == 2 and got["hosts"] and got["iters"] == 2
-    assert list(got["transports"]) == ["mpi-allreduce", "mpi-p2p", "mpi-gather-scatter", "torch-gloo", "horovod-mpi"]
+    # MPI's own link first, then each method the registry has a probe for, in its order
+    assert list(got["transports"]) == ["mpi-p2p", "horovod-mpi", "mpi-allreduce", "mpi-gather-scatter", "torch-gloo"]
     assert got["transports"]["mpi-p2p"]["kind"] == "p2p" and got["transports"]["mpi-allreduce"]["scope"] == "intra-host"
     for t in got["transports"].values():
         check_transport(t, sizes, got["reduce_s_per_byte"])
@@ -48,7 +49,7 @@ def test_probe_under_mpi_and_under_gloo_times_every_transport_there(tmp_path):
     # Horovod's negotiation cycle is its own term (5 ms, hvd_cifar.sync.horovod's setting), not latency
     assert got["transports"]["horovod-mpi"]["per_op_s"] == 0.005 and got["transports"]["mpi-allreduce"]["per_op_s"] == 0
     gloo = probe(commands.argv("horovodrun-gloo", 2, [PYTHON, "-m", "hvd_cifar.probe"]), tmp_path / "gloo.json")
-    assert list(gloo["transports"]) == ["torch-gloo", "horovod-gloo"] and gloo["launcher"] == "horovodrun-gloo"
+    assert list(gloo["transports"]) == ["horovod-gloo", "torch-gloo"] and gloo["launcher"] == "horovodrun-gloo"
     for t in gloo["transports"].values():
         check_transport(t, sizes, gloo["reduce_s_per_byte"])
 

@@ -85,7 +85,7 @@ def check_summary(records: list[dict], text: str, world_size: int) -> None:
     summary = summary_of(text)
     assert summary["world size (ranks)"] == str(world_size)
     assert summary["model"] == "smallcnn" and summary["dataset"] == "digits"
-    assert summary["sync method"] == "horovod" and summary["fp16 allreduce"] == "false"
+    assert summary["sync method"] == "horovod" and summary["compression"] == "none"
     assert summary["batch size per rank"] == "32" and summary["accumulation steps"] == "1"
     assert summary["frozen blocks (config)"] == "0"
     shown(summary["mean epoch time (s, first epoch excluded)"], want["mean_epoch_time_s"], 3)
@@ -450,16 +450,19 @@ def test_cli_bad_input_has_no_traceback(tmp_path):
                                         f"(Expecting property name enclosed in double quotes)"]
 
 
-def test_runs_differing_only_in_compression_or_local_sgd_are_separate_groups_with_their_own_baselines(tmp_path):
-    """An uncompressed, a top-k and a local SGD configuration, each at np 1 and 2 (the top-k run
-    slower): three scaling groups, each run's speed-up against its own np 1; a run saved before
-    the compression key (fp16_allreduce: true) reads as compression fp16."""
+def test_runs_differing_only_in_compression_are_separate_groups_with_their_own_baselines(tmp_path):
+    """An uncompressed, a top-k and two local SGD configurations (its period, the scheme's own
+    key, at its default and not), each at np 1 and 2 (the top-k run slower): four scaling groups,
+    each run's speed-up against its own np 1; runs saved with the older spellings read as the
+    one (runfolder.reader): fp16_allreduce: true as compression fp16, local_sgd_steps: 4 as
+    compression local-sgd."""
     from runfolders import epoch_record, write_run
     from hvd_cifar.analysis.summary import add_speedup, scaling_groups, summarize
     from hvd_cifar.runfolder.reader import load_run
-    speeds = {"none": (1.0, 1.8), "topk": (0.5, 0.95), "local": (1.0, 1.9)}
+    speeds = {"none": (1.0, 1.8), "topk": (0.5, 0.95), "local": (1.0, 1.9), "local8": (1.0, 1.95)}
     configs = {"none": {"compression": "none"}, "topk": {"compression": "topk"},
-               "local": {"compression": "none", "local_sgd_steps": 4}}
+               "local": {"compression": "local-sgd", "local_sgd_steps": 4},
+               "local8": {"compression": "local-sgd", "local_sgd_steps": 8}}
     rows = []
     for name, (one, two) in speeds.items():
         for np_, factor in ((1, one), (2, two)):
@@ -469,13 +472,16 @@ def test_runs_differing_only_in_compression_or_local_sgd_are_separate_groups_wit
             rows.append(summarize(load_run(str(write_run(tmp_path / f"{name}{np_}", records, config=configs[name])))))
     add_speedup(rows)
     groups = scaling_groups(rows)
-    assert len(groups) == 3, list(groups)
+    assert len(groups) == 4, list(groups)
     by = {r["run"]: r for r in rows}
     for name in speeds:
         assert by[f"{name}1"]["speedup"] == pytest.approx(1.0)
         assert by[f"{name}2"]["speedup"] == pytest.approx(by[f"{name}2"]["images_per_s"] / by[f"{name}1"]["images_per_s"])
+    assert by["local81"]["options"] == "local_sgd_steps=8" and by["local1"]["options"] == ""
     old = summarize(load_run(str(write_run(tmp_path / "old", config={"fp16_allreduce": True}))))
-    assert old["compression"] == "fp16" and old["local_sgd_steps"] == 1
+    assert old["compression"] == "fp16"
+    old_local = summarize(load_run(str(write_run(tmp_path / "old-local", config={"local_sgd_steps": 4}))))
+    assert old_local["compression"] == "local-sgd" and old_local["options"] == ""
 
 
 def test_repeated_runs_are_grouped_with_intervals_and_compared_paired_by_seed(tmp_path):

@@ -1,4 +1,4 @@
-"""A compression scheme is one file plus one entry in hvd_cifar/compress/registry.py: a copy of the
+"""A compression scheme is one file plus one entry in hvd_cifar/core/schemes.py: a copy of the
 package gets a toy scheme that way (its module, and its entry appended to ``SCHEMES``) and nothing
 else is edited; then, run from the copy, the config takes its key with its rule and default, the
 trainer's --help lists it, a 2-rank horovodrun job trains with it and counts its bytes as its plan
@@ -65,7 +65,7 @@ def copy(tmp_path_factory):
     root = tmp_path_factory.mktemp("pkg")
     shutil.copytree(ROOT / "hvd_cifar", root / "hvd_cifar", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "hvd_cifar" / "compress" / "toy.py").write_text(TOY)
-    registry = root / "hvd_cifar" / "compress" / "registry.py"
+    registry = root / "hvd_cifar" / "core" / "schemes.py"
     text = registry.read_text()
     end = text.index("\n}\n", text.index("SCHEMES: dict[str, Spec] = {"))
     registry.write_text(text[:end + 1] + ENTRY + text[end + 1:])
@@ -80,7 +80,7 @@ def run(copy, argv: list[str], np: int = 1, launcher: str = "single") -> subproc
 
 
 def test_the_copy_is_what_runs(copy):
-    out = subprocess.run([PYTHON, "-c", "import hvd_cifar.compress.registry as r; print(r.__file__, list(r.SCHEMES))"],
+    out = subprocess.run([PYTHON, "-c", "import hvd_cifar.core.schemes as r; print(r.__file__, list(r.SCHEMES))"],
                          cwd=copy, env=dict(os.environ, PYTHONPATH=str(copy)), text=True, capture_output=True)
     assert out.stdout.startswith(str(copy)) and "'toy'" in out.stdout, (out.stdout, out.stderr)
 

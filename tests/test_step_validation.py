@@ -46,7 +46,7 @@ def test_np3_steps_predicted_from_np1_and_np2_beside_the_trained_ones(tmp_path):
         source = "horovod-mpi" if r["method"] == "horovod" else "mpi-p2p"
         net = scaling.Network({r["method"]: predict.probe_link(probe, source, "p")}, None, shared_cores=os.cpu_count())
         expected = scaling.predict_step(replace(single, hidden_fraction=overlap.hidden_fraction), prof, net,
-                                        scaling.Scenario(r["method"], False, 1, 0), 3)
+                                        scaling.Scenario(r["method"], "none", 1, 0), 3)
         assert r["step_s"] == pytest.approx(expected["step_s"])
         trained = summarize(load_run(str(runs / f"np3-{r['method']}-plain")))
         assert trained["world_size"] == 3

@@ -90,7 +90,7 @@ def check_accounting(method: str, records: list[dict], fp16: bool, freeze: dict 
         assert r["comm_bytes_per_sync"] == analytic_bytes_per_sync(method, payload), r
         assert r["syncs"] == SYNCS_PER_EPOCH
         assert r["comm_bytes_per_rank"] == r["comm_bytes_per_sync"] * SYNCS_PER_EPOCH
-        assert r["sync"] == method and r["world_size"] == RANKS and r["fp16_allreduce"] == fp16
+        assert r["sync"] == method and r["world_size"] == RANKS and r["compression"] == ("fp16" if fp16 else "none")
     # freezing blocks must shrink what crosses the wire (at the epoch that froze them)
     first = next(e for e in freeze if freeze[e] > 0)
     assert records[first]["comm_bytes_per_sync"] < records[first - 1]["comm_bytes_per_sync"]
@@ -123,7 +123,7 @@ def test_fp16_gradients_under_horovodrun(method, reference, tmp_path):
     """fp16 on the wire: half the bytes, and weights near the fp32 reference but not equal to it
     (equal would mean the gradients never crossed as fp16). Near: the rounding moves the end
     point by a small fraction of the distance training covered (about 0.7% here)."""
-    run_dir = train("horovodrun", method, tmp_path, "--fp16-allreduce")
+    run_dir = train("horovodrun", method, tmp_path, "--compression", "fp16")
     records, expected = read_metrics(run_dir), read_metrics(reference)
     check_accounting(method, records, fp16=True)
     final, fp32, initial = flat(weights(run_dir)), flat(weights(reference)), flat(initial_weights())
@@ -160,3 +160,83 @@ def test_gather_scatter_root_traffic_grows_with_ranks():
     for n, ring_bytes, star_bytes in ((1, 0, 0), (2, 1000, 1000), (4, 1500, 3000), (8, 1750, 7000)):
         ring.size = star.size = n
         assert (ring.wire_bytes_per_sync(1000), star.wire_bytes_per_sync(1000)) == (ring_bytes, star_bytes)
+
+
+# ----------------------------------------------------------------------------- sync.make
+TOY_MODULE = '''
+from hvd_cifar.sync.base import SyncMethod
+
+
+class ToySync(SyncMethod):
+    name = "toy"
+
+    def __init__(self, settings):
+        self.created_with, self.configured_with = settings, None
+
+    def configure(self, cfg):
+        self.configured_with = cfg
+
+
+def create(name, settings):
+    return ToySync(settings)
+'''
+
+
+@pytest.fixture
+def toy_method(tmp_path, monkeypatch):
+    """A sync method known only by its registry entry: a module of its own (on sys.path, beside
+    no other code of hvd_cifar's) and one entry in core.methods.METHODS, with a key of its own."""
+    import dataclasses
+    from hvd_cifar.core import methods
+    from hvd_cifar.core.keys import Setting
+
+    (tmp_path / "toy_sync_for_tests.py").write_text(TOY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = dataclasses.replace(methods.METHODS["mpi-allreduce"], module="toy_sync_for_tests",
+                                settings={"toy_hops": Setting(int, 1, "hops per average")})
+    monkeypatch.setitem(methods.METHODS, "toy", entry)
+    return "toy"
+
+
+def toy_config(compression: str = "none", **keys):
+    """The defaults of every key, as the validated config would hold them, and the toy's own."""
+    import dataclasses
+    from types import SimpleNamespace
+    from hvd_cifar.core.config import Config
+    return SimpleNamespace(**{**dataclasses.asdict(Config()), "sync": "toy", "compression": compression,
+                              "toy_hops": 3, **keys})
+
+
+def test_make_finds_a_method_by_its_registry_entrys_module(toy_method):
+    """No name of a method in make: the entry's module is imported and its create() called, with
+    the common keys and the method's own (red while make chose the module by name: a ValueError
+    or another method's module)."""
+    from hvd_cifar import sync
+    method = sync.make(toy_method, toy_config(comm_timeline=True))
+    assert type(method).__name__ == "ToySync" and method.configured_with is method.created_with
+    assert dict(method.created_with.own) == {"toy_hops": 3} and method.created_with.comm_timeline
+    assert type(sync.make(toy_method)).__name__ == "ToySync"  # the probes' call: no config
+    with pytest.raises(ValueError, match="unknown sync method 'nope'"):
+        sync.make("nope")
+
+
+def test_fp16_is_the_methods_own_averaging_and_builds_no_scheme(toy_method, monkeypatch):
+    """compression: fp16, which the method does natively, sets its fp16 and builds no Fp16 scheme
+    object to throw away (red while make built the scheme first); a scheme that replaces the
+    averaging is held beside the method; none leaves the method as it is."""
+    from hvd_cifar import compress, sync
+    from hvd_cifar.compress.fp16 import Fp16
+    from hvd_cifar.compress.localsgd import LocalSGD
+    from hvd_cifar.sync.schemes import SchemeSync
+
+    def built(*args, **kwargs):
+        raise AssertionError("an Fp16 scheme was built")
+
+    monkeypatch.setattr(Fp16, "__init__", built)
+    method = sync.make(toy_method, toy_config("fp16"))
+    assert type(method).__name__ == "ToySync" and method.fp16
+    assert not sync.make(toy_method, toy_config()).fp16
+    held = sync.make(toy_method, toy_config("local-sgd", local_sgd_steps=3, compression_warmup_steps=5))
+    assert isinstance(held, SchemeSync) and isinstance(held.scheme, LocalSGD) and not held.method.fp16
+    assert (held.scheme.every, held.scheme.warmup_steps) == (3, 5)
+    assert compress.make(compress.settings(toy_config("none")), held.collective()) is None

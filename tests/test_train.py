@@ -194,3 +194,29 @@ def test_classification_report_is_scikit_learns(k):
         for key, value in expected.items():
             assert report[key] == (pytest.approx(value, abs=1e-12) if not isinstance(value, dict)
                                    else {s: pytest.approx(v, abs=1e-12) for s, v in value.items()}), key
+
+
+def test_what_is_built_once_stays_and_what_changes_is_declared():
+    """context.Setup (built once) refuses assignment; context.Training and loop.TrainingState
+    take their declared fields only, so a part of the run that writes a name nobody declared
+    (``run.cfg = ...`` on the run as it goes) fails at once instead of being read nowhere."""
+    import dataclasses
+    from hvd_cifar.trainer import context, loop
+    setup = context.Setup(**dict.fromkeys((f.name for f in dataclasses.fields(context.Setup))))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setup.cfg = None
+    run = context.Training(setup, context.Start(), trainable=None)
+    run.run_dir, run.updates_per_epoch = "logs/run", 3  # declared: set at every begin
+    with pytest.raises(AttributeError):
+        run.cfg = None  # the config is the setup's
+
+    class Plain:
+        stops_by_vote = False
+
+    place = dict(run_dir="logs/run", epoch=1, step=2, position=3, totals=[0.0] * 4)
+    state = loop.TrainingState(Plain(), None, None, **place)
+    assert (state.epoch, state.step, state.position, state.restarts, state.stop_vote) == (1, 2, 3, 0, None)
+    with pytest.raises(TypeError):
+        loop.TrainingState(Plain(), None, None, commit_every=2, **place)  # elastic's, not a plain run's
+    with pytest.raises(AttributeError):
+        state.reached = (1, 2)

@@ -28,6 +28,7 @@ import json
 import pytest
 
 from conftest import NEEDS_NETNS
+from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.workload.models import build_model, set_frozen_blocks
 from testbed.netcluster import NetCluster
 
@@ -57,7 +58,7 @@ JOBS = {
     # fp16, accumulation and freezing in one job: each leaves its own mark (2 bytes a parameter,
     # one sync per 4 steps, the frozen share's parameters not sent), and the wire must carry their
     # product. 4 x the steps, so that its 4 syncs move a quarter of the reference's bytes each.
-    "options": (2, "gloo", ["--fp16-allreduce", "true", "--accumulation-steps", "4", "--freeze", str(FREEZE),
+    "options": (2, "gloo", ["--compression", "fp16", "--accumulation-steps", "4", "--freeze", str(FREEZE),
                             "--max-steps-per-epoch", str(4 * STEPS)]),
 }
 
@@ -99,6 +100,9 @@ def _run(cluster: NetCluster, name: str, log_dir) -> list[dict] | str:
         return f"{name}: exit status {result.returncode}\n{result.stdout[-4000:]}"
     with open(log_dir / name / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f if line.strip()]
+    # The run's compression, from its config (an epoch record names only a scheme that replaces averaging).
+    compression = load_run(str(log_dir / name)).config["compression"]
+    records = [{**r, "compression": compression} for r in records]
     # The trainer's per-epoch deltas must be this host's eth0: together no more than the
     # harness saw on that interface over the whole job (which adds start-up and evaluation).
     for i, host in enumerate(cluster.hostnames[:np]):
@@ -126,7 +130,7 @@ def analytic(records: list[dict]) -> int:
 
 def _check_against_analytic(name: str, records: list[dict], np: int, hostnames: list[str]) -> None:
     for r in records:
-        bytes_per_param = 2 if r["fp16_allreduce"] else 4
+        bytes_per_param = 2 if r["compression"] == "fp16" else 4
         assert r["world_size"] == np
         assert r["comm_bytes_per_sync"] == ring_bytes_per_sync(np, r["trainable_params"], bytes_per_param), \
             f"{name}: the recorded figure is not 2(N-1)/N x {r['trainable_params']} x {bytes_per_param} B"
@@ -163,7 +167,7 @@ def frozen_share() -> float:
 def test_fp16_accumulation_and_freezing_each_save_what_they_claim(job, cluster):
     options, base = job("options"), job("gloo-np2")
     _check_against_analytic("options", options, 2, cluster.hostnames[:2])  # 2 B a trainable parameter
-    assert all(r["fp16_allreduce"] for r in options)
+    assert all(r["compression"] == "fp16" for r in options)
     # accumulation: one sync per 4 steps
     assert [r["syncs"] for r in options] == [r["steps"] // 4 for r in options] == [STEPS] * len(options)
     assert [r["steps"] for r in options] == [4 * r["steps"] for r in base]

@@ -1,29 +1,25 @@
 """Where the time went between a run at np=1 and the same configuration at np=N (the report's
 section of that name, docs/REPORTS.md): the gap to ideal img/s split into compute, exposed
 communication, data and idle, and the scaling model's answers on the link the run's own
-communication implies: for fp16 and each scheme of hvd_cifar/compress/, the link bandwidth below
-which it would shorten this run's step, and the worker count at which gather/scatter's step
-takes twice ring allreduce's. The model is hvd_cifar.analysis.scaling's; here, only what the report asks of it."""
+communication implies: for each compression its method runs (fp16, the schemes of
+hvd_cifar/compress/), the link bandwidth below which it would shorten this run's step, and the
+worker count at which gather/scatter's step takes twice ring allreduce's. The model is
+hvd_cifar.analysis.scaling's; here, only what the report asks of it."""
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
-from hvd_cifar.compress import registry
-from hvd_cifar.core.names import SCHEME_SYNC_METHODS
+from hvd_cifar.core import methods, schemes
 from hvd_cifar.runfolder.reader import Run
-from hvd_cifar.analysis.scaling import (TRANSPORTS, Compute, Link, Network, Scenario, break_even_bandwidth,
-                               gather_scatter_falls_behind, measure, predict_step, profile, scheme_of,
-                               time_schemes)
-
-# Local SGD has no default period; the one the docs and benchmarks/compression.py run.
-LOCAL_SGD_STEPS = 4
+from hvd_cifar.analysis.scaling import (Compute, Link, Network, Scenario, as_run, break_even_bandwidth,
+                                        gather_scatter_falls_behind, measure, predict_step, profile, time_schemes)
 
 
 def effective_link(c: Compute, prof, s: Scenario, n: int, comm: float) -> Link:
     """The link a run's own communication implies, latency taken as 0: the β at which the
     model gives the measured ``comm`` seconds per synchronisation for the run as it ran (``s``:
-    its method, fp16, frozen blocks and scheme)."""
+    its method, compression, frozen blocks)."""
     unit = Link(0.0, 1.0)
     at_one_byte_per_s = predict_step(c, prof, Network({s.method: unit}, unit), s, n)["comm_s_per_sync"]
     return Link(0.0, at_one_byte_per_s / comm if comm > 0 else math.inf, source=f"effective, from the np={n} run")
@@ -40,17 +36,14 @@ def step_parts(c: Compute) -> dict:
     return parts
 
 
-def options(as_run: Scenario, config: dict) -> list[Scenario]:
-    """What the run could have done instead: fp16, and where its method runs them, each scheme of
-    the registry that replaces averaging (at the run's ``config``'s settings of theirs) and local
-    SGD; each alone, the run's own left out."""
-    plain = replace(as_run, fp16=False, compression="none", local_sgd_steps=1, scheme_s=0.0)
-    asked = [replace(plain, fp16=True)]
-    if as_run.method in SCHEME_SYNC_METHODS:
-        asked += [replace(plain, compression=name, settings=tuple(registry.of(name, config).items()))
-                  for name in registry.replacing()]
-        asked.append(replace(plain, local_sgd_steps=LOCAL_SGD_STEPS))
-    return [o for o in asked if (o.fp16, o.label) != (as_run.fp16, as_run.label)]
+def options(ran: Scenario, config: dict) -> list[Scenario]:
+    """What the run could have done instead: each compression of the registry its method runs
+    (core.methods.runs: fp16, and where it runs schemes, those that replace averaging), at the
+    run's ``config``'s settings of theirs (else their defaults), the run's own left out."""
+    plain = replace(ran, compression="none", settings=(), scheme_s=0.0)
+    asked = [replace(plain, compression=name, settings=tuple(schemes.of(name, config).items()))
+             for name in schemes.names() if name != "none" and methods.runs(ran.method, name)]
+    return [o for o in asked if o.label != ran.label]
 
 
 def explain(multi: Run, single: Run) -> dict:
@@ -58,8 +51,10 @@ def explain(multi: Run, single: Run) -> dict:
     configuration beside it, the gap split by step_parts, and the model's answers on the link
     the run's own communication implies (effective_link): per option (fp16, each scheme), the
     link bandwidth below which it would shorten this run's step (None: on no link), and the
-    worker count at which gather/scatter takes twice ring allreduce's step."""
+    worker count at which gather/scatter takes twice ring allreduce's step. A method the model
+    cannot price is a PredictError, one line (core.methods.priced)."""
     cn, c1 = measure(multi), measure(single)
+    methods.priced(cn.sync)
     n = cn.world_size
     ideal, measured = n * c1.images_per_step / c1.step_s, n * cn.images_per_step / cn.step_s
     parts_n, parts_1 = step_parts(cn), step_parts(c1)
@@ -67,16 +62,13 @@ def explain(multi: Run, single: Run) -> dict:
     rows = [{"part": k, "np1_ms": parts_1[k] * 1e3, "npN_ms": parts_n[k] * 1e3, "delta_ms": (parts_n[k] - parts_1[k]) * 1e3,
              "img_s_lost": (ideal - measured) * (parts_n[k] - parts_1[k]) / gap_s if gap_s else 0.0} for k in parts_n]
     prof = profile(cn.model, cn.num_classes)
-    method = cn.sync if cn.sync in TRANSPORTS else "horovod"
-    scheme = scheme_of(multi.config) if method in SCHEME_SYNC_METHODS else {}
-    as_run = Scenario(method, cn.fp16, cn.accumulation_steps, cn.frozen_blocks, **scheme)
-    as_run, *others = time_schemes(prof, [as_run, *options(as_run, multi.config)], cn.threads_per_rank)
-    comm = cn.comm_s if cn.comm_s is not None else max(cn.sync_s - as_run.scheme_s, 0.0)  # the wire's share of the wait
-    link = effective_link(c1, prof, as_run, n, comm)
-    net = Network({method: link}, None)
+    ran = as_run(cn, multi.config)
+    ran, *others = time_schemes(prof, [ran, *options(ran, multi.config)], cn.threads_per_rank)
+    comm = cn.comm_s if cn.comm_s is not None else max(cn.sync_s - ran.scheme_s, 0.0)  # the wire's share of the wait
+    link = effective_link(c1, prof, ran, n, comm)
+    net = Network({cn.sync: link}, None)
     base = replace(c1, hidden_fraction=cn.hidden_fraction)  # compute as at np=1, overlap as measured at N
     return {"np": n, "ideal_images_per_s": ideal, "measured_images_per_s": measured, "parts": rows, "link": link,
-            "break_even_bytes_per_s": {("fp16" if o.fp16 else o.label): break_even_bandwidth(base, prof, net, as_run, o, n)
-                                       for o in others},
+            "break_even_bytes_per_s": {o.label: break_even_bandwidth(base, prof, net, ran, o, n) for o in others},
             "gather_scatter_2x_np": gather_scatter_falls_behind(base, prof, net, Scenario(
-                method, False, cn.accumulation_steps, cn.frozen_blocks))}
+                cn.sync, "none", cn.accumulation_steps, cn.frozen_blocks))}

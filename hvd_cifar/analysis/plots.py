@@ -213,7 +213,7 @@ def plot_compare(runs: list[Run], rows: list[dict], out: str) -> list[str]:
 
 def config_label(row: dict) -> str:
     return (f"{row['model']}/{row['dataset']} {row['sync']} b{row['batch_size']}"
-            f" fp16={str(row['fp16_allreduce']).lower()} accum={row['accumulation_steps']}"
+            f" {row.get('compression') or 'none'} accum={row['accumulation_steps']}"
             f" freeze={row['freeze']}")
 
 
@@ -266,9 +266,9 @@ def _series(row: dict) -> tuple:
 
 
 def _scenario_label(key: tuple) -> str:
-    method, fp16, k, freeze, scheme = key  # scheme: hvd_cifar.compress.registry.label's, "none" without one
-    return (f"{method}{' fp16' if fp16 else ''}{f' accum {k}' if k > 1 else ''}{f' freeze {freeze}' if freeze else ''}"
-            f"{f' {scheme}' if scheme != 'none' else ''}")
+    method, hierarchical, compression, k, freeze = key  # compression: hvd_cifar.core.schemes.label's
+    return (f"{method}{' hierarchical' if hierarchical else ''}{f' {compression}' if compression != 'none' else ''}"
+            f"{f' accum {k}' if k > 1 else ''}{f' freeze {freeze}' if freeze else ''}")
 
 
 def plot_prediction(rows: list[dict], measured: list[dict], path: str, title: str) -> str:

@@ -69,8 +69,7 @@ def compute_cell(row: dict) -> str:
 CONFIG_COLUMNS = [
     Column("run", "run"), Column("model", "model"), Column("dataset", "dataset"),
     Column("sync", "sync"), Column("np", "world_size"), Column("batch/rank", "batch_size"),
-    Column("fp16 allreduce", "fp16_allreduce"), Column("compression", "compression"),
-    Column("local SGD steps", "local_sgd_steps"), Column("accum steps", "accumulation_steps"),
+    Column("compression", "compression"), Column("accum steps", "accumulation_steps"),
     Column("freeze", "freeze"), Column("compute", "compute", row_fmt=compute_cell),
 ]
 # The data set's own keys and the other options that change the work (analysis.summary's

@@ -2,11 +2,12 @@
 run's measured phases, the model's parameters and a network's links.
 
 * the equations: seconds per synchronisation (ring, gather/scatter, hierarchical allreduce), the
-  bytes each rank sends, what of it backward hides;
+  bytes each rank sends, what of it backward hides; which prices a method, and whether part hides,
+  its registry entry says (core.methods: collective, overlaps_backward, hierarchical_key);
 * the fits: latency α and bandwidth β of a link from timed messages (hvd_cifar.probe's);
 * the prediction: a run's step (``measure``) at other worker counts, sync methods and options
-  (fp16, accumulation, freezing, the schemes of hvd_cifar/compress/ with their own compute,
-  ``time_schemes``), and the model's answers: the bandwidth below which an option pays
+  (a compression of core/schemes.py with its own compute, ``time_schemes``; accumulation,
+  freezing), and the model's answers: the bandwidth below which an option pays
   (``break_even_bandwidth``), the worker count at which gather/scatter falls behind.
 
 Imported by the probe (an MPI program), ``hvd_cifar.predict`` and ``hvd_cifar.analysis.explain``; no
@@ -22,26 +23,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hvd_cifar.analysis.summary import setting, steady_epochs, value
-from hvd_cifar.compress import cost
-from hvd_cifar.core import wire
-from hvd_cifar.compress import registry
+from hvd_cifar.core import cost, methods, schemes, wire
 from hvd_cifar.core.errors import PredictError
 from hvd_cifar.core.names import PHASES
-from hvd_cifar.core.wire import allgather_bytes
 from hvd_cifar.runfolder.reader import Run
-
-# The collective each sync method's gradients take, and the probe transports that time it (the
-# first the probe holds is used). A Horovod job uses MPI or Gloo as its launcher decided.
-TRANSPORTS = {
-    "horovod": ("horovod-mpi", "horovod-gloo"),
-    "horovod-hierarchical": ("horovod-mpi", "horovod-gloo"),
-    "ddp": ("torch-gloo",),
-    "mpi-allreduce": ("mpi-allreduce",),
-    "mpi-gather-scatter": ("mpi-p2p",),
-}
-# Methods whose allreduce starts inside backward (per-parameter hooks, buckets), so part of it
-# can hide there; the mpi4py methods communicate only after backward.
-OVERLAPS = ("horovod", "horovod-hierarchical", "ddp")
 
 
 # ----------------------------------------------------------------------------- the equations
@@ -64,17 +49,18 @@ def ring_wire_bytes(n: int, payload: int) -> float:
 
 
 def star_wire_bytes(n: int, payload: int) -> float:
-    """Bytes the root of gather/scatter sends per synchronisation (it receives as many):
-    mpi-gather-scatter's own count."""
+    """Bytes the root of gather/scatter sends per synchronisation (it receives as many): the
+    gather/scatter method's own count."""
     return wire.gather_scatter_root_bytes(n, payload)
 
 
-def wire_bytes(method: str, n: int, payload: int, ranks_per_host: int = 1) -> float:
-    """Bytes one rank sends per synchronisation (the root, for gather/scatter). Hierarchical: what
-    each of a host's L ranks sends across hosts, its S/L slice of the host's ring."""
-    if method == "mpi-gather-scatter":
+def wire_bytes(collective: str, n: int, payload: int, ranks_per_host: int = 1) -> float:
+    """Bytes one rank sends per synchronisation by ``collective`` (ring, star, hierarchical;
+    Scenario.collective): the root's, for a star. Hierarchical: what each of a host's L ranks
+    sends across hosts, its S/L slice of the host's ring."""
+    if collective == "star":
         return star_wire_bytes(n, payload)
-    if method == "horovod-hierarchical":
+    if collective == "hierarchical":
         per_host = max(1, min(ranks_per_host, n))
         return ring_wire_bytes(math.ceil(n / per_host), payload) / per_host
     return ring_wire_bytes(n, payload)
@@ -107,11 +93,11 @@ def hierarchical_s(n: int, ranks_per_host: int, payload: int, link: Link, local:
     return ring_s(per_host, payload, local) + ring_s(hosts, payload, link)
 
 
-def comm_s(method: str, n: int, payload: int, link: Link, local: Link, ranks_per_host: int) -> float:
-    """Seconds one synchronisation of ``payload`` bytes takes over ``n`` ranks."""
-    if method == "mpi-gather-scatter":
+def comm_s(collective: str, n: int, payload: int, link: Link, local: Link, ranks_per_host: int) -> float:
+    """Seconds one synchronisation of ``payload`` bytes by ``collective`` takes over ``n`` ranks."""
+    if collective == "star":
         return gather_scatter_s(n, payload, link)
-    if method == "horovod-hierarchical":
+    if collective == "hierarchical":
         return hierarchical_s(n, ranks_per_host, payload, link, local)
     return ring_s(n, payload, link)
 
@@ -186,7 +172,7 @@ class Compute:
     num_classes: int
     sync: str
     world_size: int
-    fp16: bool
+    compression: str            # core/schemes.py's name (fp16 among them)
     accumulation_steps: int
     frozen_blocks: int
     images_per_step: float      # per rank (a micro-batch)
@@ -223,7 +209,7 @@ def measure(run: Run) -> Compute:
     covered = sum(per_step.values()) + (optimizer_s + sync_s) * syncs / steps
     return Compute(
         model=str(setting(run, "model")), num_classes=100 if setting(run, "dataset") == "cifar100" else 10,
-        sync=str(setting(run, "sync")), world_size=world, fp16=bool(setting(run, "fp16_allreduce")),
+        sync=str(setting(run, "sync")), world_size=world, compression=str(setting(run, "compression") or "none"),
         accumulation_steps=int(setting(run, "accumulation_steps") or 1),
         frozen_blocks=int(last.get("frozen_blocks", 0)), images_per_step=images / steps / world,
         **{f"{p}_s": v for p, v in per_step.items()}, other_s=max(step_s - covered, 0.0),
@@ -263,10 +249,11 @@ class Profile:
         """The shapes of the parameters that still train with ``frozen`` blocks frozen."""
         return [shape for block, shape in self.param_shapes if block >= frozen]
 
-    def payload_bytes(self, frozen: int, fp16: bool) -> int:
-        """Gradient bytes per synchronisation: the trainable parameters, by SyncMethod's rule."""
+    def payload_bytes(self, frozen: int, compression: str = "none") -> int:
+        """Gradient bytes per synchronisation of the sync method's own averaging: the trainable
+        parameters, each element as ``compression`` sends it (fp16's entry: 2 bytes)."""
         numel = sum(self.block_params[frozen:]) + self.head_params
-        return wire.gradient_bytes(numel, fp16)
+        return numel * (schemes.SCHEMES[compression].element_bytes or wire.FP32_BYTES)
 
 
 def profile(model_name: str, num_classes: int) -> Profile:
@@ -297,52 +284,65 @@ def profile(model_name: str, num_classes: int) -> Profile:
 
 # ----------------------------------------------------------------------------- one prediction
 # The keys of a prediction's row that name its scenario (predict_step's row; a measured run's).
-SCENARIO_KEYS = ("method", "np", "fp16_allreduce", "accumulation_steps", "freeze", "compression")
+SCENARIO_KEYS = ("method", "hierarchical", "np", "compression", "accumulation_steps", "freeze")
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """What to predict: a method and the options of docs/COMM_OPTIONS.md."""
+    """What to predict: a sync method, a compression of core/schemes.py with its settings, and
+    the options of docs/COMM_OPTIONS.md."""
     method: str
-    fp16: bool
+    compression: str            # none, fp16, or a scheme that replaces averaging
     accumulation_steps: int
     freeze: int
-    compression: str = "none"   # a scheme of hvd_cifar/compress/registry.py that replaces averaging (fp16: the flag above)
-    local_sgd_steps: int = 1    # > 1: local SGD
-    settings: tuple = ()        # the scheme's settings, as (key, value) pairs (registry.of); unnamed: defaults
-    scheme_s: float = 0.0       # the scheme's (fp16: the casts') own compute per update, timed on a rank with cores of its own (time_schemes)
+    settings: tuple = ()        # the compression's settings, as (key, value) pairs (schemes.of); unnamed: defaults
+    hierarchical: bool = False  # the method's hierarchical allreduce (its entry's hierarchical_key)
+    scheme_s: float = 0.0       # the compression's own compute per update (fp16: the casts), timed on a rank with cores of its own (time_schemes)
 
     @property
     def label(self) -> str:
-        """The scheme and its setting as a table's cell (fp16 is a flag of its own)."""
-        return registry.label(self.compression, self.local_sgd_steps, dict(self.settings))
+        """The compression and its byte-shaping settings as a table's cell."""
+        return schemes.label(self.compression, dict(self.settings))
+
+    @property
+    def collective(self) -> str:
+        """The method's own averaging: its entry's collective (ring, star), or hierarchical."""
+        spec = methods.METHODS[self.method]
+        return "hierarchical" if self.hierarchical and spec.hierarchical_key else spec.collective
 
 
-def scheme_of(config: dict) -> dict:
-    """A run's scheme of hvd_cifar/compress/ as Scenario's fields (fp16 is a flag of its own)."""
-    compression = config.get("compression", "none")
-    scheme = compression if compression in registry.replacing() else "none"
-    return {"compression": scheme, "local_sgd_steps": int(config.get("local_sgd_steps") or 1),
-            "settings": tuple(registry.of(scheme, config).items())}
+def compression_of(config: dict) -> tuple[str, tuple]:
+    """A run's compression and that scheme's settings (its saved config), as Scenario holds them."""
+    name = config.get("compression") or "none"
+    return name, tuple(schemes.of(name, config).items())
+
+
+def hierarchical_of(method: str, config: dict) -> bool:
+    """Whether a run's config asked ``method`` for its hierarchical allreduce (its entry's key)."""
+    key = methods.METHODS[method].hierarchical_key
+    return bool(key and config.get(key))
+
+
+def as_run(c: Compute, config: dict) -> Scenario:
+    """The scenario a measured run ran (``config``: its saved config)."""
+    compression, settings = compression_of(config)
+    return Scenario(c.sync, compression, c.accumulation_steps, c.frozen_blocks, settings, hierarchical_of(c.sync, config))
 
 
 def time_schemes(prof: Profile, scenarios: list[Scenario], threads: int) -> list[Scenario]:
-    """Each scenario that runs a scheme or fp16, with its compute per update (``scheme_s``: the
-    scheme's arithmetic, fp16's casts) timed in this process on the shapes of the parameters it
-    trains, with ``threads`` torch threads (the run's threads_per_rank; 0: this process's), once
-    per scheme and frozen set (compress/compute.py); the others as they are (0 s)."""
+    """Each scenario with its compression's compute per update (``scheme_s``: a scheme's arithmetic,
+    fp16's casts; 0 for none) timed here on the shapes it trains, with ``threads`` torch threads (the
+    run's threads_per_rank; 0: this process's), once per compression, settings and frozen set."""
     from hvd_cifar.compress.compute import seconds_per_update  # loads torch: only when asked
     timed: dict = {}
 
     def with_compute(s: Scenario) -> Scenario:
-        # fp16, a flag here, is a compression of its own there; a scheme's scenario times the scheme
-        compression = "fp16" if s.fp16 and s.compression == "none" else s.compression
-        key = (compression, s.local_sgd_steps, s.settings, s.freeze)
+        key = (s.compression, s.settings, s.freeze)
         if key not in timed:
-            timed[key] = seconds_per_update(prof.trainable_shapes(s.freeze), compression, s.local_sgd_steps,
-                                            dict(s.settings), threads=threads)
+            timed[key] = seconds_per_update(prof.trainable_shapes(s.freeze), s.compression,
+                                            values=dict(s.settings), threads=threads)
         return replace(s, scheme_s=timed[key])
-    return [with_compute(s) for s in scenarios]
+    return [with_compute(s) if s.compression != "none" else s for s in scenarios]
 
 
 @dataclass(frozen=True)
@@ -367,20 +367,20 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
     slower = (cpu_share(n, c.threads_per_rank, net.shared_cores)
               / cpu_share(c.world_size, c.threads_per_rank, net.shared_cores))
     backward = slower * c.backward_s * prof.backward_share(s.freeze) / prof.backward_share(c.frozen_blocks)
-    plan = registry.plan(s.compression, s.local_sgd_steps, prof.trainable_shapes(s.freeze), dict(s.settings))
-    if plan is None:
-        payload = prof.payload_bytes(s.freeze, s.fp16)
-        comm = comm_s(s.method, n, payload, link, net.local or link, net.ranks_per_host)
-        wire = wire_bytes(s.method, n, payload, net.ranks_per_host)
+    plan = schemes.plan(s.compression, prof.trainable_shapes(s.freeze), dict(s.settings))
+    if plan is None:  # the method's own averaging of every gradient
+        payload = prof.payload_bytes(s.freeze, s.compression)
+        comm = comm_s(s.collective, n, payload, link, net.local or link, net.ranks_per_host)
+        sent = wire_bytes(s.collective, n, payload, net.ranks_per_host)
     else:  # a scheme's collectives, rings and allgathers, each in its share of the updates
         payload = sum(share * size for _, size, share in plan)
         comm = sum(share * (ring_s(n, size, link) if kind == "allreduce" else cost.allgather_s(n, size, link))
                    for kind, size, share in plan)
-        wire = sum(share * (ring_wire_bytes(n, size) if kind == "allreduce" else allgather_bytes(n, size))
+        sent = sum(share * (ring_wire_bytes(n, size) if kind == "allreduce" else wire.allgather_bytes(n, size))
                    for kind, size, share in plan)
     # A scheme communicates after backward: nothing of it hides. Unmeasured, what hides follows
     # from the order backward makes the gradients ready.
-    if s.method not in OVERLAPS or plan is not None:
+    if not methods.METHODS[s.method].overlaps_backward or plan is not None:
         exposed = comm
     else:
         exposed = (overlap_exposed_s(prof.ready_order(s.freeze), comm, backward) if c.hidden_fraction is None
@@ -391,10 +391,10 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
     own_s = s.scheme_s if plan is not None or n > 1 else 0.0
     scheme = cpu_share(n, c.threads_per_rank, net.shared_cores) * own_s
     step = compute + (slower * c.optimizer_s + scheme + exposed) / s.accumulation_steps
-    return {"method": s.method, "np": n, "fp16_allreduce": s.fp16, "accumulation_steps": s.accumulation_steps,
+    return {"method": s.method, "hierarchical": s.hierarchical, "np": n, "accumulation_steps": s.accumulation_steps,
             "freeze": s.freeze, "compression": s.label, "payload_bytes": payload, "comm_s_per_sync": comm,
             "exposed_s_per_sync": exposed, "scheme_s_per_sync": scheme, "compute_s": compute, "step_s": step,
-            "images_per_s": n * c.images_per_step / step, "bytes_per_rank_per_step": wire / s.accumulation_steps}
+            "images_per_s": n * c.images_per_step / step, "bytes_per_rank_per_step": sent / s.accumulation_steps}
 
 
 def predict(c: Compute, prof: Profile, net: Network, scenarios: list[Scenario], nps: list[int]) -> list[dict]:
@@ -430,12 +430,17 @@ def break_even_bandwidth(c: Compute, prof: Profile, net: Network, base: Scenario
 
 def gather_scatter_falls_behind(c: Compute, prof: Profile, net: Network, s: Scenario,
                                 factor: float = 2.0, limit: int = 1 << 20) -> int | None:
-    """The smallest world size at which gather/scatter's step takes ``factor`` times ring
-    allreduce's (None up to ``limit``), both over the same cross-host link."""
+    """The smallest world size at which a gather/scatter method's step takes ``factor`` times a
+    ring allreduce's that hides nothing (the registry's first of each), both over the same
+    cross-host link; None up to ``limit``, or when the registry has no such pair."""
+    star, ring = (next((name for name, m in methods.METHODS.items() if m.transports and m.collective == kind
+                        and not m.overlaps_backward), None) for kind in ("star", "ring"))
+    if star is None or ring is None:
+        return None
     link = net.links.get(s.method) or next(iter(net.links.values()))
-    same = replace(net, links={"mpi-gather-scatter": link, "mpi-allreduce": link})
-    star, ring = replace(s, method="mpi-gather-scatter"), replace(s, method="mpi-allreduce")
-    ratio = lambda n: predict_step(c, prof, same, star, n)["step_s"] / predict_step(c, prof, same, ring, n)["step_s"]  # noqa: E731
+    same = replace(net, links={star: link, ring: link})
+    on = lambda method, n: predict_step(c, prof, same, replace(s, method=method, hierarchical=False), n)["step_s"]  # noqa: E731
+    ratio = lambda n: on(star, n) / on(ring, n)  # noqa: E731
     if ratio(limit) < factor:
         return None
     low, high = 1, limit   # the ratio grows with n: the root's bytes grow, the ring's do not

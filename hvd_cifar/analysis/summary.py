@@ -11,9 +11,9 @@ How the numbers are made:
 * speedup = img/s of a run / img/s of the run with world size 1 of the same configuration
   (core.names.RUN_IDENTITY: model, dataset and the data set's own keys (``data``: the generated
   set's sizes and seed, the synthetic set's size), batch size per rank, sync, compression,
-  local SGD steps, accumulation steps, freeze, precision, and the other keys that change what a
-  step computes (``options``: a scheme's own settings, BatchNorm, augmentation, the parameter
-  servers)) among the inputs (the first one given, if several); efficiency = speedup / world size.
+  accumulation steps, freeze, precision, and the other keys that change how a step runs
+  (``options``: a scheme's own settings, the sync method's own, BatchNorm, augmentation)) among
+  the inputs (the first one given, if several); efficiency = speedup / world size.
   A run whose precision ``compute: auto`` chose and that has no such run is measured against
   the np=1 run of the same configuration whose precision auto chose too, whatever it chose: the
   row names its ``speedup_baseline``, and ``compute_notes`` says where the two computed otherwise.
@@ -39,9 +39,9 @@ import os
 import statistics
 from typing import Any, Callable, Iterable
 
-from hvd_cifar.compress import registry
+from hvd_cifar.core import methods, schemes
 from hvd_cifar.core.config import COMPUTE_SETTINGS, FIELDS
-from hvd_cifar.core.names import RUN_IDENTITY, runs_a_scheme
+from hvd_cifar.core.names import RUN_IDENTITY
 from hvd_cifar.runfolder import reader
 from hvd_cifar.runfolder.reader import TARGET_KEYS, Run
 
@@ -129,11 +129,7 @@ def setting(run: Run, key: str) -> Any:
         freeze = run.config.get("freeze", last.get("frozen_blocks"))
         schedule = run.config.get("freeze_schedule") or {}
         return f"{freeze} {json.dumps(schedule, sort_keys=True)}" if schedule else freeze
-    if key == "compression" and "compression" not in run.config:  # saved before the key: fp16_allreduce said it
-        return "fp16" if run.config.get("fp16_allreduce", last.get("fp16_allreduce")) else "none"
-    if key == "local_sgd_steps":
-        return run.config.get(key, 1)
-    if key == "amp":
+    if key in ("compression", "amp"):  # a run saved before the key had none
         return run.config.get(key, "none")
     if key == "data":
         return data_keys(run.config)
@@ -156,17 +152,18 @@ def data_keys(config: dict) -> str:
 
 def work_options(config: dict) -> str:
     """The keys beside the identity's named ones that change the work, where they are not at their
-    default, as one cell: WORK_KEYS, the scheme's own settings (and its warm-up), the parameter
-    servers of mpi-async-ps; '' when there are none."""
+    default, as one cell: WORK_KEYS, the scheme's own settings (and the warm-up of one that
+    replaces averaging), the sync method's own settings (core.methods: the parameter servers,
+    Horovod's tuning); '' when there are none."""
     keys = [k for k in WORK_KEYS if _saved(config, k) != FIELDS[k].default]
-    compression, local_steps = config.get("compression", "none"), config.get("local_sgd_steps", 1)
-    if compression in registry.names():
-        keys += [k for k, default in registry.defaults(compression).items() if config.get(k, default) != default]
-        if (runs_a_scheme(compression, local_steps if isinstance(local_steps, int) else 1)
+    compression, sync = config.get("compression", "none"), config.get("sync")
+    if compression in schemes.names():
+        keys += [k for k, default in schemes.defaults(compression).items() if config.get(k, default) != default]
+        if (schemes.replaces_averaging(compression)
                 and _saved(config, "compression_warmup_steps") != FIELDS["compression_warmup_steps"].default):
             keys.append("compression_warmup_steps")
-    if config.get("sync") == "mpi-async-ps" and _saved(config, "ps_servers") != FIELDS["ps_servers"].default:
-        keys.append("ps_servers")
+    if sync in methods.METHODS:
+        keys += [k for k, s in methods.METHODS[sync].settings.items() if config.get(k, s.default) != s.default]
     return ", ".join(f"{k}={config.get(k)}" for k in keys)
 
 
@@ -198,7 +195,7 @@ def summarize(run: Run) -> dict:
     m = run.metrics
     steady = steady_epochs(m)
     images = [value(r, "images_per_s") * value(r, "epoch_time_s") for r in steady]
-    row = {"run": run.name, **{k: setting(run, k) for k in (*RUN_IDENTITY, "fp16_allreduce")}}
+    row = {"run": run.name, **{k: setting(run, k) for k in RUN_IDENTITY}}
     row["compute"], row["compute_auto"] = compute_of(run)
     row.update({
         "world_size": setting(run, "world_size"),

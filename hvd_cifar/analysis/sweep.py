@@ -31,7 +31,7 @@ ERROR_LINE = re.compile(r"hvd_cifar: (?:error: |rank \d+ failed).*?(?=\[\d+,\d+\
 
 @dataclass
 class Comparison:
-    label: str                 # "fp16_allreduce true vs false (np=2, ...)"
+    label: str                 # "compression fp16 vs none (np=2, ...)"
     config: tuple              # the configuration's identity, and its baseline's
     baseline: tuple
     figure: str                # images_per_s (a ratio) or final_test_acc (a difference in points)

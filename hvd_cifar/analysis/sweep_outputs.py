@@ -32,7 +32,7 @@ STDERR_TAIL_LINES = 20
 # is a target, beside img/s and its scaling.
 SCALING_COLUMNS = [
     Column("np", "world_size"), Column("sync", "sync"), Column("model", "model"), Column("dataset", "dataset"),
-    Column("batch/rank", "batch_size"), Column("fp16 allreduce", "fp16_allreduce"),
+    Column("batch/rank", "batch_size"), Column("compression", "compression"),
     Column("accum steps", "accumulation_steps"), Column("freeze", "freeze"),
     num("epoch time (s)", "mean_epoch_time_s", ".3f"),
     num("step time (ms)", "step_time_s", ".2f", 1e-3),

@@ -33,15 +33,16 @@ class Alone(Collective):
         return tensor
 
 
-def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, local_sgd_steps: int = 1,
-                       values: dict | None = None, threads: int = 0, updates: int = 8) -> float:
-    """Mean seconds of the scheme's synchronize() and after_step() (fp16: the casts) over
-    ``updates`` updates (after one untimed: PowerSGD draws its first Q there) on random gradients
-    of ``shapes``, with ``threads`` torch threads (0: as this process has them); 0 for none."""
+def seconds_per_update(shapes: list[tuple[int, ...]], compression: str, values: dict | None = None,
+                       threads: int = 0, updates: int = 8) -> float:
+    """Mean seconds of scheme ``compression``'s synchronize() and after_step() (fp16: the casts),
+    with ``values`` (its settings; the defaults for the rest), over ``updates`` updates (after one
+    untimed: PowerSGD draws its first Q there) on random gradients of ``shapes``, with ``threads``
+    torch threads (0: as this process has them); 0 for none."""
     # Every technique as the defaults have it, past the warm-ups; the values of momentum, weight
     # decay and the clip threshold change what is computed, not how long it takes.
-    cfg = Config(**{**(values or {}), "compression": compression, "local_sgd_steps": local_sgd_steps,
-                    "topk_warmup_epochs": 0, "compression_warmup_steps": 0})
+    cfg = Config(**{**(values or {}), "compression": compression, "topk_warmup_epochs": 0,
+                    "compression_warmup_steps": 0})
     scheme = make(settings(cfg), Alone())
     if scheme is None:
         return 0.0

@@ -1,9 +1,9 @@
 """fp16 on the wire: each gradient crosses it as half precision and is averaged back into its
-fp32 buffer. Every sync method that takes it does it natively (its registry entry's ``native``): Horovod's
-``Compression.fp16`` inside its DistributedOptimizer, DDP's ``fp16_compress_hook``, the MPI
-methods' cast of their flat buffer; so the method keeps its own averaging, overlapped with
-backward where it overlaps. ``synchronize`` is the same arithmetic through the two collectives,
-for a method without a native path (and what compress/compute.py times as the scheme's cost).
+fp32 buffer. Every sync method that takes it does it natively (its registry entry's ``native``):
+Horovod's ``Compression.fp16`` inside its DistributedOptimizer, DDP's ``fp16_compress_hook``, the
+MPI methods' cast of their flat buffer; so the method keeps its own averaging, overlapped with
+backward where it overlaps, and a run builds no ``Fp16``. ``synchronize`` is the same arithmetic
+through the two collectives: what compress/compute.py times as fp16's own cost per update.
 """
 from __future__ import annotations
 

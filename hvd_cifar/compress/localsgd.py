@@ -1,9 +1,9 @@
-"""Local SGD, or periodic model averaging, started after a phase of plain data-parallel SGD
-(Lin et al.'s post-local SGD; PyTorch's ``PostLocalSGDState.start_localSGD_iter``): the first
-``compression_warmup_steps`` updates average the gradients whole, so the ranks keep one model
-and one momentum through the start of training; after them every rank steps on its own gradients,
-and every ``local_sgd_steps`` updates the ranks average their models' trainable parameters, in
-one allreduce.
+"""``compression: local-sgd``: local SGD, or periodic model averaging, started after a phase of
+plain data-parallel SGD (Lin et al.'s post-local SGD; PyTorch's ``PostLocalSGDState.start_localSGD_iter``):
+the first ``compression_warmup_steps`` updates average the gradients whole, so the ranks keep one
+model and one momentum through the start of training; after them every rank steps on its own
+gradients, and every ``local_sgd_steps`` updates the ranks average their models' trainable
+parameters, in one allreduce.
 
 Momentum buffers stay each rank's own (not averaged): averaging them would double the bytes, and
 each rank's buffer follows its own gradients. BatchNorm's running statistics are averaged at
@@ -19,12 +19,12 @@ from __future__ import annotations
 import torch
 
 from hvd_cifar.compress.base import Collective, Scheme
-from hvd_cifar.compress.cost import localsgd_payload
+from hvd_cifar.core.cost import localsgd_payload
 from hvd_cifar.compress.flat import average_in_place
 
 
 class LocalSGD(Scheme):
-    name = "localsgd"
+    name = "localsgd"  # its collectives' names
     averages_gradients = False  # after the warm-up each rank's momentum is its own: each rank checkpoints it
 
     def __init__(self, collective: Collective, every: int, warmup_steps: int = 0):

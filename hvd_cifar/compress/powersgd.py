@@ -34,7 +34,7 @@ import zlib
 import torch
 
 from hvd_cifar.compress.base import Collective, Scheme
-from hvd_cifar.compress.cost import MIN_COMPRESSION_RATE, matrix_shape, powersgd_payload
+from hvd_cifar.core.cost import MIN_COMPRESSION_RATE, matrix_shape, powersgd_payload
 from hvd_cifar.compress.flat import average_in_place, flatten, unflatten
 
 EPS = 1e-8  # a column of norm below this is left at zero, not divided by

@@ -44,7 +44,7 @@ import math
 import torch
 
 from hvd_cifar.compress.base import Collective, Scheme
-from hvd_cifar.compress.cost import kept, topk_fraction_at, topk_parts, topk_sparse
+from hvd_cifar.core.cost import kept, topk_fraction_at, topk_parts, topk_sparse
 from hvd_cifar.compress.flat import average_in_place, unflatten
 from hvd_cifar.core.wire import allgather_bytes, ring_allreduce_bytes
 

@@ -1,8 +1,9 @@
-"""The ground floor: the typed config, the names every layer chooses among (sync methods,
-schemes, phases, metric keys), errors, whole-file writes, the byte formulas, units, stop
-signals and a rank's life as a process. It imports no torch, and nothing above this folder but
-one module of plain data: the registry of compression schemes, whose names and settings the
-config's keys and the lists of names are made from.
+"""The ground floor: the typed config (config.py; its flags, flags.py; its older spellings,
+aliases.py), the registries of sync methods (methods.py) and compression schemes (schemes.py)
+with the keys they declare (keys.py), the names every layer chooses among (phases, metric keys),
+errors, whole-file writes, the byte formulas (wire.py, cost.py), units, stop signals and a
+rank's life as a process. It imports no torch and nothing
+above this folder.
 
-May import: hvd_cifar.compress.registry.
+May import: nothing (it is the ground floor).
 """

@@ -3,17 +3,14 @@ validates against them, the registries (``hvd_cifar.sync.make``, ``hvd_cifar.com
 map each name to its code, and the readers and tables use the same spellings."""
 from __future__ import annotations
 
-from hvd_cifar.compress import registry
+from hvd_cifar.core import methods, schemes
 
-# Gradient synchronisation methods (config key ``sync``); hvd_cifar/sync/ has one module each.
-SYNC_METHODS = ("horovod", "mpi-allreduce", "mpi-gather-scatter", "ddp", "mpi-async-ps")
-
-# Communication reduction (config key ``compression``), from hvd_cifar/compress/registry.py:
-# ``none`` and ``fp16`` are the sync method's own averaging, the others (SCHEMES) a scheme that
-# replaces it. ``local_sgd_steps`` > 1 selects local SGD, a scheme too.
-COMPRESSIONS = registry.names()
-SCHEMES = registry.replacing()
-SCHEME_SYNC_METHODS = ("horovod", "ddp")  # the sync methods that run local SGD and the schemes that replace averaging
+# The values of the config keys ``sync`` and ``compression``, from their registries
+# (core/methods.py, core/schemes.py); SCHEMES: the compressions that replace a sync method's
+# averaging with a scheme (powersgd, topk, local-sgd), the others being its own (none, fp16).
+SYNC_METHODS = methods.names()
+COMPRESSIONS = schemes.names()
+SCHEMES = schemes.replacing()
 
 # A run's identity: the config keys that make two runs the same configuration, world size being
 # what differs between them (a scaling group, a speed-up's baseline). Every table and report
@@ -24,8 +21,8 @@ SCHEME_SYNC_METHODS = ("horovod", "ddp")  # the sync methods that run local SGD 
 # in it, the memory layout is not: a bf16 run is no baseline for an fp32 one, while compute: auto
 # may pick another layout at another thread count for the same arithmetic (and another precision:
 # summary.baselines).
-RUN_IDENTITY = ("model", "dataset", "data", "batch_size", "sync", "compression", "options", "local_sgd_steps",
-                "accumulation_steps", "freeze", "amp")
+RUN_IDENTITY = ("model", "dataset", "data", "batch_size", "sync", "compression", "options", "accumulation_steps",
+                "freeze", "amp")
 
 # The phases of a training step, in order; each epoch record has a <phase>_time_s per phase.
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
@@ -39,7 +36,3 @@ HOST_FIELD = "host_cpu_percent"
 PER_IMAGE_FIELD = "cpu_s_per_image"
 RESOURCE_FIELDS = (*RANK_FIELDS, PER_IMAGE_FIELD, HOST_FIELD)
 
-
-def runs_a_scheme(compression: str, local_sgd_steps: int) -> bool:
-    """Whether a config hands gradient averaging to a compression scheme."""
-    return local_sgd_steps > 1 or compression in SCHEMES

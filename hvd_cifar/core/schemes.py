@@ -1,12 +1,12 @@
 """The compression schemes by name: what each one is, read by everything that must know one.
-No torch here, and nothing of hvd_cifar beyond ``compress.cost`` and ``core``'s errors, so that the
+No torch here, and nothing of hvd_cifar beyond ``core`` (cost, wire, keys, errors), so that the
 config (its keys, defaults and validation), the scaling model, predict, explain and the reports
 can all loop over it.
 
 Adding a scheme: its module ``hvd_cifar/compress/NAME.py`` (a ``Scheme`` subclass and
 ``create(settings, collective)``) and its entry in ``SCHEMES`` below. Its settings become config
 keys and flags (named ``NAME_...``), validated by their rules, shown in ``--help``, saved with
-every run and inert (with a warning) under another compression; ``plan`` gives the bytes and
+the runs that use it and inert (with a warning) under another compression; ``plan`` gives the bytes and
 collectives of one update to the scaling model, predict and explain; ``label`` its cell in tables.
 """
 from __future__ import annotations
@@ -14,19 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hvd_cifar.compress import cost
+from hvd_cifar.core import cost, wire
 from hvd_cifar.core.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One config key of a scheme."""
-    kind: type                          # int, float or bool
-    default: Any
-    meaning: str                        # its line in --help
-    allowed: Callable[[Any], bool] = lambda value: True
-    rule: str = ""                      # what ``allowed`` asks, as the error says it ("must be >= 1")
-    bytes: bool = False                 # changes the bytes an update sends: predict takes it as a flag
+from hvd_cifar.core.keys import Setting, at_least
 
 
 @dataclass(frozen=True)
@@ -45,11 +35,15 @@ class Spec:
     # "fp16": the sync methods' own averaging does it natively (they keep their averaging);
     # None: the scheme replaces their averaging and gets every update.
     native: str | None = None
+    # Bytes a gradient element takes on the wire when the sync method's own averaging does the
+    # scheme natively (fp16: 2); None: the element's own size (fp32: 4).
+    element_bytes: int | None = None
     check: Callable[[Any], None] | None = None    # rules that tie its keys to the others' (cfg)
-
-
-def _at_least(n: float) -> Callable[[Any], bool]:
-    return lambda value: value >= n
+    # What a scheme that replaces averaging can be combined with: amp: fp16's loss scaling
+    # (error feedback would carry loss-scaled gradients across changes of the scale), and
+    # freeze: auto, which measures averaged gradients.
+    takes_grad_scaler: bool = True
+    averages_gradients: bool = True
 
 
 def _topk_rules(cfg) -> None:
@@ -68,15 +62,16 @@ def _topk_rules(cfg) -> None:
 
 SCHEMES: dict[str, Spec] = {
     "none": Spec(None, "uncompressed", "every gradient in fp32"),
-    "fp16": Spec("hvd_cifar.compress.fp16", "fp16", "every gradient as fp16, averaged back into fp32", native="fp16"),
+    "fp16": Spec("hvd_cifar.compress.fp16", "fp16", "every gradient as fp16, averaged back into fp32", native="fp16",
+                 element_bytes=wire.FP16_BYTES),
     "powersgd": Spec(
         "hvd_cifar.compress.powersgd", "PowerSGD", "low-rank factors P and Q of each matrix-shaped gradient, with error feedback",
         settings={
             "powersgd_rank": Setting(int, cost.POWERSGD_RANK, "columns of P and Q per matrix-shaped gradient",
-                                     _at_least(1), "must be >= 1", bytes=True),
+                                     at_least(1), "must be >= 1", bytes=True),
             "powersgd_min_compression_rate": Setting(
                 float, cost.MIN_COMPRESSION_RATE,
-                "a matrix whose rows*cols / (rank*(rows+cols)) is not above this is sent whole", _at_least(1),
+                "a matrix whose rows*cols / (rank*(rows+cols)) is not above this is sent whole", at_least(1),
                 "must be >= 1 (below 1 a matrix would be sent as factors larger than itself)"),
             "powersgd_error_feedback": Setting(
                 bool, True, "what the approximation left out is added to the next update's gradient"),
@@ -85,7 +80,7 @@ SCHEMES: dict[str, Spec] = {
         },
         reads=("compression_warmup_steps",),
         plan=lambda shapes, s: cost.powersgd_plan(shapes, s["powersgd_rank"], s["powersgd_min_compression_rate"]),
-        label=lambda s: f"powersgd r={s['powersgd_rank']}"),
+        label=lambda s: f"powersgd r={s['powersgd_rank']}", takes_grad_scaler=False),
     "topk": Spec(
         "hvd_cifar.compress.topk", "top-k", "the largest entries of each gradient, values and indices gathered, error feedback",
         settings={
@@ -94,9 +89,9 @@ SCHEMES: dict[str, Spec] = {
                                      lambda f: 0 < f <= 1, "must be in (0, 1]", bytes=True),
             "topk_min_entries": Setting(int, cost.TOPK_MIN_ENTRIES,
                                         "a matrix of fewer entries is averaged whole, like the vectors",
-                                        _at_least(0), "must be >= 0", bytes=True),
+                                        at_least(0), "must be >= 0", bytes=True),
             "topk_warmup_epochs": Setting(float, 4.0, "epochs over which the share sent falls from 0.25 to "
-                                          "topk_fraction; 0 = none", _at_least(0), "must be >= 0"),
+                                          "topk_fraction; 0 = none", at_least(0), "must be >= 0"),
             "topk_momentum_correction": Setting(
                 bool, True, "accumulate the velocity, not the gradient; the optimizer steps without momentum"),
             "topk_momentum_masking": Setting(
@@ -108,7 +103,18 @@ SCHEMES: dict[str, Spec] = {
         plan=lambda shapes, s: cost.topk_plan(shapes, s["topk_fraction"], s["topk_min_entries"]),
         label=lambda s: f"topk f={s['topk_fraction']:g}" + (
             f" min={s['topk_min_entries']}" if s["topk_min_entries"] != cost.TOPK_MIN_ENTRIES else ""),
-        check=_topk_rules),
+        check=_topk_rules, takes_grad_scaler=False),
+    "local-sgd": Spec(
+        "hvd_cifar.compress.localsgd", "local SGD",
+        "after the warm-up no gradients: the models' trainable parameters averaged every local_sgd_steps updates",
+        settings={
+            "local_sgd_steps": Setting(int, 4, "updates between two averages of the models, after compression_warmup_steps",
+                                       at_least(2), "must be >= 2 (1 would average the models at every update)",
+                                       bytes=True),
+        },
+        reads=("compression_warmup_steps",),
+        plan=lambda shapes, s: cost.localsgd_plan(shapes, s["local_sgd_steps"]),
+        label=lambda s: f"local SGD H={s['local_sgd_steps']}", averages_gradients=False),
 }
 
 
@@ -138,13 +144,6 @@ def of(name: str, values: Any) -> dict[str, Any]:
     return {key: s.default if get(key) is None else s.kind(get(key)) for key, s in SCHEMES[name].settings.items()}
 
 
-def validate_settings(cfg) -> None:
-    """Each setting of every scheme, by its rule."""
-    for key, (_, s) in settings().items():
-        if not s.allowed(getattr(cfg, key)):
-            raise ConfigError(f"{key}: {s.rule}, got {getattr(cfg, key)}")
-
-
 def check(cfg) -> None:
     """The chosen scheme's rules that tie its keys to the others."""
     spec = SCHEMES[cfg.compression]
@@ -158,20 +157,22 @@ def inert(cfg, key: str) -> str | None:
     return None if cfg.compression == name else f"a {SCHEMES[name].title} setting, and compression is {cfg.compression}"
 
 
-def plan(name: str, local_sgd_steps: int, shapes: list, values: dict | None = None) -> list | None:
+def replaces_averaging(compression: str) -> bool:
+    """Whether compression ``compression`` hands gradient averaging to a scheme (powersgd, topk,
+    local SGD), which needs a sync method that runs schemes."""
+    return compression in replacing()
+
+
+def plan(name: str, shapes: list, values: dict | None = None) -> list | None:
     """One update's collectives, as (kind, bytes, share in the updates), under scheme ``name``
-    with ``values`` (its settings; the defaults for the rest) or local SGD every
-    ``local_sgd_steps`` > 1 updates; None: the sync method's own allreduce of every gradient."""
-    if local_sgd_steps > 1:
-        return cost.localsgd_plan(shapes, local_sgd_steps)
+    with ``values`` (its settings; the defaults for the rest); None: the sync method's own
+    allreduce of every gradient."""
     spec = SCHEMES[name]
     return spec.plan(shapes, {**defaults(name), **(values or {})}) if spec.plan else None
 
 
-def label(name: str, local_sgd_steps: int = 1, values: dict | None = None) -> str:
+def label(name: str, values: dict | None = None) -> str:
     """The scheme and its byte-shaping settings as a table's cell: none, fp16, powersgd r=4,
     topk f=0.004, local SGD H=4."""
-    if local_sgd_steps > 1:
-        return f"local SGD H={local_sgd_steps}"
     spec = SCHEMES[name]
     return spec.label({**defaults(name), **(values or {})}) if spec.label else name

@@ -15,15 +15,16 @@ import os
 import shlex
 
 from hvd_cifar.core import config as config_mod
-from hvd_cifar.core.argtypes import boolean, freeze_value, positive
+from hvd_cifar.core import methods, schemes
+from hvd_cifar.core.argtypes import freeze_value, positive
 from hvd_cifar.core.errors import ConfigError
 
 # Swept options: (bench flag / row key, trainer flag)
 SWEEP = (("model", "--model"), ("sync", "--sync"), ("batch_size", "--batch-size"),
-         ("fp16_allreduce", "--fp16-allreduce"), ("accumulation_steps", "--accumulation-steps"),
+         ("compression", "--compression"), ("accumulation_steps", "--accumulation-steps"),
          ("freeze", "--freeze"), ("world_size", None))
 # Trainer keys the bench sets itself; --extra may not override them or the table would lie.
-OWNED_KEYS = ("model", "sync", "batch_size", "fp16_allreduce", "accumulation_steps", "freeze",
+OWNED_KEYS = ("model", "sync", "batch_size", "compression", "accumulation_steps", "freeze",
               "dataset", "epochs", "max_steps_per_epoch", "target_acc", "log_dir", "run_name", "resume",
               "progress")
 
@@ -37,10 +38,12 @@ def add_sweep_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     (what it leaves out, it takes from the main sweep)."""
     d = (lambda v: v) if defaults else (lambda v: None)
     p.add_argument("--np", nargs="+", type=positive, default=d([1, 2]), help="process counts (default: 1 2)")
-    p.add_argument("--sync", nargs="+", choices=config_mod.SYNC_METHODS, default=d(["horovod"]))
+    p.add_argument("--sync", nargs="+", choices=methods.names(), default=d([methods.names()[0]]),
+                   help="sync methods (core/methods.py; default: %(default)s)")
     p.add_argument("--model", nargs="+", choices=config_mod.MODELS, default=d(["smallcnn"]))
     p.add_argument("--batch-size", nargs="+", type=positive, default=d([32]), help="images per rank per step")
-    p.add_argument("--fp16-allreduce", nargs="+", type=boolean, default=d([False]))
+    p.add_argument("--compression", nargs="+", choices=schemes.names(), default=d([schemes.names()[0]]),
+                   help="gradient compressions (core/schemes.py; default: %(default)s; their own keys through --extra)")
     p.add_argument("--accumulation-steps", nargs="+", type=positive, default=d([1]))
     p.add_argument("--freeze", nargs="+", type=freeze_value, default=d([0]),
                    help="leading frozen blocks, or auto (freeze_auto_threshold from --extra)")
@@ -89,6 +92,20 @@ def extra_flags(extra: str) -> list[str]:
     return flags
 
 
+def check_compressions(configs: list[dict], extra: list[str]) -> None:
+    """Each configuration's trainer flags read back as its compression: an older spelling in
+    --extra (core.aliases: fp16_allreduce, local_sgd_steps as local SGD's switch) would change
+    it behind the table's back, or conflict with it."""
+    for compression in dict.fromkeys(cfg["compression"] for cfg in configs):
+        try:
+            layer = config_mod.layers(["--compression", compression, *extra])[-1][0]
+        except ConfigError as exc:
+            raise BenchError(f"--extra: {exc}") from None
+        if layer["compression"] != compression:
+            raise BenchError(f"--extra: reads as compression: {layer['compression']} beside the sweep's "
+                             f"--compression {compression}; sweep it with --compression")
+
+
 def configurations(args) -> list[dict]:
     """The main sweep's cartesian product, then each --also sweep's, np varying fastest; a
     configuration asked for twice runs once."""
@@ -103,7 +120,7 @@ def configurations(args) -> list[dict]:
 
 def run_name(cfg: dict) -> str:
     return (f"{cfg['model']}-{cfg['dataset']}-{cfg['sync']}-np{cfg['world_size']}-b{cfg['batch_size']}"
-            f"-fp16{'on' if cfg['fp16_allreduce'] else 'off'}-acc{cfg['accumulation_steps']}-frz{cfg['freeze']}")
+            f"-{cfg['compression']}-acc{cfg['accumulation_steps']}-frz{cfg['freeze']}")
 
 
 def unique_name(runs_dir: str, name: str, taken: set[str]) -> str:

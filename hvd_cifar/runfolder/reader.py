@@ -1,6 +1,10 @@
-"""Reading run folders: metrics.jsonl, config.yaml, meta.json and eval.json, as written by
-``hvd_cifar.train``. No torch and no trainer here, so that reports, predictions and sweeps read
-runs without loading either.
+"""Reading run folders: metrics.jsonl, config.yaml and resolved.yaml, meta.json and eval.json, as
+written by ``hvd_cifar.train``. A run's config, as every reader sees it, is config.yaml (the
+keys as given) with its older spellings read as their one (core.aliases: a folder saved before
+has fp16_allreduce and local_sgd_steps as switches), then resolved.yaml's values (what the run
+settled at run time: the model's lr for lr 0, compute: auto's choice, the run folder's name);
+a folder saved before resolved.yaml existed holds those values in config.yaml itself. No torch
+and no trainer here, so that reports, predictions and sweeps read runs without loading either.
 
 The one rule for metrics.jsonl: every record is one line written whole (``writer.append_metrics``:
 one write, then fsync). A job killed during that write can leave a last line without its newline
@@ -17,9 +21,12 @@ from typing import Any, Callable
 
 import yaml
 
-from hvd_cifar.core.errors import ReportError
+from hvd_cifar.core import aliases
+from hvd_cifar.core.errors import ConfigError, ReportError
 
 METRICS = "metrics.jsonl"
+CONFIG = "config.yaml"
+RESOLVED = "resolved.yaml"  # {values: {key: the value the run used}, how: {key: why it was settled}}
 EVENTS = "events.jsonl"  # one line per thing that happened to the run: a stop, a lost rank, a restart
 # eval.json's time-to-accuracy keys (time_to_target); None: no target / not reached
 TARGET_KEYS = ("target_acc", "epochs_to_target", "time_to_target_s")
@@ -105,7 +112,7 @@ class Run:
     path: str
     name: str
     metrics: list[dict]
-    config: dict = field(default_factory=dict)   # config.yaml, {} if absent
+    config: dict = field(default_factory=dict)   # read_config's: config.yaml and resolved.yaml, {} if absent
     meta: dict = field(default_factory=dict)     # meta.json, {} if absent
     evaluation: dict | None = None               # eval.json, None if absent
     torn: bool = False                           # metrics.jsonl's torn last line was left out
@@ -121,6 +128,27 @@ def _read_optional(path: str, parse: Callable[[Any], Any]) -> Any:
         raise ReportError(f"{path}: cannot be read ({str(exc).splitlines()[0]})") from None
 
 
+def read_config(run_dir: str) -> dict:
+    """The run's config as every reader sees it (the module's doc); {} without config.yaml. A
+    file that is not a mapping, or a resolved.yaml without its two, is a ReportError."""
+    path = os.path.join(run_dir, CONFIG)
+    config = _read_optional(path, yaml.safe_load) or {}
+    if not isinstance(config, dict):
+        raise ReportError(f"{path}: must hold a mapping of keys to values")
+    try:
+        config = aliases.read(config)[0]
+    except ConfigError as exc:
+        raise ReportError(f"{path}: {exc}") from None
+    path = os.path.join(run_dir, RESOLVED)
+    resolved = _read_optional(path, yaml.safe_load)
+    if resolved is None:
+        return config
+    if not (isinstance(resolved, dict) and isinstance(resolved.get("values"), dict)
+            and isinstance(resolved.get("how"), dict)):
+        raise ReportError(f"{path}: must hold 'values' and 'how', each a mapping of keys")
+    return {**config, **resolved["values"]}
+
+
 def read_meta(run_dir: str) -> Any:
     """RUN_DIR/meta.json ({} if absent; a mapping unless the file is wrong: the caller checks)."""
     return _read_optional(os.path.join(run_dir, "meta.json"), json.load) or {}
@@ -134,11 +162,11 @@ def load_run(path: str) -> Run:
     if not metrics.records:
         raise ReportError(f"{os.path.join(path, METRICS)}: holds no epoch records"
                           + (" (its only line is torn: the run was killed while writing it)" if metrics.torn else ""))
-    config = _read_optional(os.path.join(path, "config.yaml"), yaml.safe_load) or {}
+    config = read_config(path)
     meta = read_meta(path)
     evaluation = _read_optional(os.path.join(path, "eval.json"), json.load)
-    if not isinstance(config, dict) or not isinstance(meta, dict):
-        raise ReportError(f"{path}: config.yaml / meta.json must each hold a mapping")
+    if not isinstance(meta, dict):
+        raise ReportError(f"{path}: meta.json must hold a mapping")
     name = os.path.basename(os.path.normpath(os.path.abspath(path)))
     return Run(os.path.abspath(path), name, metrics.records, config, meta, evaluation, metrics.torn)
 

@@ -1,8 +1,9 @@
-"""The run folder: logs/RUN_NAME/ with config.yaml, metrics.jsonl, meta.json, events.jsonl and rank
-logs (checkpoint_last.pt: hvd_cifar.runfolder.checkpoint; eval.json: hvd_cifar.runfolder.evaluation).
-Files are written whole or not at all (temp + rename). The trainer hands this module its
-objects; what goes into each file is composed here. No torch: the writers of the text files
-(hvd_cifar.launch.slurm_resume, at every start of a Slurm job) start without it."""
+"""The run folder: logs/RUN_NAME/ with config.yaml and resolved.yaml, metrics.jsonl, meta.json,
+events.jsonl and rank logs (checkpoint_last.pt: hvd_cifar.runfolder.checkpoint; eval.json:
+hvd_cifar.runfolder.evaluation). Files are written whole or not at all (temp + rename). The
+trainer hands this module its objects; what goes into each file is composed here. No torch: the
+writers of the text files (hvd_cifar.launch.slurm_resume, at every start of a Slurm job) start
+without it."""
 from __future__ import annotations
 
 import datetime as dt
@@ -15,6 +16,7 @@ import time
 
 from hvd_cifar.core import launcher
 from hvd_cifar.runfolder import reader
+from hvd_cifar.core.errors import ReportError
 from hvd_cifar.core.files import RunError, append_whole, atomic_write, write_error, write_json, write_text  # noqa: F401 (re-exported)
 
 METRICS = reader.METRICS
@@ -29,9 +31,18 @@ def default_run_name(cfg, world_size: int) -> str:
 def resolve_resume(resume: str, log_dir: str) -> str:
     """A run folder path, or a run name under ``log_dir``."""
     for candidate in (resume, os.path.join(log_dir, resume)):
-        if os.path.isfile(os.path.join(candidate, "config.yaml")):
+        if os.path.isfile(os.path.join(candidate, reader.CONFIG)):
             return os.path.abspath(candidate)
     raise RunError(f"resume: no run folder at {resume!r} (nor under {log_dir}/) with a config.yaml")
+
+
+def saved_config(run_dir: str) -> dict:
+    """The config a resumed run starts from: the one the run used (reader.read_config); a file
+    there that cannot be read is bad input, one line naming it."""
+    try:
+        return reader.read_config(run_dir)
+    except ReportError as exc:
+        raise RunError(f"resume: {exc}") from None
 
 
 def create_run_dir(cfg, world_size: int) -> str:
@@ -186,11 +197,15 @@ def record_epoch(run_dir: str, record: dict) -> list[dict]:
 
 def write_start_files(run_dir: str, cfg, start_epoch: int, resume_at: dict | None, resume_record: dict | None,
                       metadata) -> float:
-    """At a run's first start: config.yaml (a resumed run may have changed e.g. epochs: the
-    folder's config says what ran), and meta.json (``metadata()``) or, on resume, the metrics
-    cut back to the checkpoint (``start_epoch``; a preempted run's place in it ``resume_at``, the
-    checkpoint's metrics line ``resume_record``). Returns the run's wall time before this start."""
-    cfg.save(os.path.join(run_dir, "config.yaml"))
+    """At a run's first start: config.yaml, the config as given, and resolved.yaml, what the run
+    settled (the run folder's name and place among them; a resumed run may have changed e.g.
+    epochs: the folder's config says what ran), and meta.json (``metadata()``) or, on resume,
+    the metrics cut back to the checkpoint (``start_epoch``; a preempted run's place in it
+    ``resume_at``, the checkpoint's metrics line ``resume_record``). Returns the run's wall time
+    before this start."""
+    cfg = cfg.settle("the run folder's name", run_name=os.path.basename(run_dir)).settle(
+        "the folder the run folder is in", log_dir=os.path.dirname(run_dir))
+    cfg.save(os.path.join(run_dir, reader.CONFIG), os.path.join(run_dir, reader.RESOLVED))
     if not cfg.resume:
         write_json(os.path.join(run_dir, "meta.json"), metadata())
         return 0.0

@@ -28,7 +28,8 @@ workers x updates-per-worker updates an epoch: as many as a one-rank run makes.
 Bytes: per update a worker sends S (its gradient) and receives S (the weights), S being the
 flat buffer's bytes; each server takes in and sends out S / ps_servers per update of any worker.
 
-Not here: compression: fp16 and amp fp16 (refused in ``configure``), and preemption as a pause:
+Not here: compression: fp16 and amp: fp16 (its registry entry, hvd_cifar/core/methods.py, has no
+``native`` compression and takes no grad scaler, so the config refuses them), and preemption as a pause:
 without a vote (a collective per update would make the workers wait for one another) the ranks
 cannot agree where to stop, so a stop signal ends the rank at its next update, which ends the
 job as a killed rank does; --resume continues from the last epoch's checkpoint.
@@ -137,15 +138,11 @@ class AsyncPsSync(MpiSync):
         self.servers, self.servers_comm = 1, None
 
     def configure(self, cfg):
-        if cfg.ps_servers >= self.size:
-            raise ConfigError(f"ps_servers: {cfg.ps_servers} server rank(s) leave no worker among {self.size} "
-                              f"rank(s); sync: mpi-async-ps needs at least {cfg.ps_servers + 1} ranks")
-        if cfg.compression == "fp16":
-            raise ConfigError("compression: fp16: not with sync: mpi-async-ps (pushes and pulls are fp32)")
-        if cfg.amp == "fp16":
-            raise ConfigError("amp: fp16 needs a grad scaler, which mpi-async-ps's servers do not keep; "
-                              "use bf16 or none")
-        self.servers = cfg.ps_servers
+        servers = cfg.own["ps_servers"]
+        if servers >= self.size:  # the world size is known here, not in the config
+            raise ConfigError(f"ps_servers: {servers} server rank(s) leave no worker among {self.size} "
+                              f"rank(s); sync: mpi-async-ps needs at least {servers + 1} ranks")
+        self.servers = servers
         # The servers' own communicator, for their per-epoch figures (the workers get none).
         self.servers_comm = self.comm.Split(0 if self.is_server else self.MPI.UNDEFINED, self.rank)
 

@@ -6,36 +6,34 @@ replaces a method's averaging is held beside the method (schemes.py), never mixe
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import torch
 
 from hvd_cifar.compress.base import Collective
-from hvd_cifar.core import wire
-from hvd_cifar.core.config import settings_for
+from hvd_cifar.core import methods, wire
 from hvd_cifar.workload.epoch import EpochContext, EpochResult
 
 
 @dataclass(frozen=True)
 class SyncSettings:
-    """What the sync methods read of the run's config (Horovod's tuning, elastic, the timeline,
-    the parameter server's servers, and what of the compression and precision a method must
-    refuse or choose its path by)."""
+    """What a sync method is given of the run's config: the keys any method may choose its path
+    by (elastic training, the timeline, the compression), and the method's own keys as its
+    registry entry declares them (core.methods: Horovod's tuning, the parameter server's
+    servers), by name."""
     elastic: bool = False
     comm_timeline: bool = False
-    ps_servers: int = 1
     compression: str = "none"
-    local_sgd_steps: int = 1
-    amp: str = "none"
-    horovod_cycle_time_ms: float | None = None
-    horovod_fusion_threshold_mb: float | None = None
-    horovod_hierarchical: bool | None = None
-    horovod_autotune: bool | None = None
+    own: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, cfg) -> "SyncSettings":
-        return settings_for(cls, cfg)
+    def of(cls, cfg, method: str | None = None) -> "SyncSettings":
+        """``cfg``'s common keys and method ``method``'s own (default: ``cfg.sync``'s)."""
+        common = {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name != "own"}
+        own = {key: getattr(cfg, key) for key in methods.METHODS[method or cfg.sync].settings}
+        return cls(**common, own=MappingProxyType(own))
 
 
 class SyncMethod:
@@ -63,13 +61,20 @@ class SyncMethod:
     size = 1
     local_rank = 0
     local_size = 1
-    # Gradients cross the wire as fp16 (compression: fp16, which every method does natively);
-    # set by hvd_cifar.sync.make from the scheme, before the first wrap().
+    # Gradients cross the wire as fp16 (compression: fp16, where the method's registry entry has
+    # it in ``native``): set by hvd_cifar.sync.make from the config, before the first wrap().
     fp16 = False
+    # What the probe (hvd_cifar.probe) records this method's timings under: which of its registry
+    # entry's transports this job's collectives go over, and a wait every collective has whatever
+    # the ranks (Horovod's negotiation cycle), fitted apart from latency.
+    transport_index = 0
+    collective_wait_s = 0.0
 
     def configure(self, cfg: SyncSettings) -> None:
-        """Read the config keys this method has (e.g. ``ps_servers``) once, right after ``make``,
-        on every rank; a setting it cannot honour is a ConfigError."""
+        """Read the config keys this method has (``cfg.own``, e.g. ``ps_servers``) once, right
+        after ``make``, on every rank; a setting it cannot honour here (at this world size, with
+        this build) is a ConfigError. What no run of the method can honour the config refuses,
+        from the method's registry entry."""
 
     # --- roles: every rank trains, unless a method gives some ranks another part ----------
     @property

@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import horovod.torch as hvd
 
@@ -57,7 +57,8 @@ def prepare_environment(elastic: bool, timeline: bool = False) -> None:
         os.environ["HOROVOD_CACHE_CAPACITY"] = "0"
 
 
-# Horovod's tuning: config key -> (the variable Horovod reads at hvd.init(), its value from the key's).
+# Horovod's tuning, its own keys (core.methods): key -> (the variable Horovod reads at hvd.init(),
+# its value from the key's).
 TUNING_ENV = {
     "horovod_cycle_time_ms": ("HOROVOD_CYCLE_TIME", lambda ms: f"{ms:g}"),
     "horovod_fusion_threshold_mb": ("HOROVOD_FUSION_THRESHOLD", lambda mb: str(round(mb * 2**20))),  # bytes
@@ -66,14 +67,15 @@ TUNING_ENV = {
 }
 
 
-def apply_tuning(cfg) -> str | None:
-    """Put Horovod's tuning keys (docs/CONFIG.md) where hvd.init() reads them. Precedence: a key
-    set in the config, then the launcher's variable (horovodrun --cycle-time-ms,
-    --fusion-threshold-mb, --hierarchical-allreduce, --autotune export them), then hvd_cifar's
-    default, then Horovod's own. Returns the autotune log Horovod will write, or None."""
+def apply_tuning(own: Mapping[str, Any]) -> str | None:
+    """Put Horovod's tuning keys (``own``: its settings of the config; docs/CONFIG.md) where
+    hvd.init() reads them. Precedence: a key set in the config, then the launcher's variable
+    (horovodrun --cycle-time-ms, --fusion-threshold-mb, --hierarchical-allreduce, --autotune
+    export them), then hvd_cifar's default, then Horovod's own. Returns the autotune log Horovod
+    will write, or None."""
     for key, (variable, spelled) in TUNING_ENV.items():
-        if getattr(cfg, key, None) is not None:  # no cfg (the probes): the launcher's and the defaults
-            os.environ[variable] = spelled(getattr(cfg, key))
+        if own.get(key) is not None:  # no config (the probes): the launcher's and the defaults
+            os.environ[variable] = spelled(own[key])
     autotune = os.environ.get("HOROVOD_AUTOTUNE", "0").strip() not in ("", "0")
     if not autotune:
         # Negotiation cycle: Horovod's background thread coordinates with the other ranks once
@@ -108,6 +110,10 @@ class HorovodSync(SyncMethod):
     size = property(lambda self: hvd.size())
     local_rank = property(lambda self: hvd.local_rank())
     local_size = property(lambda self: hvd.local_size())
+    # Its registry entry's transports: over MPI, else over Gloo, as its launcher decided; one
+    # negotiation cycle (HOROVOD_CYCLE_TIME, ms; apply_tuning's default) before every collective.
+    transport_index = property(lambda self: 0 if hvd.mpi_enabled() else 1)
+    collective_wait_s = property(lambda self: float(os.environ.get("HOROVOD_CYCLE_TIME", "5")) / 1000)
 
     def run_elastic(self, train):
         # On a worker's failure (HorovodInternalError) every survivor restores the last commit;
@@ -149,7 +155,7 @@ class HorovodSync(SyncMethod):
         self.waits.append((began, time.time()))
 
     def configure(self, cfg):
-        if cfg.horovod_hierarchical and not (hvd.nccl_built() or hvd.ddl_built()):
+        if cfg.own["horovod_hierarchical"] and not (hvd.nccl_built() or hvd.ddl_built()):
             # Such a build sets the hierarchical allreduce off at hvd.init() whatever it is told.
             raise ConfigError("horovod_hierarchical: this Horovod has no hierarchical allreduce (built "
                               "without NCCL or DDL, which only GPU builds have); it would change nothing")
@@ -299,7 +305,7 @@ def start(cfg) -> tuple[str | None, bool]:
     """Horovod's settings where hvd.init() reads them, then hvd.init(): the autotune log Horovod
     will write (or None) and whether it is a temp file of ours."""
     launcher_log = os.environ.get("HOROVOD_AUTOTUNE_LOG")
-    autotune_log = apply_tuning(cfg)
+    autotune_log = apply_tuning(cfg.own if cfg else {})
     prepare_environment(bool(cfg and cfg.elastic), timeline=bool(cfg and cfg.comm_timeline))
     openmpi.apply_defaults()  # Horovod runs its collectives on MPI unless launched with --gloo
     hvd.init()
@@ -316,5 +322,5 @@ def create(name: str, cfg=None) -> SyncMethod:
     (which brings its own collectives)."""
     started = start(cfg)
     alone = (cfg is not None and hvd.size() == 1 and not cfg.elastic and not cfg.comm_timeline
-             and cfg.compression == "none" and cfg.local_sgd_steps == 1)
+             and cfg.compression == "none")
     return (HorovodAlone if alone else HorovodSync)(cfg, *started)

@@ -11,7 +11,7 @@ rotating their order from round to round, and takes the fastest; every rank gets
 wire stay fp32 whatever is chosen: autocast changes the arithmetic of forward and backward only.
 
 The choice and each candidate's seconds per step go into meta.json (``compute_choice``) and the
-run's first line; config.yaml holds the setting chosen (``compute: bf16-channels-last``), so a
+run's first line; resolved.yaml holds the setting chosen (``compute: bf16-channels-last``), so a
 resumed run continues in it. Timing costs seconds (VGG-11) to tens of seconds (ResNet-18), so a
 choice is kept in a cache file per (processor, torch, model, batch, image shape, threads,
 candidates): later runs of the same question take it from there (``cache_path``; delete the file
@@ -34,9 +34,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from hvd_cifar.core import combinations
 from hvd_cifar.core.config import COMPUTE_SETTINGS, Config, ConfigError, usable_cpus
 from hvd_cifar.core.files import RunError, atomic_write
-from hvd_cifar.core.names import runs_a_scheme
 
 ROUNDS = 3            # rounds over the candidates, each in a rotated order
 STEPS_PER_ROUND = 2   # timed training steps of a candidate per round (after one untimed warm-up step)
@@ -73,12 +73,11 @@ def device_candidates(device: torch.device) -> list[str]:
 
 def candidates(cfg: Config, device: torch.device) -> list[str]:
     """The settings ``compute: auto`` chooses among: the device's, less what the config rules
-    out (fp16 where a compression scheme's error feedback or the parameter server cannot take a
-    grad scaler), narrowed to a given amp (fp16 or bf16) and to channels_last: true."""
+    out (fp16 where the sync method or the compression scheme cannot take a grad scaler: their
+    registry entries say so), narrowed to a given amp (fp16 or bf16) and to channels_last: true."""
     allowed = device_candidates(device)
-    no_scaler = (runs_a_scheme(cfg.compression, cfg.local_sgd_steps) and cfg.local_sgd_steps == 1) \
-        or cfg.sync == "mpi-async-ps"
-    allowed = [c for c in allowed if not (no_scaler and c.startswith("fp16"))]
+    if not combinations.takes_grad_scaler(cfg):
+        allowed = [c for c in allowed if COMPUTE_SETTINGS[c][0] != "fp16"]
     if cfg.amp != "none":
         allowed = [c for c in allowed if COMPUTE_SETTINGS[c][0] == cfg.amp]
     if cfg.channels_last:
@@ -261,10 +260,13 @@ def described(choice: dict) -> str:
                             if times else "")
 
 
-def apply(cfg: Config, choice: dict) -> None:
-    """The chosen setting into the config the run saves and uses."""
-    cfg.compute = choice["setting"]
-    cfg.amp, cfg.channels_last = COMPUTE_SETTINGS[choice["setting"]]
+def apply(cfg: Config, choice: dict) -> Config:
+    """The copy of ``cfg`` the run uses: the chosen setting, and the amp and channels_last it
+    names, settled (resolved.yaml records them; config.yaml keeps what was given)."""
+    setting = choice["setting"]
+    amp, channels_last = COMPUTE_SETTINGS[setting]
+    return cfg.settle(choice["how"], compute=setting).settle(f"from compute: {setting}", amp=amp,
+                                                            channels_last=channels_last)
 
 
 def threads_for_rank(cfg: Config, sync) -> int:

@@ -16,6 +16,7 @@ import torch
 from horovod.common.elastic import ObjectState
 
 from hvd_cifar.runfolder import writer
+from hvd_cifar.sync.base import SyncMethod
 from hvd_cifar.workload.epoch import no_sums
 
 
@@ -31,21 +32,37 @@ def zero_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
 
 
 class ElasticState(hvd.elastic.TorchState):
-    """Horovod's elastic state for a model, an optimizer and plain values (``run_dir``, ``epoch``,
-    ``step``, ``position``, ``totals``, ``restarts``: what ``commit()`` saves and a reset
-    restores), with the training state's hooks (see loop.TrainingState).
+    """Horovod's elastic state: the model, the optimizer and the plain values below, which
+    ``commit()`` saves and a reset restores (Horovod's TorchState keeps each keyword it is given
+    as an attribute, a model or optimizer through its handler), with the training state's hooks
+    (the fields mean what loop.TrainingState's do).
 
     One change to Horovod's order: the optimizer is synchronised before the model. Given an
     optimizer without state (SGD without momentum), Horovod makes some by taking one step with
     zero gradients, which weight decay turns into a change of the weights; with the model
     broadcast after that step, every rank still ends on rank 0's weights."""
+    # Committed: what Horovod saves and restores.
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    restarts: int
+    run_dir: str
+    epoch: int
+    step: int
+    position: int
+    totals: list[float]
+    # This worker's own, never committed.
+    sync_method: SyncMethod             # (``sync`` is Horovod's name: State.sync())
+    commit_every: int                   # updates between commits
+    reached: tuple[int, int]            # (epoch, step) this worker got to, committed or not
 
-    def __init__(self, sync, commit_every: int, **values):
-        zero_momentum_buffers(values["optimizer"])
-        super().__init__(restarts=0, **values)
-        # Not committed state (set after Horovod recorded what to save): this worker's own.
+    def __init__(self, sync, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, commit_every: int,
+                 run_dir: str, epoch: int, step: int, position: int, totals: list[float]):
+        zero_momentum_buffers(optimizer)
+        super().__init__(restarts=0, model=model, optimizer=optimizer, run_dir=run_dir, epoch=epoch, step=step,
+                         position=position, totals=totals)
+        # Set after Horovod recorded what to save, so not committed.
         self.sync_method, self.commit_every = sync, commit_every
-        self.reached = (self.epoch, 0)  # how far this worker got, committed or not
+        self.reached = (self.epoch, 0)
 
     def sync(self):
         """Horovod's "broadcast rank 0's state to every worker", optimizer first (class doc)."""

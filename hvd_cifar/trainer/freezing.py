@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from hvd_cifar.core.config import settings_for
+from hvd_cifar.core.errors import ConfigError
 
 from hvd_cifar.runfolder import writer
 
@@ -150,6 +151,14 @@ def decide(changes: list[float | None], threshold: float, current: int) -> int:
     return max(current, passed[-1] + 1) if passed else current
 
 
+def check_depth(settings: FreezeSettings, model: torch.nn.Module, model_name: str) -> None:
+    """Every number of frozen blocks the config names is at most ``model``'s feature blocks."""
+    depth = len(model.feature_blocks)
+    for frozen in (settings.freeze, *settings.freeze_schedule.values()):
+        if frozen != "auto" and frozen > depth:
+            raise ConfigError(f"freeze: {frozen} blocks asked for but {model_name} has {depth}")
+
+
 def make(settings: FreezeSettings, model: torch.nn.Module):
     """The policy the config asks for, over ``model``'s feature blocks."""
     if settings.freeze == "auto":
@@ -166,14 +175,15 @@ def event(epoch: int, before: int, after: int, trainable: int, why: dict) -> dic
 def follow_schedule(run, state, epoch: int) -> None:
     """The freezing policy's set for ``epoch`` (every rank decides alike); a new trainable set
     needs a new optimizer and new sync hooks, and is an events.jsonl line."""
-    before = run.frozen
-    frozen = run.freezing.frozen_blocks(epoch, before)
+    setup, before = run.setup, run.trainable.frozen_blocks
+    frozen = setup.freezing.frozen_blocks(epoch, before)
     if frozen == before:
         return
-    run.set_trainable(frozen, old_optimizer=run.optimizer)
-    state.optimizer = run.optimizer
-    run.sync.broadcast_state(run.model)
-    run.log(f"epoch {epoch}: {frozen} feature block(s) frozen, {run.trainable:,} trainable parameters")
+    run.set_trainable(frozen)
+    state.optimizer = run.trainable.optimizer
+    setup.sync.broadcast_state(setup.model)
+    trainable = run.trainable.param_count
+    run.log(f"epoch {epoch}: {frozen} feature block(s) frozen, {trainable:,} trainable parameters")
     if run.is_main:
-        writer.append_metrics(run.run_dir, event(epoch, before, frozen, run.trainable, run.freezing.why()),
+        writer.append_metrics(run.run_dir, event(epoch, before, frozen, trainable, setup.freezing.why()),
                               writer.EVENTS)

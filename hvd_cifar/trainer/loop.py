@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from hvd_cifar.core import stops
 from hvd_cifar.core.names import PHASES
+from hvd_cifar.sync.base import SyncMethod
 from hvd_cifar.trainer import preemption, resources
 from hvd_cifar.workload import data
 from hvd_cifar.workload.epoch import EpochResult, batch_sums, no_sums, progress_bar, top_k_correct, zero_sums
@@ -119,26 +120,30 @@ def guard_gradients(optimizer: torch.optim.Optimizer, clip: float, scaler, epoch
         torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
 
 
+@dataclass(eq=False, slots=True)
 class TrainingState:
-    """Where training stands, as plain attributes (``model``, ``optimizer``, ``run_dir``,
-    ``epoch``, and within the epoch ``step``, ``position`` (images consumed by all ranks) and
-    ``totals`` (loss/correct/images summed before a reset)), and the hooks the loop calls.
+    """Where training stands, and the hooks the loop calls. In a plain run the hooks keep count
+    and, after each update, ask whether any rank was told to stop (trainer/preemption.py); a
+    method whose ranks share no update boundary to vote at (``stops_by_vote`` False) ends the
+    rank at a stop signal instead. Elastic training (trainer/elastic.py) overrides the hooks to
+    commit the state, fold running sums and write its events; the loop does not know."""
+    sync_method: SyncMethod
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer    # replaced when the trainable set changes (freezing.follow_schedule)
+    run_dir: str                        # rank 0's run folder
+    epoch: int                          # the epoch under way (0-based)
+    step: int                           # steps of it done
+    position: int                       # images of it consumed, by all ranks together
+    totals: list[float]                 # the epoch's SUMS over all ranks, before this pass
+    restarts: int = field(default=0, init=False)  # begins so far
+    stop_vote: preemption.StopVote | None = field(init=False)
 
-    In a plain run the hooks keep count and, after each update, ask whether any rank was told
-    to stop (trainer/preemption.py); a method whose ranks share no update boundary to vote at
-    (``stops_by_vote`` False) ends the rank at a stop signal instead. Elastic training
-    (trainer/elastic.py) overrides the hooks to commit the state, fold running sums and write
-    its events; the loop does not know."""
-
-    def __init__(self, sync, **values):
-        self.__dict__.update(values)
-        self.sync_method = sync
-        self.restarts = 0
-        self.stop_vote = preemption.StopVote(sync) if sync.stops_by_vote else None
+    def __post_init__(self) -> None:
+        self.stop_vote = preemption.StopVote(self.sync_method) if self.sync_method.stops_by_vote else None
 
     def begin(self, run) -> None:
         """Called at the start of training (elastic: and after every reset), on every rank."""
-        self.sync_method.broadcast_state(run.model)  # every rank starts from rank 0's weights
+        self.sync_method.broadcast_state(run.setup.model)  # every rank starts from rank 0's weights
         self.restarts += 1
 
     def after_step(self, step: int, images: int) -> None:
@@ -175,16 +180,18 @@ class TrainingState:
 
 # ----------------------------------------------------------------------------- one epoch
 def train_one_epoch(run, state, epoch: int) -> EpochResult:
-    """Train ``run.model`` for (the rest of) ``epoch``; ``run`` is context.Training (what the
-    entry point built), ``state`` the training state whose hooks see each step."""
-    net, optimizer, sync, cfg = run.net, run.optimizer, run.sync, run.cfg
+    """Train the model for (the rest of) ``epoch``; ``run`` is the context.Training (its
+    ``setup``: what the entry point built once), ``state`` the training state whose hooks see
+    each step."""
+    setup, net, optimizer = run.setup, run.trainable.net, run.trainable.optimizer
+    sync, cfg, loader = setup.sync, setup.cfg, setup.loader
     first, start = state.step, state.position     # 0, 0 unless an interrupted epoch continues
-    steps = first + run.loader.steps_left(start, first)
+    steps = first + loader.steps_left(start, first)
     groups = UpdateGroups(cfg.accumulation_steps, steps)
-    sums = zero_sums(run.device)
-    timer, syncs = PhaseTimer(run.device), first // cfg.accumulation_steps  # a pass begins at an update boundary
+    sums = zero_sums(setup.device)
+    timer, syncs = PhaseTimer(setup.device), first // cfg.accumulation_steps  # a pass begins at an update boundary
     bar = progress_bar(steps, first, f"epoch {epoch + 1}/{cfg.epochs}", run.is_main and cfg.progress)
-    batches = run.loader.epoch(epoch, start, first)
+    batches = loader.epoch(epoch, start, first)
     began, cpu_began = time.perf_counter(), resources.process_cpu_s()
     timer.restart()
     for step in range(first, steps):
@@ -192,27 +199,27 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
         timer.lap("data")
         ends_update = groups.ends_update(step)
         with sync.accumulate(net, sync_now=ends_update):
-            with run.autocast():
+            with setup.autocast():
                 out = net(x)
                 loss = F.cross_entropy(out, y, label_smoothing=cfg.label_smoothing)
             timer.lap("forward")
             # Mean over the update's micro-batches: k accumulated steps equal one k-times batch.
-            run.backward(loss / groups.size(step))
+            setup.backward(loss / groups.size(step))
             timer.lap("backward")
         if ends_update:
             update = epoch * run.updates_per_epoch + step // cfg.accumulation_steps
             set_lr(optimizer, run.schedule(update))
             sync.synchronize(optimizer)
             timer.lap("sync")
-            run.freezing.observe(run.scaler)  # freeze: auto's measure, on the averaged gradients before clipping
-            guard_gradients(optimizer, cfg.grad_clip, run.scaler, epoch, step)
-            sync.step(optimizer, run.scaler)
+            setup.freezing.observe(setup.scaler)  # freeze: auto's measure, on the averaged gradients before clipping
+            guard_gradients(optimizer, cfg.grad_clip, setup.scaler, epoch, step)
+            sync.step(optimizer, setup.scaler)
             optimizer.zero_grad()
             syncs += 1
             timer.lap("optimizer")
         with torch.no_grad():
             sums += batch_sums(loss, out, y)
-        state.after_step(step, run.loader.step_images(step - first, start))
+        state.after_step(step, loader.step_images(step - first, start))
         if ends_update:
             state.after_update(sums, step // cfg.accumulation_steps + 1, more_steps=step + 1 < steps)
         bar.update(1)
@@ -236,16 +243,17 @@ class Evaluation:
 def evaluate(run) -> Evaluation:
     """Loss, accuracy (top-1 and top-5) and confusion matrix over the whole test set, sharded
     across ranks; one allreduce."""
-    ds, sync = run.dataset, run.sync
-    run.net.eval()
+    setup, net = run.setup, run.trainable.net
+    ds, sync = setup.dataset, setup.sync
+    net.eval()
     k = ds.num_classes
     confusion = torch.zeros(k, k, dtype=torch.float64)
     loss_sum, correct5 = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
-        for x, y in data.eval_batches(ds.test_images, ds.test_labels, run.cfg.eval_batch_size,
-                                      sync.rank, sync.size, run.loader.normalize):
-            with run.autocast():
-                out = run.net(x)
+        for x, y in data.eval_batches(ds.test_images, ds.test_labels, setup.cfg.eval_batch_size,
+                                      sync.rank, sync.size, setup.loader.normalize):
+            with setup.autocast():
+                out = net(x)
             loss_sum += F.cross_entropy(out.float(), y, reduction="sum").double().cpu()
             correct5 += top_k_correct(out, y).double().cpu()
             pairs = (y * k + out.argmax(1)).cpu()

@@ -56,13 +56,13 @@ def reduce_epoch(sync, state, result, measured: Measured, cuda: bool):
 
 def epoch_record(run, epoch: int, result, sums: torch.Tensor, pass_images: float, figures: dict, test,
                  eval_time_s: float) -> dict:
-    """The metrics.jsonl line of ``epoch``: ``run`` is what the entry point built (context.Training),
+    """The metrics.jsonl line of ``epoch``: ``run`` is the context.Training,
     ``result`` this rank's epoch.EpochResult, ``sums`` the epoch's SUMS over all ranks,
     ``pass_images`` the images of this pass, ``figures`` reduce_epoch's, ``test`` the
     loop.Evaluation."""
-    sync, cfg = run.sync, run.cfg
+    sync, cfg, trainable = run.setup.sync, run.setup.cfg, run.trainable
     loss, correct, images, correct5 = sums.tolist()
-    wire = sync.wire_bytes_per_sync(run.payload_bytes)
+    wire = sync.wire_bytes_per_sync(trainable.payload_bytes)
     record = {
         "epoch": epoch, "lr": result.lr,
         "train_loss": loss / images, "train_acc": correct / images, "train_acc5": correct5 / images,
@@ -73,13 +73,13 @@ def epoch_record(run, epoch: int, result, sums: torch.Tensor, pass_images: float
         "step_time_s": result.time_s / (result.steps - result.first_step),
         **({"step_time_median_s": statistics.median(result.step_times)} if result.step_times else {}),
         "comm_bytes_per_sync": wire, "comm_bytes_per_rank": wire * result.syncs,
-        "comm_bytes_per_sync_unfrozen": sync.wire_bytes_per_sync(run.unfrozen_payload_bytes),
+        "comm_bytes_per_sync_unfrozen": sync.wire_bytes_per_sync(trainable.unfrozen_payload_bytes),
         **figures,  # phase times, NIC bytes, resources
-        "trainable_params": run.trainable, "frozen_blocks": run.frozen, "world_size": sync.size,
-        **run.freezing.record(),  # freeze: auto: its measure per block
-        "sync": cfg.sync, "fp16_allreduce": cfg.fp16_allreduce,
-        "accumulation_steps": cfg.accumulation_steps, "batch_size": cfg.batch_size,
+        "trainable_params": trainable.param_count, "frozen_blocks": trainable.frozen_blocks, "world_size": sync.size,
+        **run.setup.freezing.record(),  # freeze: auto: its measure per block
+        "sync": cfg.sync, "accumulation_steps": cfg.accumulation_steps, "batch_size": cfg.batch_size,
         **result.extra,  # what only some methods measure (mpi-async-ps: staleness, server updates/s)
+        "compression": cfg.compression,  # the config's name (a scheme's extra says its own)
     }
     if result.first_step:  # elastic: the epoch was continued after a reset at step `first`
         record["resumed_at_step"] = result.first_step

@@ -89,7 +89,7 @@ class Preempted(Exception):
 
 
 def save_and_stop(run, state, stopped: Preempted) -> Preempted:
-    """On every rank, after the same update: rank 0 writes the checkpoint of the place in the
+    """On every rank, after the same update (``run``: the context.Training): rank 0 writes the checkpoint of the place in the
     epoch (with every rank's BatchNorm statistics and communication state) and says so once.
 
     No rank may exit before rank 0 has saved and said so: the launcher ends the job at the
@@ -97,8 +97,8 @@ def save_and_stop(run, state, stopped: Preempted) -> Preempted:
     0's line (a launcher that waits for its ranks, like horovodrun --gloo's, ends sooner).
     Returns the stop without its traceback, which holds the loop's frames and in them the
     wrapped model."""
-    sync = run.sync
-    buffers = sync.allgather_object(checkpoint.rank_buffers(run.model))  # each rank's BatchNorm statistics
+    sync = run.setup.sync
+    buffers = sync.allgather_object(checkpoint.rank_buffers(run.setup.model))  # each rank's BatchNorm statistics
     rank_states = run.rank_states()
     stopped, stopped.run_dir = stopped.with_traceback(None), run.run_dir
 
