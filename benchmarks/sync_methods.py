@@ -96,6 +96,9 @@ SIDE_BY_SIDE = ("mpi-gather-scatter", "horovod", "ddp", "mpi-async-ps")
 # from the training threads. Row label -> (sync method, environment for every rank).
 TUNED = "horovod-cycle-{ms}ms"
 PLAIN = "plain PyTorch loop"
+# With --mpi-operations: Horovod with Open MPI's allreduce, which polls while it waits,
+# beside hvd_cifar's default, Gloo's (sync/horovod.py, use_gloo_operations).
+MPI_OPS = "horovod-mpi-operations"
 FIGURES = {
     "images_per_s": Figure("img/s", ".1f"),
     "step_time_s": Figure("step (ms)", ".0f", 1e-3),
@@ -140,6 +143,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cluster-steps", type=int, default=4, help="steps per epoch")
     p.add_argument("--cluster-batch-size", type=int, default=8, help="images per rank per step")
     p.add_argument("--cluster-repeats", type=int, default=2, help="rounds of all methods, all kept")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                   help="the methods both passes run (Horovod always among them: the ratios are its)")
+    p.add_argument("--mpi-operations", action="store_true",
+                   help="both passes: one more row, Horovod with Open MPI's allreduce (HOROVOD_CPU_OPERATIONS=mpi) "
+                        "instead of Gloo's, hvd_cifar's default (at np > 1)")
     p.add_argument("--cluster-cycle-time-ms", type=float, default=25.0,
                    help="cluster pass: also run horovod with HOROVOD_CYCLE_TIME set to this (0: don't)")
     p.add_argument("--side-by-side", default="", metavar="N,N",
@@ -156,6 +164,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--cluster-only needs --cluster N or --side-by-side N,N")
     if args.cluster and not 2 <= args.cluster <= 16:
         p.error(f"--cluster: {args.cluster} hosts is outside 2..16")
+    if "horovod" not in args.methods:
+        p.error("--methods: Horovod must be one of them (the ratios are its)")
     return args
 
 
@@ -171,18 +181,22 @@ def run_local(method: str, name: str, args, np: int) -> str:
     """One training job of ``np`` ranks on this machine; its run folder. Raises RuntimeError naming
     the log if it fails. One rank runs as one process, no launcher, as a user runs it."""
     runs = os.path.join(args.out, "runs")
+    env = dict(commands.job_env(), HOROVOD_CPU_OPERATIONS="mpi") if method == MPI_OPS else None
+    method = "horovod" if method == MPI_OPS else method
     flags = train_flags(method, name, runs, args.model, args.epochs, args.steps, args.batch_size, args)
     if np > 1 and args.hostfile:
         cmd = [*commands.script(args.launcher, np, args.hostfile), *flags]
     else:
         cmd = [*commands.argv("single" if np == 1 else args.launcher, np), *flags]
-    jobs.run(method, cmd, log=os.path.join(args.out, f"{name}.log"), timeout=args.timeout)
+    jobs.run(method, cmd, log=os.path.join(args.out, f"{name}.log"), timeout=args.timeout, env=env)
     return os.path.join(runs, name)
 
 
 def cluster_variants(args) -> dict[str, tuple[str, dict]]:
     """Row label -> (sync method, environment for every rank) for the cluster pass."""
-    variants = {m: (m, {}) for m in METHODS}
+    variants = {m: (m, {}) for m in args.methods}
+    if args.mpi_operations:
+        variants[MPI_OPS] = ("horovod", {"HOROVOD_CPU_OPERATIONS": "mpi"})
     if args.cluster_cycle_time_ms:
         ms = f"{args.cluster_cycle_time_ms:g}"
         variants[TUNED.format(ms=ms)] = ("horovod", {"HOROVOD_CYCLE_TIME": ms})
@@ -260,21 +274,26 @@ def local_figures(run_dir: str) -> dict:
 def run_local_pass(args, results: Results) -> None:
     """Every method at every --np (and the plain loop at np=1), ``repeats`` rounds; within a round
     the sizes follow each other and each size's jobs rotate, so that none always runs first."""
-    results.plan(jobs=args.repeats * sum(len(METHODS) + (np == 1 and args.plain) for np in args.np),
+    results.plan(jobs=args.repeats * sum(len(args.methods) + (np == 1 and args.plain)
+                                         + (np > 1 and args.mpi_operations) for np in args.np),
                  rounds=args.repeats)
     for k in range(1, args.repeats + 1):
         for np in args.np:
-            labels = [*METHODS, *([PLAIN] if np == 1 and args.plain else [])]
+            labels = [*args.methods, *([PLAIN] if np == 1 and args.plain else []),
+                      *([MPI_OPS] if np > 1 and args.mpi_operations else [])]
             for method in jobs.rotated(labels, k - 1):
                 name = f"{method.replace(' ', '-')}-np{np}-r{k}"
                 measure = (lambda: run_plain(name, args)) if method == PLAIN else \
                     (lambda: local_figures(run_local(method, name, args, np)))
                 results.measure(k, f"{method} np={np}", measure)
     for np in args.np:
-        derive_ratios(results, np)
+        derive_ratios(results, args.methods, np)
+        if np > 1 and args.mpi_operations:
+            results.derive(f"{MPI_OPS} vs horovod np={np}", "of_method",
+                           lambda r, np=np: r[f"{MPI_OPS} np={np}"]["images_per_s"] / r[f"horovod np={np}"]["images_per_s"])
 
 
-def derive_ratios(results: Results, np: int, suffix: str = "") -> None:
+def derive_ratios(results: Results, methods, np: int, suffix: str = "") -> None:
     """Per round: Horovod's img/s over each other method's, paired within the round; over the
     best other method, the one with the highest median img/s over all rounds (not each round's
     fastest: the maximum of noisy figures is high, which biases the ratio low); its CPU per image
@@ -284,18 +303,19 @@ def derive_ratios(results: Results, np: int, suffix: str = "") -> None:
 
     def rate(r, method):
         return r[key(method)]["images_per_s"]
-    for method in METHODS[1:]:
+    for method in [m for m in methods if m != "horovod"]:
         results.derive(f"horovod vs {method} np={np}{suffix}", "of_method",
                        lambda r, m=method: rate(r, "horovod") / rate(r, m))
-    by_round = [{c: r["figures"]["images_per_s"] for c in map(key, METHODS) for r in results.data["rounds"]
+    by_round = [{c: r["figures"]["images_per_s"] for c in map(key, methods) for r in results.data["rounds"]
                  if r["config"] == c and r["ok"] and r["round"] == k} for k in rounds_of(results)]
     by_round = [r for r in by_round if key("horovod") in r]
     if by_round and len(by_round[0]) > 1:
         best = best_other(by_round, key("horovod")).removesuffix(f" np={np}{suffix}")
         results.derive(f"horovod / best other ({best}) np={np}{suffix}", "of_best",
                        lambda r: rate(r, "horovod") / rate(r, best))
-    results.derive(f"horovod / ddp np={np}{suffix}", "of_ddp",
-                   lambda r: r[key("horovod")]["cpu_s_per_image"] / r[key("ddp")]["cpu_s_per_image"])
+    if "ddp" in methods:
+        results.derive(f"horovod / ddp np={np}{suffix}", "of_ddp",
+                       lambda r: r[key("horovod")]["cpu_s_per_image"] / r[key("ddp")]["cpu_s_per_image"])
     if np == 1 and not suffix and f"{PLAIN} np=1" in {r["config"] for r in results.data["rounds"]}:
         results.derive("horovod / plain loop np=1", "of_plain",
                        lambda r: rate(r, "horovod") / r[f"{PLAIN} np=1"]["images_per_s"])
@@ -320,7 +340,11 @@ def run_cluster_pass(cluster: NetCluster, args, results: Results) -> None:
                                                       "images_per_s", "cpu_s_per_image", "comm_bytes_per_step")},
                         "nic_tx_bytes_per_step": sum(tx.values()) / len(tx)}
             results.measure(k, f"{label} np={args.cluster}{suffix}", measure)
-    derive_ratios(results, args.cluster, suffix)
+    derive_ratios(results, args.methods, args.cluster, suffix)
+    if args.mpi_operations:
+        results.derive(f"{MPI_OPS} vs horovod np={args.cluster}{suffix}", "of_method",
+                       lambda r: r[f"{MPI_OPS} np={args.cluster}{suffix}"]["images_per_s"]
+                       / r[f"horovod np={args.cluster}{suffix}"]["images_per_s"])
     results.sample_noise = True
 
 

@@ -43,7 +43,7 @@ log() { printf '[install] %s\n' "$*"; }
 # for a machine that cannot reach PyPI. HOROVOD_FIXES names the set of fixes below: a new or
 # changed fix bumps it, which rebuilds the cached wheel and reinstalls horovod in a venv that has
 # an older build (stamp file).
-HOROVOD_FIXES=11
+HOROVOD_FIXES=12
 horovod_wheel() {
   local py="$1" suffix="$2" torch_version py_tag wheel_dir build src
   read -r torch_version py_tag < <("$py" -c 'import sys, torch; print(torch.__version__.split("+")[0], "%d%d" % sys.version_info[:2])')
@@ -264,6 +264,34 @@ patch("horovod/runner/launch.py",
       "            except hosts.HostfileError as e:\n"
       "                print('horovodrun: error: {}'.format(e), file=sys.stderr)\n"
       "                sys.exit(2)\n")
+# Fix 11: Gloo's operations under the MPI controller (mpirun, horovodrun's MPI mode, Slurm). Open
+# MPI waits inside a blocking MPI_Allreduce by polling: on a core that backward also needs, the
+# poll either takes half the core or, yielding (mpi_yield_when_idle), barely moves the transfer
+# until backward ends, so the ring allreduce is hardly overlapped (docs/SYNC_METHODS.md,
+# "Overlap on a core per rank"). Gloo's transfers sleep in the kernel until bytes arrive, as
+# DDP's do. With HOROVOD_CPU_OPERATIONS=gloo Horovod builds the global Gloo context from MPI's
+# communicators, but 0.28.1 gives it to the global process set only under its Gloo controller:
+# under MPI's the set's context stays empty and every rank dies at the first broadcast. The
+# global set holds every rank, so its contexts are the global ones; enabled, so that the set's
+# end releases them before MPI ends (else their MPI communicators are freed after MPI_Finalize,
+# which aborts every rank's exit).
+patch("horovod/common/operations.cc",
+      "    global_gloo_context.InitializeFromMPI(\n"
+      "        state.process_set_table.Get(0).mpi_context, ParseGlooIface());\n",
+      "    global_gloo_context.InitializeFromMPI(\n"
+      "        state.process_set_table.Get(0).mpi_context, ParseGlooIface());\n"
+      "    if (state.control_operation == LibType::MPI) {\n"
+      "      auto& set_gloo = state.process_set_table.Get(0).gloo_context;\n"
+      "      set_gloo.Enable();\n"
+      "      set_gloo.global_ctx = global_gloo_context.ctx;\n"
+      "      set_gloo.ctx = global_gloo_context.ctx;\n"
+      "      set_gloo.cross_ctx = global_gloo_context.cross_ctx;\n"
+      "      set_gloo.local_ctx = global_gloo_context.local_ctx;\n"
+      "    }\n")
+# hvd_cifar reads this to know the build it imports runs Gloo's operations under MPI (a Horovod
+# built otherwise keeps MPI's: sync/horovod.py).
+patch("horovod/__init__.py", "__version__ = '0.28.1'\n",
+      "__version__ = '0.28.1'\nhvd_cifar_gloo_ops_under_mpi = True  # scripts/install.sh, Fix 11\n")
 PYEOF
     # Fix 3: use the system cmake (3.25; pip's cmake 4 rejects gloo's cmake_minimum_required)
     # and build without isolation so the extension compiles against the torch installed above

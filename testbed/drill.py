@@ -273,10 +273,6 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("MPI sync method under horovodrun --gloo",
              lambda w: [str(ROOT / "launch" / "horovodrun.sh"), "-np", "2", "--gloo", *tiny(w, "--sync", "mpi-allreduce")],
              "hvd_cifar: error: sync: 'mpi-allreduce' needs an MPI launcher"),
-    BadInput("Horovod's Gloo operations under mpirun (HOROVOD_CPU_OPERATIONS=gloo)",
-             lambda w: [*launcher_argv("mpirun", 2)[:-3], "-x", "HOROVOD_CPU_OPERATIONS=gloo",
-                        *launcher_argv("single", 1), *tiny(w)],
-             "hvd_cifar: error: HOROVOD_CPU_OPERATIONS=gloo: Horovod's Gloo operations need"),
     BadInput("a learning rate that diverges (lr 1000: losses of 1e17, exit status 3)",
              mpirun2_tiny("--lr", "1000"), "hvd_cifar: diverged: training loss ", status=3),
     # Found once DDP's process group is up: its Gloo threads must not abort the process's end.

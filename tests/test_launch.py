@@ -29,6 +29,8 @@ def test_two_ranks_train_under_each_launcher(tiny_run, launcher):
     assert "HOROVOD_TIMELINE" not in meta["comm_settings"]
     if launcher == "mpirun":
         assert meta["comm_settings"]["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    # Gloo's allreduce for CPU tensors under every controller (MPI's: scripts/install.sh's Fix 11)
+    assert meta["comm_settings"]["HOROVOD_CPU_OPERATIONS"] == "gloo"
     assert (run / "rank0.log").exists() and (run / "rank1.log").exists()
 
 
@@ -112,3 +114,40 @@ def test_mpirun_flags_export_only_the_variables_mpiruns_environment_sets():
     flags = commands.recommended_mpirun_flags({"PATH": "/bin", "HOROVOD_TIMELINE": "t.json"})
     assert [flags[i + 1] for i, f in enumerate(flags) if f == "-x"] == ["PATH", "HOROVOD_TIMELINE"]
     assert flags[:4] == list(commands.MAP_FLAGS) and flags[-len(commands.TRANSPORT_FLAGS):] == list(commands.TRANSPORT_FLAGS)
+
+
+def test_mpis_operations_on_request_train_the_same_weights_as_gloos(tiny_run, tmp_path):
+    """HOROVOD_CPU_OPERATIONS=mpi from the launcher: MPI's allreduce, recorded as the setting in
+    effect, and at 2 ranks the same weights bit for bit as Gloo's, hvd_cifar's default (a sum of
+    two gradients is the same whichever library adds them)."""
+    gloo = tiny_run("mpirun").run
+    logs = tmp_path / "logs"
+    run_train(["--config", str(ROOT / "configs" / "tiny.yaml"), "--log-dir", str(logs), "--run-name", "run"],
+              launcher="mpirun", np=2, env={"HOROVOD_CPU_OPERATIONS": "mpi"})
+    meta = json.loads((logs / "run" / "meta.json").read_text())
+    assert meta["comm_settings"]["HOROVOD_CPU_OPERATIONS"] == "mpi"
+    mpi, ours = (torch.load(run / "checkpoint_last.pt", weights_only=True)["model"] for run in (logs / "run", gloo))
+    assert mpi.keys() == ours.keys() and all(torch.equal(mpi[k], ours[k]) for k in mpi)
+
+
+def test_gloos_operations_under_mpi_are_refused_by_a_horovod_without_the_fix(monkeypatch):
+    """A Horovod not built by scripts/install.sh segfaults on Gloo's operations under MPI's
+    controller: asked for, they are refused in one line; not asked for, MPI's are kept."""
+    import horovod
+
+    from hvd_cifar.core.errors import ConfigError
+    from hvd_cifar.sync import horovod as ours
+
+    monkeypatch.delattr(horovod, "hvd_cifar_gloo_ops_under_mpi", raising=False)
+    monkeypatch.delenv("HOROVOD_CONTROLLER", raising=False)
+    monkeypatch.delenv("HOROVOD_CPU_OPERATIONS", raising=False)
+    ours.use_gloo_operations()
+    assert "HOROVOD_CPU_OPERATIONS" not in os.environ
+    monkeypatch.setenv("HOROVOD_CPU_OPERATIONS", "gloo")
+    with pytest.raises(ConfigError, match="^HOROVOD_CPU_OPERATIONS=gloo: this Horovod runs Gloo's operations only"):
+        ours.use_gloo_operations()
+    monkeypatch.setattr(horovod, "hvd_cifar_gloo_ops_under_mpi", True, raising=False)
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_if_include", "eth0")
+    monkeypatch.delenv("HOROVOD_GLOO_IFACE", raising=False)
+    ours.use_gloo_operations()
+    assert os.environ["HOROVOD_GLOO_IFACE"] == "eth0"

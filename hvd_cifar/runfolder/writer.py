@@ -174,7 +174,7 @@ def run_metadata(world_size: int, hostnames: list[str], sync_name: str, device: 
 # Environment variables that change how ranks communicate: recorded with every run, since
 # hvd_cifar.sync sets some of them itself when the launcher has not.
 COMM_SETTINGS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER",
-                 "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_AUTOTUNE", "HOROVOD_STALL_", "HOROVOD_GLOO_TIMEOUT_SECONDS",
+                 "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_AUTOTUNE", "HOROVOD_STALL_", "HOROVOD_GLOO_",
                  "HOROVOD_TIMELINE", "OMPI_MCA_", "NCCL_", "GLOO_SOCKET_IFNAME")
 
 

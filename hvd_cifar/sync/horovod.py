@@ -39,14 +39,6 @@ def prepare_environment(elastic: bool, timeline: bool = False) -> None:
     if started_elastic and not elastic:
         raise ConfigError("elastic: this job was started by horovodrun's elastic driver "
                           "(--min-np/--max-np/--host-discovery-script); set elastic: true")
-    cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower()
-    if cpu_ops == "gloo" and os.environ.get("HOROVOD_CONTROLLER", "").lower() != "gloo":
-        # Horovod 0.28.1 sets up the Gloo context of its global process set only under its
-        # Gloo controller; under the MPI controller (mpirun, horovodrun's MPI mode, one
-        # process) Gloo operations find it empty and every rank dies of a segmentation
-        # fault at the first broadcast.
-        raise ConfigError("HOROVOD_CPU_OPERATIONS=gloo: Horovod's Gloo operations need its Gloo "
-                          "controller: launch with horovodrun --gloo, or unset it to use MPI's")
     if elastic:
         # No response cache under elastic training. Horovod keeps the cache across the reset
         # that re-forms the ring (shutdown + init keep the global process set), so the
@@ -55,6 +47,35 @@ def prepare_environment(elastic: bool, timeline: bool = False) -> None:
         # tensors into one collective, and the job dies in Gloo ("op.preamble.length <=
         # op.nbytes"). Without the cache every tensor is negotiated by name each cycle.
         os.environ["HOROVOD_CACHE_CAPACITY"] = "0"
+    if os.environ.get("HOROVOD_CONTROLLER", "").lower() != "gloo":
+        use_gloo_operations()
+
+
+def use_gloo_operations() -> None:
+    """Under MPI's controller (mpirun, horovodrun's MPI mode, Slurm), Gloo's allreduce for CPU
+    tensors unless the launcher chose: Open MPI waits inside a blocking allreduce by polling, on
+    the core backward needs, and hides little of the ring behind backward; Gloo's transfers sleep
+    in the kernel until bytes arrive, as DDP's do (docs/SYNC_METHODS.md, "Overlap on a core per
+    rank"). Only a Horovod built by scripts/install.sh runs them there (its Fix 11); another
+    build keeps MPI's."""
+    import horovod
+
+    fixed = getattr(horovod, "hvd_cifar_gloo_ops_under_mpi", False)
+    if not fixed:
+        if os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo":
+            # Horovod 0.28.1 as released gives the Gloo context to its global process set only
+            # under its Gloo controller: every rank would die of a segmentation fault at the
+            # first broadcast.
+            raise ConfigError("HOROVOD_CPU_OPERATIONS=gloo: this Horovod runs Gloo's operations only under "
+                              "its Gloo controller (horovodrun --gloo); bash scripts/install.sh builds one "
+                              "that runs them under MPI's too, or unset it to use MPI's")
+        return
+    os.environ.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
+    # Gloo's sockets on the interface MPI's bytes were told to use (one named interface): else
+    # Gloo binds the address this host's name resolves to.
+    interfaces = os.environ.get("OMPI_MCA_btl_tcp_if_include", "")
+    if interfaces and "," not in interfaces and "/" not in interfaces:
+        os.environ.setdefault("HOROVOD_GLOO_IFACE", interfaces)
 
 
 # Horovod's tuning, its own keys (core.methods): key -> (the variable Horovod reads at hvd.init(),
