@@ -29,7 +29,7 @@ bench-quick: setup
 	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np4 --epochs 6 --seeds 200 201 202 --out $(BENCH_QUICK_OUT)/convergence
 	$(PY) -m testbed.render_docs
 
-# make bench - the headline benchmarks, about 110 minutes on 2 cores (as root: the bytes and
+# make bench - the headline benchmarks, about 120 minutes on 2 cores (as root: the bytes and
 # compression benchmarks start a cluster of network namespaces). Each writes its results file to
 # benchmarks/results/ (every round, medians, intervals, failed rounds with their reason); a failed
 # round does not stop the rest. Then the tables in README.md and docs/ are made again from them.
@@ -38,7 +38,9 @@ bench: setup
 	rm -rf $(BENCH_OUT)
 	-$(PY) benchmarks/data_pipeline.py --repeats 3
 	-$(PY) benchmarks/sync_methods.py --np 1 2 4 --dataset synthetic --steps 8 --repeats 5 --out $(BENCH_OUT)/sync_methods
-	-$(PY) benchmarks/sync_methods.py --cluster-only --cluster 4 --cluster-repeats 5 --tag cluster --out $(BENCH_OUT)/sync_methods-cluster
+	-$(PY) benchmarks/sync_methods.py --np 2 --methods horovod ddp --mpi-operations --dataset synthetic --steps 8 --repeats 5 --no-plain --tag np2 --out $(BENCH_OUT)/sync_methods-np2
+	-$(PY) benchmarks/sync_methods.py --cluster-only --cluster 2 --rate 1gbit --methods horovod ddp --mpi-operations --cluster-cycle-time-ms 0 --dataset synthetic --cluster-batch-size 32 --cluster-steps 8 --cluster-repeats 5 --tag cluster2-1gbit --out $(BENCH_OUT)/sync_methods-cluster2-1gbit
+	-$(PY) benchmarks/sync_methods.py --cluster-only --cluster 2 --rate 100mbit --methods horovod ddp --mpi-operations --cluster-cycle-time-ms 0 --dataset synthetic --cluster-batch-size 32 --cluster-steps 4 --cluster-repeats 5 --tag cluster2-100mbit --out $(BENCH_OUT)/sync_methods-cluster2-100mbit
 	-$(PY) benchmarks/comm_options.py --np 4 --acc-epochs 0 --out $(BENCH_OUT)/comm_options
 	-$(PY) benchmarks/compression.py --acc-epochs 0 --schemes none powersgd topk --rates 1gbit 100mbit --repeats 2 --out $(BENCH_OUT)/compression
 	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np4 --epochs 6 --seeds 200 201 202 --out $(BENCH_OUT)/convergence

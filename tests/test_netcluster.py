@@ -67,6 +67,9 @@ def _check_run(result, run_dir: str, cluster: NetCluster, np: int, before, after
         meta = json.load(f)
     assert meta["world_size"] == np
     assert meta["hostnames"] == cluster.hostnames[:np]  # one rank on each host
+    # across hosts Horovod's allreduce is Gloo's under either controller, on the cluster's interface
+    assert {k: meta["comm_settings"].get(k) for k in ("HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE")} == \
+        {"HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "eth0"}
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if line.strip()]
     gradient_bytes = sum(r["comm_bytes_per_rank"] for r in records)  # what one rank sends

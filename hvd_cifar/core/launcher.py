@@ -35,6 +35,16 @@ def launch_size() -> int:
     return next((int(os.environ[v]) for v in _SIZE_VARS if os.environ.get(v, "").isdigit()), 1)
 
 
+def spans_hosts() -> bool:
+    """Whether the launcher placed this job's ranks on more than one host: Open MPI's local and
+    world sizes (mpirun, horovodrun's MPI mode), else the nodes of the Slurm step."""
+    local, world = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", ""), os.environ.get("OMPI_COMM_WORLD_SIZE", "")
+    if local.isdigit() and world.isdigit():
+        return int(local) < int(world)
+    nodes = os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES") or ""
+    return nodes.isdigit() and int(nodes) > 1
+
+
 def launched_by_mpi() -> bool:
     """Whether an MPI launcher started this process (so MPI_Abort reaches the whole job)."""
     return any(var in os.environ for var in _MPI_VARS)

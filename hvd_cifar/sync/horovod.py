@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import horovod.torch as hvd
 
 from hvd_cifar import compress
+from hvd_cifar.core import launcher
 from hvd_cifar.core.errors import ConfigError
 from hvd_cifar.sync import overlap
 from hvd_cifar.sync import openmpi
@@ -52,12 +53,13 @@ def prepare_environment(elastic: bool, timeline: bool = False) -> None:
 
 
 def use_gloo_operations() -> None:
-    """Under MPI's controller (mpirun, horovodrun's MPI mode, Slurm), Gloo's allreduce for CPU
-    tensors unless the launcher chose: Open MPI waits inside a blocking allreduce by polling, on
-    the core backward needs, and hides little of the ring behind backward; Gloo's transfers sleep
-    in the kernel until bytes arrive, as DDP's do (docs/SYNC_METHODS.md, "Overlap on a core per
-    rank"). Only a Horovod built by scripts/install.sh runs them there (its Fix 11); another
-    build keeps MPI's."""
+    """Under MPI's controller (mpirun, horovodrun's MPI mode, Slurm) with ranks on several hosts,
+    Gloo's allreduce for CPU tensors unless the launcher chose: Open MPI waits inside a blocking
+    allreduce by polling, on the core backward needs, and hides little of the ring behind
+    backward; Gloo's transfers sleep in the kernel until bytes arrive, as DDP's do. On one host
+    Open MPI's shared memory is faster (docs/SYNC_METHODS.md, "Overlap on a core per rank").
+    Only a Horovod built by scripts/install.sh runs Gloo's there (its Fix 11); another build
+    keeps MPI's."""
     import horovod
 
     fixed = getattr(horovod, "hvd_cifar_gloo_ops_under_mpi", False)
@@ -70,11 +72,13 @@ def use_gloo_operations() -> None:
                               "its Gloo controller (horovodrun --gloo); bash scripts/install.sh builds one "
                               "that runs them under MPI's too, or unset it to use MPI's")
         return
-    os.environ.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
+    if launcher.spans_hosts():
+        os.environ.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
     # Gloo's sockets on the interface MPI's bytes were told to use (one named interface): else
     # Gloo binds the address this host's name resolves to.
     interfaces = os.environ.get("OMPI_MCA_btl_tcp_if_include", "")
-    if interfaces and "," not in interfaces and "/" not in interfaces:
+    if os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo" and interfaces and "," not in interfaces \
+            and "/" not in interfaces:
         os.environ.setdefault("HOROVOD_GLOO_IFACE", interfaces)
 
 
