@@ -46,7 +46,7 @@ def test_per_round_best_and_paired_estimators_disagree_on_a_constructed_file(tmp
     for k, r in enumerate(rounds, 1):
         for method, rate in r.items():
             results.add(k, f"{method} np=2", {"images_per_s": rate, "cpu_s_per_image": 1 / rate})
-    sync_methods.derive_ratios(results, 2)
+    sync_methods.derive_ratios(results, sync_methods.METHODS, 2)
 
     biased = stats.per_round_best_ratio(rounds, "horovod")
     assert biased == pytest.approx(1 / 1.04)

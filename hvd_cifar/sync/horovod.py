@@ -72,7 +72,10 @@ def use_gloo_operations() -> None:
                               "its Gloo controller (horovodrun --gloo); bash scripts/install.sh builds one "
                               "that runs them under MPI's too, or unset it to use MPI's")
         return
-    if launcher.spans_hosts():
+    # Not under Slurm: there (srun's PMIx, and mpirun inside an allocation) every rank of this
+    # project's Slurm cluster segfaulted in hvd.init() with Gloo's operations (tests/test_slurm.py),
+    # for a cause not yet found, so Open MPI's are kept.
+    if launcher.spans_hosts() and "SLURM_JOB_ID" not in os.environ:
         os.environ.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
     # Gloo's sockets on the interface MPI's bytes were told to use (one named interface): else
     # Gloo binds the address this host's name resolves to.
