@@ -96,8 +96,8 @@ SIDE_BY_SIDE = ("mpi-gather-scatter", "horovod", "ddp", "mpi-async-ps")
 # from the training threads. Row label -> (sync method, environment for every rank).
 TUNED = "horovod-cycle-{ms}ms"
 PLAIN = "plain PyTorch loop"
-# With --mpi-operations: Horovod with Open MPI's allreduce, which polls while it waits,
-# beside hvd_cifar's default, Gloo's (sync/horovod.py, use_gloo_operations).
+# With --mpi-operations: Horovod with Open MPI's allreduce, which polls while it waits, beside
+# hvd_cifar's choice (Gloo's where the ranks span hosts: sync/horovod.py, use_gloo_operations).
 MPI_OPS = "horovod-mpi-operations"
 FIGURES = {
     "images_per_s": Figure("img/s", ".1f"),
