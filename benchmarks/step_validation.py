@@ -1,31 +1,39 @@
-"""The scaling model's whole step checked on the namespace cluster: training steps at np = 3 and 4
-predicted from what np = 1 and 2 measured, then trained and compared, per link rate, sync method
-and option (issue 15, point 4).
+"""The scaling model's whole step checked on the namespace cluster: training steps predicted
+from what np = 1 and a traced np = 2 run measured, then trained and compared, per link rate, sync
+method and option; and where each traced step waited.
 
     .venv/bin/python benchmarks/step_validation.py [--rates 100mbit 1gbit none] [--nps 3 4]
-        [--syncs horovod mpi-gather-scatter] [--model vgg11] [--steps 4] [--out logs/bench-stepval-...]
+        [--syncs horovod mpi-gather-scatter] [--traced horovod ddp] [--repeats 1] [--model vgg11]
+        [--steps 4] [--out logs/bench-stepval-...]
 
-As root (network namespaces). Per rate, on one testbed.netcluster cluster of max(--nps) hosts
-(one rank per host, one thread per rank, mpirun): the probe at np = 2 (α, β per transport); an
-np = 1 training run (the compute); an np = 2 Horovod run with comm_timeline (the hidden
-fraction); then ``hvd_cifar.predict`` with ``--shared-cores`` set to this machine's cores (the
-hosts are namespaces of one machine, so 3 and 4 ranks share its cores) predicts every --sync
-plain, with fp16 and with 4 accumulation steps at each --nps, and each of those is trained and
-put beside its prediction (predict's --measured). Every job runs --epochs whole epochs of --steps
-steps per rank; step times are the epochs after the first (hvd_cifar.report's rule). Writes
-OUT/step_validation.json and .md (the table), the runs, probes and predictions; prints the table.
-Every row is also a configuration of round 1 in the results file
-benchmarks/results/step_validation.json (``hvd_cifar.measure.results``: --tag, --results); a rate whose
-cluster, job or prediction failed is a failed round with its reason.
+As root (network namespaces). Per rate, on one testbed.netcluster cluster of max(--nps, 2) hosts
+(one rank per host, one thread per rank, mpirun): the probe at np = 2 (α, β per transport) and an
+np = 1 training run (the compute); then --repeats rounds, each of: an np = 2 run with comm_timeline
+per --traced method (Horovod's gives the hidden fraction), every --sync plain, with fp16 and with
+4 accumulation steps at each --nps trained, and ``hvd_cifar.predict`` (``--shared-cores`` this
+machine's cores: the hosts are namespaces of one machine) predicting each of those from the
+probe, the np = 1 run and that round's traced Horovod run, put beside the trained one
+(predict's --measured). With --nps 2 the np = 2 step is predicted from the overlap measured on
+the cluster. Every job runs --epochs whole epochs of --steps steps per rank; step times are the
+epochs after the first (hvd_cifar.report's rule). The traced runs' rows: per step, the allreduce
+time hidden behind backward and exposed (comm_hidden_s, comm_exposed_s), and of the traced step
+(trainer/steptrace.py) on rank 0 when the first allreduce began after backward began and the
+last ended after backward ended. Writes OUT/step_validation.json and .md (the table), the runs,
+probes and predictions; prints the table. Each row is a configuration of its round in the
+results file benchmarks/results/step_validation.json (``hvd_cifar.measure.results``: --tag,
+--results); a rate whose cluster, job or prediction failed is a failed round with its reason.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
 
 from hvd_cifar import predict
+from hvd_cifar.analysis import steps
+from hvd_cifar.runfolder.reader import load_run
 
 from testbed import jobs
 from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
@@ -43,6 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rates", nargs="+", default=["100mbit", "1gbit", "none"], help="link rates, tc syntax; none: unshaped")
     p.add_argument("--nps", type=int, nargs="+", default=[3, 4], help="world sizes predicted and trained")
     p.add_argument("--syncs", nargs="+", default=["horovod", "mpi-gather-scatter"], choices=["horovod", "mpi-gather-scatter"])
+    p.add_argument("--traced", nargs="+", default=["horovod"], choices=["horovod", "ddp"],
+                   help="methods run at np=2 with comm_timeline each round (horovod's: the hidden fraction)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds per rate (traced and trained runs, interleaved)")
     p.add_argument("--options", nargs="+", default=list(OPTIONS), choices=list(OPTIONS))
     p.add_argument("--model", default="vgg11")
     p.add_argument("--dataset", default="digits")
@@ -55,8 +66,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_results_options(p)
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-stepval-%Y%m%d-%H%M%S")))
     args = p.parse_args(argv)
-    if min(args.nps) < 3 or args.epochs < 2 or ("accum4" in args.options and args.steps % 4):
-        p.error("--nps from 3 (np 1 and 2 are the measurements), --epochs >= 2, --steps a multiple of 4 with accum4")
+    if (min(args.nps) < 2 or args.epochs < 2 or ("accum4" in args.options and args.steps % 4)
+            or "horovod" not in args.traced or args.repeats < 1):
+        p.error("--nps from 2 (np 1 and a traced np 2 are the measurements), --epochs >= 2, --steps a multiple of 4 "
+                "with accum4, --traced with horovod, --repeats >= 1")
     return args
 
 
@@ -69,36 +82,65 @@ def train(cluster, np: int, name: str, sync: str, extra: list[str], args, runs: 
     return os.path.join(runs, name)
 
 
-def validate_rate(rate: str, args) -> list[dict]:
-    """Probe, measure np=1 and 2, predict, train np=3/4; the predicted rows that were trained."""
-    from testbed.netcluster import NetCluster
-    runs, measured = os.path.join(args.out, rate), []
-    os.makedirs(runs, exist_ok=True)
-    probe_path = os.path.join(args.out, f"probe-{rate}-np2.json")
-    with NetCluster(max(args.nps), rate=None if rate == "none" else rate) as cluster:
-        # the probe's message sizes as benchmarks/network_validation.py uses them by default
-        jobs.probe(cluster, 2, probe_path, iters=args.probe_iters, timeout=args.timeout, max_bytes=args.probe_max_bytes)
-        single = train(cluster, 1, "np1", "horovod", [], args, runs)
-        overlap = train(cluster, 2, "np2-horovod-timeline", "horovod", ["--comm-timeline", "true"], args, runs)
-        for sync in args.syncs:
-            for option in args.options:
-                for n in args.nps:
-                    measured.append(train(cluster, n, f"np{n}-{sync}-{option}", sync, OPTIONS[option][0], args, runs))
-                print(f"{rate} {sync} {option}: trained", file=sys.stderr, flush=True)
+def traced_row(rate: str, sync: str, run_dir: str) -> dict:
+    """A traced run's figures: per step, allreduce hidden and exposed (its epochs after the
+    first), and of rank 0's traced step in its last epoch, when the allreduce began and ended
+    against backward."""
+    run = load_run(run_dir)
+    timed = run.metrics[1:] or run.metrics
+    per_step = lambda key: 1e3 * sum(r[key] for r in timed) / sum(r["steps"] for r in timed)
+    row = {"rate": rate, "method": sync, "np": 2, "traced": True, "hidden_ms": per_step("comm_hidden_s"),
+           "exposed_ms": per_step("comm_exposed_s")}
+    traced = steps.last_trace(run)
+    if traced:
+        first = steps.rank_row(traced[1]["ranks"][0])
+        row.update({k: first[k] for k in ("first_after_backward_began_ms", "last_after_backward_ended_ms") if k in first})
+    return row
+
+
+def predicted_rows(rate: str, k: int, single: str, overlap: str, measured: list[str], probe_path: str, args) -> list[dict]:
+    """Round ``k``'s predictions from the np=1 run, the probe and its traced Horovod run, each
+    beside its trained run."""
     wanted = {(s, *OPTIONS[o][1], n) for s in args.syncs for o in args.options for n in args.nps}
     pred_args = predict.parse_args([single, "--probe", probe_path, "--np", *map(str, args.nps), "--sync", *args.syncs,
                                     "--compression", "fp16", "--accumulation-steps", "4", "--overlap-from", overlap,
                                     "--shared-cores", str(os.cpu_count() or 1), "--measured", *measured,
-                                    "--out", os.path.join(args.out, f"predict-{rate}")])
+                                    "--out", os.path.join(args.out, f"predict-{rate}-r{k}")])
     rows, text = predict.run(pred_args)
-    with open(os.path.join(args.out, f"predict-{rate}.md"), "w") as f:
+    with open(os.path.join(args.out, f"predict-{rate}-r{k}.md"), "w") as f:
         f.write(text + "\n")
-    rows = [{"rate": rate, **r} for r in rows
+    rows = [{"rate": rate, "round": k, **r, "abs_error_pct": abs(r.get("error_pct", math.nan))} for r in rows
             if (r["method"], r["compression"], r["accumulation_steps"], r["np"]) in wanted and r["freeze"] == 0]
     unmatched = [r for r in rows if "measured_step_s" not in r]
     if len(rows) != len(wanted) or unmatched:
         raise RuntimeError(f"{rate}: {len(wanted)} trained configurations but {len(rows) - len(unmatched)} "
                            "predicted rows with a measured run beside them")
+    return rows
+
+
+def validate_rate(rate: str, args) -> list[dict]:
+    """Probe and measure np=1, then per round the traced np=2 runs, the trained ones and their
+    predictions; the rows of every round (each with its ``round``)."""
+    from testbed.netcluster import NetCluster
+    runs, rows = os.path.join(args.out, rate), []
+    os.makedirs(runs, exist_ok=True)
+    probe_path = os.path.join(args.out, f"probe-{rate}-np2.json")
+    with NetCluster(max(*args.nps, 2), rate=None if rate == "none" else rate) as cluster:
+        # the probe's message sizes as benchmarks/network_validation.py uses them by default
+        jobs.probe(cluster, 2, probe_path, iters=args.probe_iters, timeout=args.timeout, max_bytes=args.probe_max_bytes)
+        single = train(cluster, 1, "np1", "horovod", [], args, runs)
+        for k in range(1, args.repeats + 1):
+            tag = f"-r{k}" if args.repeats > 1 else ""
+            traced = {sync: train(cluster, 2, f"np2-{sync}-timeline{tag}", sync, ["--comm-timeline", "true"], args, runs)
+                      for sync in args.traced}
+            rows += [{**traced_row(rate, sync, path), "round": k} for sync, path in traced.items()]
+            measured = []
+            for sync in args.syncs:
+                for option in args.options:
+                    for n in args.nps:
+                        measured.append(train(cluster, n, f"np{n}-{sync}-{option}{tag}", sync, OPTIONS[option][0], args, runs))
+            rows += predicted_rows(rate, k, single, traced["horovod"], measured, probe_path, args)
+            print(f"{rate} round {k} of {args.repeats}: trained and predicted", file=sys.stderr, flush=True)
     return rows
 
 
@@ -108,11 +150,18 @@ def option_label(r: dict) -> str:
 
 
 FIGURES = {"step_s": Figure("predicted step (ms)", ".1f", 1e-3),
-           "measured_step_s": Figure("measured step (ms)", ".1f", 1e-3), "error_pct": Figure("error (%)", "+.1f")}
+           "measured_step_s": Figure("measured step (ms)", ".1f", 1e-3), "error_pct": Figure("error (%)", "+.1f"),
+           "abs_error_pct": Figure("|error| (%)", ".1f"),
+           "hidden_ms": Figure("allreduce hidden (ms/step)", ".1f"),
+           "exposed_ms": Figure("allreduce exposed (ms/step)", ".1f"),
+           "first_after_backward_began_ms": Figure("first allreduce began, after backward began (ms)", "+.1f"),
+           "last_after_backward_ended_ms": Figure("last allreduce ended, after backward ended (ms)", "+.1f")}
 
 
 def config(r: dict) -> str:
     """A row's name in the results file."""
+    if r.get("traced"):
+        return f"{r['rate']} {r['method']} np=2 traced"
     return f"{r['rate']} {r['method']} {option_label(r)} np={r['np']}"
 
 
@@ -130,9 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     results = Results("step_validation", args, FIGURES, argv)
     results.sample_noise = False  # its jobs run on a cluster's hosts, not as this process's children
     for rate in args.rates:  # a failed job, cluster or prediction: a failed round with its first line
-        rows += results.measure_rows(1, rate, lambda: validate_rate(rate, args), config)
+        done = results.attempt(1, rate, lambda: validate_rate(rate, args)) or []
+        for row in done:
+            results.add(row["round"], config(row), {k: row[k] for k in FIGURES if k in row})
+        rows += done
     results.write()
     meta = span.end(cores=os.cpu_count(), args=vars(args))
+    rows = [r for r in rows if not r.get("traced")]
     within = sum(abs(r["error_pct"]) <= 15 for r in rows)
     summary = f"{within} of {len(rows)} predicted steps within 15 % of the measured ones"
     jobs.write_results(args.out, "step_validation", {"meta": meta, "rows": rows}, f"{markdown_table(COLUMNS, rows)}\n{summary}")

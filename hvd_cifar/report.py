@@ -31,6 +31,7 @@ import sys
 from typing import Any
 
 from hvd_cifar.analysis.explain import explain
+from hvd_cifar.analysis.steps import last_trace, trace_rows
 from hvd_cifar.analysis.sweep import repeated_section
 from hvd_cifar.analysis.plots import plot_compare, plot_run, plot_scaling
 from hvd_cifar.core import methods
@@ -38,7 +39,7 @@ from hvd_cifar.core.errors import PredictError, ReportError
 from hvd_cifar.core.names import RUN_IDENTITY
 from hvd_cifar.core.files import RunError, write_text
 from hvd_cifar.analysis.run_tables import (ASYNC_PS_COLUMNS, COMPARE_COLUMNS, CONFIG_CSV_COLUMNS, EPOCH_COLUMNS,
-                                           TARGET_CSV_COLUMNS, TARGET_NOTE, classification_table, confusion_table,
+                                           STEP_COLUMNS, TARGET_CSV_COLUMNS, TARGET_NOTE, classification_table, confusion_table,
                                            epoch_rows, with_target_columns, with_work_columns)
 from hvd_cifar.runfolder.reader import METRICS, Run, load_run
 from hvd_cifar.analysis.summary import (MB, baselines, compare_rows, compute_notes, present_mean, rank_max, run_bytes,
@@ -138,10 +139,29 @@ def run_report(run: Run, out: str) -> str:
         if run.evaluation.get("confusion_matrix"):
             lines += ["### Confusion matrix\n", "Rows: true class; columns: predicted class.\n",
                      confusion_table(run.evaluation["confusion_matrix"])]
+    lines += step_section([run])
     lines += ["## Figures\n"] + [f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures]
     path = os.path.join(out, "report.md")
     write_text(path, "\n".join(lines))
     return path
+
+
+STEP_NOTE = ("From `comm_timeline: true`: of a few steps in the middle of the epoch, the one whose time on rank 0 "
+             "is their median; times from each rank's own start of the step. Horovod's timeline is written by "
+             "rank 0 alone, so only rank 0's collectives are shown; DDP times each bucket on every rank, from "
+             "its gradients' readiness, and its backward returns only once the last bucket is reduced, so "
+             "its wait is inside backward.\n")
+
+
+def step_section(runs: list[Run]) -> list[str]:
+    """"One step, rank by rank" for every run that traced one, each under its own heading."""
+    lines = []
+    for run in runs:
+        if traced := last_trace(run):
+            epoch, trace = traced
+            lines += [f"### {run.name}: epoch {epoch}, step {trace['step']}\n",
+                      markdown_table(STEP_COLUMNS, trace_rows(trace))]
+    return ["## One step, rank by rank\n", STEP_NOTE, *lines] if lines else []
 
 
 def torn_note(run: Run) -> str:
@@ -216,7 +236,7 @@ def compare_report(runs: list[Run], out: str) -> str:
             markdown_table(with_target_columns(with_work_columns(COMPARE_COLUMNS, rows), rows), rows),
             *compute_notes(rows),
             *repeated_section(runs, rows, (*RUN_IDENTITY, "world_size")),
-            *time_went_section(runs, rows), "## Figures\n",
+            *time_went_section(runs, rows), *step_section(runs), "## Figures\n",
             *[f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures],
             "## Run folders\n", *[f"- {row['run']}: `{row['path']}`" + (f" ({METRICS}: {torn_note(run)})" if run.torn else "")
                                    for run, row in zip(runs, rows)], ""]

@@ -1,6 +1,8 @@
 """Communication hidden behind backward and exposed: the interval arithmetic on hand-computed
-cases, a Horovod timeline file read by hand, and real 2-rank runs writing comm_hidden_s /
-comm_exposed_s per epoch (Horovod's timeline in the run folder, DDP's timed hook, mpi4py)."""
+cases, a Horovod timeline file read by hand (fused collectives and their negotiation), one traced
+step chosen and read into its rows, and real 2-rank runs writing comm_hidden_s / comm_exposed_s
+and one traced step per epoch (Horovod's timeline in the run folder, DDP's timed hook, mpi4py),
+reported alone and side by side."""
 from __future__ import annotations
 
 import json
@@ -8,7 +10,10 @@ import json
 import pytest
 
 from conftest import read_metrics, run_train
+from hvd_cifar import report
+from hvd_cifar.analysis import steps
 from hvd_cifar.sync import overlap
+from hvd_cifar.trainer import steptrace
 
 
 def test_time_inside_the_waits_is_exposed_and_the_rest_hidden():
@@ -39,6 +44,69 @@ def test_a_timeline_is_read_up_to_its_last_whole_event(tmp_path):
     assert overlap.last_event_s(str(path)) == pytest.approx(start + 2000e-6)
 
 
+def test_fused_tensors_are_one_collective_after_their_negotiation(tmp_path):
+    # Tensors 1 and 2 fused (stamped 3 µs apart, overlapping), then tensor 3 alone (hvd_cifar's
+    # own, not a gradient); the second negotiation of tensor 1 (a later step) belongs to its later
+    # collective.
+    start_us = 2_000_000_000_000_000
+    spans = [(1, "NEGOTIATE_ALLREDUCE", 100, 300), (2, "NEGOTIATE_ALLREDUCE", 150, 400), (1, "ALLREDUCE", 500, 900),
+             (2, "ALLREDUCE", 503, 902), (3, "NEGOTIATE_ALLREDUCE", 200, 950), (3, "ALLREDUCE", 960, 1200),
+             (1, "NEGOTIATE_ALLREDUCE", 2000, 2100), (1, "ALLREDUCE", 2200, 2300)]
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": start_us}}]
+    events += [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
+               for pid, name in ((1, "allreduce.conv1.weight"), (2, "allreduce.conv1.bias"), (3, "hvd_cifar.stop_vote"))]
+    for pid, name, b, e in spans:
+        events += [{"ph": "B", "name": name, "ts": b, "pid": pid}, {"ph": "E", "ts": e, "pid": pid}]
+    events.sort(key=lambda e: e.get("ts", -1))
+    path = tmp_path / "timeline.json"
+    path.write_text("[\n" + ",".join(json.dumps(e) for e in events) + "]")
+    t = lambda us: pytest.approx(start_us / 1e6 + us / 1e6, abs=1e-7)
+    assert overlap.fused_operations(str(path)) == [  # in the order they began
+        ("negotiation", t(100), t(400)), ("negotiation", t(200), t(950)), ("allreduce", t(500), t(902)),
+        ("other", t(960), t(1200)), ("negotiation", t(2000), t(2100)), ("allreduce", t(2200), t(2300))]
+
+
+class Gathered:
+    """allgather_object over two ranks: this rank's object and rank 1's, given."""
+
+    def __init__(self, other):
+        self.other = other
+
+    def allgather_object(self, obj):
+        return [obj, self.other]
+
+
+def test_the_median_step_of_the_window_is_kept_for_every_rank():
+    window = steptrace.StepWindow(first=0, steps=40)
+    assert (window.lo, window.hi) == (16, 25)
+    t, took = 0.0, {16: 0.5, 17: 0.9, 18: 0.6, 19: 0.7, 20: 0.4}  # rank 0's steps: 18 is the median
+    for step in range(0, 21):
+        d = took.get(step, 1.0)
+        window.mark("forward", t, t + 0.1 * d)
+        window.mark("backward", t + 0.1 * d, t + 0.6 * d)
+        window.mark("sync", t + 0.6 * d, t + d)
+        window.end_step()
+        t += d
+    assert sorted(window.steps) == [16, 17, 18, 19, 20]
+    marks = [("forward", 5.0, 5.1), ("backward", 5.1, 5.4), ("sync", 5.4, 5.5)]
+    other = ({k: marks for k in range(16, 21)}, [("allreduce", 5.2, 5.45)])
+    began18 = sum(took.get(k, 1.0) for k in range(18))
+    comm = [("allreduce", began18 + 0.2, began18 + 0.5), ("allreduce", 0.0, 0.1)]  # the second: not near the window
+    trace = steptrace.gather(Gathered(other), window, comm)
+    assert trace["step"] == 18  # rank 0's median
+    # A step some rank did not run whole is never drawn: the median of the others'
+    lacking = ({**{k: marks for k in (16, 17, 19, 20)}, 18: []}, [])
+    assert steptrace.gather(Gathered(lacking), window, comm)["step"] == 16  # of 0.4, 0.5, 0.7, 0.9: the low median
+    r0, r1 = trace["ranks"]
+    assert r0["step_s"] == pytest.approx(0.6) and r0["comm"] == [["allreduce", pytest.approx(0.2), pytest.approx(0.5)]]
+    assert r1["phases"][1] == ["backward", pytest.approx(0.1), pytest.approx(0.4)]
+    row = steps.rank_row(r0)  # backward 60-360 ms, allreduce 200-500: 160 inside, 140 after
+    assert row["backward_ms"] == "60-360" and row["allreduces"] == 1
+    assert row["hidden_ms"] == pytest.approx(160) and row["after_backward_ms"] == pytest.approx(140)
+    assert row["first_after_backward_began_ms"] == pytest.approx(140)
+    assert row["last_after_backward_ended_ms"] == pytest.approx(140) and row["sync_ms"] == pytest.approx(240)
+
+
 def check_epochs(run_dir, hidden_possible: bool) -> list[dict]:
     records = read_metrics(run_dir)
     for r in records:
@@ -64,14 +132,42 @@ def test_horovod_records_its_timeline_and_splits_allreduce_time(tmp_path, tiny_a
         assert len(spans) >= 6  # every step's gradients, and the metrics' sums
         # The epoch's figures come from its file: their sum is at most its allreduce time.
         assert record["comm_hidden_s"] + record["comm_exposed_s"] <= overlap.length(spans) + 1e-6
+        # One step of each epoch, rank by rank: both ranks' phases, rank 0's collectives (its timeline's)
+        r0, r1 = check_trace(record)
+        assert {"negotiation", "allreduce"} <= {what for what, *_ in r0["comm"]} and r1["comm"] == []
+    assert report.main([str(run_dir)]) == 0
+    text = (run_dir / "report" / "report.md").read_text()
+    assert "## One step, rank by rank" in text and (run_dir / "report" / "step_trace.png").stat().st_size > 0
+
+
+def check_trace(record: dict) -> list[dict]:
+    """The epoch's traced step: a step of the epoch, every rank's phases in order, its collectives."""
+    trace = record["step_trace"]
+    assert 0 <= trace["step"] < record["steps"] and [r["rank"] for r in trace["ranks"]] == [0, 1]
+    for rank in trace["ranks"]:
+        phases = [p for p, *_ in rank["phases"]]
+        assert phases[:3] == ["data", "forward", "backward"] and "sync" in phases
+        ends = [e for *_, e in rank["phases"]]
+        assert ends == sorted(ends) and 0 < rank["step_s"] == ends[-1] < record["epoch_time_s"]
+    return trace["ranks"]
 
 
 @pytest.mark.timeout(600)
 def test_ddp_times_its_buckets_and_mpi_exposes_everything(tmp_path, tiny_args, tiny_run, sync_run):
     run_train(tiny_args + ["--sync", "ddp", "--comm-timeline", "true", "--compression", "fp16"], launcher="mpirun", np=2)
-    check_epochs(tmp_path / "logs" / "run", hidden_possible=True)
+    ddp = tmp_path / "logs" / "run"
+    for record in check_epochs(ddp, hidden_possible=True):
+        for rank in check_trace(record):  # every rank times its own buckets, all inside backward's call
+            backward = steps.phase_span(rank, "backward")
+            assert rank["comm"] and all(what == "allreduce" and backward[0] <= s <= e <= backward[1] + 1e-3
+                                        for what, s, e in rank["comm"])
     # mpi-gather-scatter under mpirun: tests/test_sync_methods.py's run of it (conftest.sync_run)
     check_epochs(sync_run("mpi-gather-scatter").run, hidden_possible=False)
     off = tiny_run("horovodrun").run  # the same tiny run, --comm-timeline left at its default
-    assert "comm_hidden_s" not in read_metrics(off)[0]
+    assert "comm_hidden_s" not in read_metrics(off)[0] and "step_trace" not in read_metrics(off)[0]
     assert not (off / "timeline.json").exists()
+    # Side by side: the traced run's step drawn and tabled, the untraced one left out
+    assert report.main([str(ddp), str(off), "--out", str(tmp_path / "compare")]) == 0
+    text = (tmp_path / "compare" / "compare.md").read_text()
+    section = text[text.index("## One step, rank by rank"):text.index("## Figures")]
+    assert section.count("### ") == 1 and "compare_step_trace.png" in text

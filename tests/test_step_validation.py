@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import NEEDS_NETNS, ROOT
+from conftest import NEEDS_NETNS, ROOT, read_metrics
 from hvd_cifar import predict
 from hvd_cifar.analysis import scaling
 from hvd_cifar.analysis.summary import summarize
@@ -59,6 +59,14 @@ def test_np3_steps_predicted_from_np1_and_np2_beside_the_trained_ones(tmp_path):
     assert "| 1gbit | mpi-gather-scatter | plain | 3 |" in proc.stdout
     results = json.loads((tmp_path / "results" / "step_validation.json").read_text())
     assert [(job["round"], job["config"], job["ok"]) for job in results["rounds"]] == [
-        (1, f"1gbit {r['method']} plain np=3", True) for r in rows]
-    for r, job in zip(rows, results["rounds"]):
-        assert job["figures"] == {k: r[k] for k in ("step_s", "measured_step_s", "error_pct")}
+        (1, "1gbit horovod np=2 traced", True)] + [(1, f"1gbit {r['method']} plain np=3", True) for r in rows]
+    traced, *predicted = results["rounds"]
+    for r, job in zip(rows, predicted):
+        assert job["figures"] == {**{k: r[k] for k in ("step_s", "measured_step_s", "error_pct")},
+                                  "abs_error_pct": abs(r["error_pct"])}
+    # The traced run's figures: its metrics' hidden and exposed allreduce per step, its traced step's
+    record = [r for r in read_metrics(runs / "np2-horovod-timeline")][1:]
+    steps_run = sum(r["steps"] for r in record)
+    assert traced["figures"]["hidden_ms"] == pytest.approx(1e3 * sum(r["comm_hidden_s"] for r in record) / steps_run)
+    assert traced["figures"]["exposed_ms"] == pytest.approx(1e3 * sum(r["comm_exposed_s"] for r in record) / steps_run)
+    assert traced["figures"]["first_after_backward_began_ms"] >= 0  # no gradient is ready before backward

@@ -11,9 +11,11 @@ import textwrap
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from hvd_cifar.analysis.scaling import SCENARIO_KEYS
+from hvd_cifar.analysis.steps import last_trace
 from hvd_cifar.analysis.summary import MB, per_name, scaling_groups, setting, value
 from hvd_cifar.core.files import atomic_write
 from hvd_cifar.core.names import PHASES
@@ -172,14 +174,58 @@ RUN_PLOTS = (("acc_train_test.png", _plot_accuracy), ("loss.png", _plot_loss),
 
 
 def plot_run(run: Run, out: str) -> list[str]:
-    """The figures of one run (RUN_PLOTS); returns their paths."""
+    """The figures of one run (RUN_PLOTS, and one traced step when the run has one); returns their paths."""
     epochs = [r["epoch"] for r in run.metrics]
     paths = []
     for file_name, plot in RUN_PLOTS:
         fig, ax = plot(run, epochs)
         _epoch_axis(ax)
         paths.append(_save(fig, os.path.join(out, file_name)))
+    if last_trace(run):
+        paths.append(plot_steps([run], os.path.join(out, "step_trace.png")))
     return paths
+
+
+# ----------------------------------------------------------------------------- a traced step
+STEP_COLOURS = {"data": "#bbbbbb", "forward": "#4c72b0", "backward": "#55a868", "sync": "#c44e52",
+                "optimizer": "#8172b2", "negotiation": "#f2c57c", "allreduce": "#dd8452", "other": "#937860"}
+
+
+def _draw_step(ax, run: Run) -> None:
+    """One traced step of ``run``, a lane per rank for its phases and one under it for its
+    collectives, milliseconds from the rank's start of the step."""
+    epoch, trace = last_trace(run)
+    lanes = []
+    for rank in trace["ranks"]:
+        y = -float(len(lanes))  # two lanes a rank, top down
+        for phase, s, e in rank["phases"]:
+            ax.barh(y, 1e3 * (e - s), left=1e3 * s, height=0.8, color=STEP_COLOURS.get(phase, "k"))
+        for what, s, e in rank["comm"]:
+            ax.barh(y - 1, 1e3 * (e - s), left=1e3 * s, height=0.5 if what == "negotiation" else 0.8,
+                    color=STEP_COLOURS.get(what, "k"))
+        if not rank["comm"]:
+            ax.text(0, y - 1, " not recorded on this rank", va="center", fontsize=7, color="0.35")
+        lanes += [(y, f"rank {rank['rank']}"), (y - 1, "collectives")]
+    ax.set_yticks([y for y, _ in lanes], [label for _, label in lanes], fontsize=8)
+    ax.set_title(f"{run.name}: epoch {epoch}, step {trace['step']}", fontsize=9)
+    ax.grid(alpha=0.3, axis="x")
+
+
+def plot_steps(runs: list[Run], path: str) -> str:
+    """One traced step per run (``comm_timeline: true``), the runs one above the other on one
+    time axis: where each rank computed, communicated and waited."""
+    traced = [run for run in runs if last_trace(run)]
+    fig = Figure(figsize=(9.0, 1.2 + 1.0 * sum(len(last_trace(r)[1]["ranks"]) for r in traced)), dpi=110,
+                 layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(traced), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, run in zip(axes, traced):
+        _draw_step(ax, run)
+    axes[-1].set_xlabel("ms from the rank's start of the step (its own clock)")
+    fig.legend(handles=[Patch(color=c, label=k) for k, c in STEP_COLOURS.items()], loc="outside lower center",
+               ncol=len(STEP_COLOURS), fontsize=7)
+    fig.suptitle("One step, rank by rank (the median of a few in the epoch's middle)", fontsize=10)
+    return _save(fig, path)
 
 
 # ----------------------------------------------------------------------------- several runs
@@ -208,6 +254,8 @@ def plot_compare(runs: list[Run], rows: list[dict], out: str) -> list[str]:
     _epoch_axis(ax)
     ax.legend(fontsize=8)
     paths.append(_save(fig, os.path.join(out, "compare_epoch_time.png")))
+    if any(last_trace(run) for run in runs):  # e.g. Horovod's step above DDP's
+        paths.append(plot_steps(runs, os.path.join(out, "compare_step_trace.png")))
     return paths
 
 

@@ -28,6 +28,16 @@ def target_speedup_cell(row: dict) -> str:
     return fmt_number(v, ".2f") if not math.isnan(v) else row.get("target_speedup_note") or "-"
 
 
+# One traced step per rank (hvd_cifar.analysis.steps.rank_row), ms from the rank's start of the step.
+STEP_COLUMNS = [
+    Column("rank", "rank", numeric=True), num("step (ms)", "step_ms", ".1f"), Column("backward (ms)", "backward_ms"),
+    num("sync wait (ms)", "sync_ms", ".1f"), num("allreduces", "allreduces", ".0f"),
+    num("first began, after backward began (ms)", "first_after_backward_began_ms", "+.1f"),
+    num("last ended, after backward ended (ms)", "last_after_backward_ended_ms", "+.1f"),
+    num("allreduce inside backward (ms)", "hidden_ms", ".1f"), num("allreduce after it (ms)", "after_backward_ms", ".1f"),
+    num("negotiation (ms)", "negotiation_ms", ".1f"),
+]
+
 ASYNC_PS_COLUMNS = [
     Column("epoch", "epoch"),
     num("staleness, mean (updates)", "staleness_mean", ".2f"),

@@ -41,7 +41,7 @@ def scalars(record: dict) -> dict[str, float]:
     """{tag: value} for every number in a metrics record (see the module doc); ``epoch`` is the step."""
     out = {}
     for key, v in record.items():
-        if key == "epoch":
+        if key in ("epoch", "step_trace"):  # the step; one step's spans, drawn by the report
             continue
         parts = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else [(None, v)]
         for sub, x in parts:

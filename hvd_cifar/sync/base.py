@@ -144,6 +144,13 @@ class SyncMethod:
     def allgather_object(self, obj: Any) -> list:
         raise NotImplementedError
 
+    def comm_spans(self) -> list[tuple[str, float, float]]:
+        """With ``comm_timeline: true``: this epoch's collectives on this rank, as far as the
+        method records them, as (what, start, end) in time.perf_counter() seconds; what is
+        "allreduce", or "negotiation" (ranks agreeing on what to reduce next). Empty where it
+        records none (trainer.steptrace draws the step without them)."""
+        return []
+
     # --- training state, and elastic membership ---------------------------------------
     elastic = False
 

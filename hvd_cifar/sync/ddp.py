@@ -145,6 +145,9 @@ class DdpSync(SyncMethod):
             result.extra.update(overlap.hidden_and_exposed(self.comm, self.waits))
         return result
 
+    def comm_spans(self):
+        return [("allreduce", ready, done) for ready, done in self.comm]  # each bucket, from its readiness
+
     def accumulate(self, model, sync_now):
         # no_sync(): backward only accumulates into .grad; the update's last backward
         # allreduces the accumulated sum, so k micro-batches cost one synchronisation.

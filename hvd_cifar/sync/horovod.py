@@ -192,6 +192,13 @@ class HorovodSync(SyncMethod):
     def collective(self):
         return HorovodCollective()
 
+    def comm_spans(self):
+        # Horovod's timeline is rank 0's alone (its coordinator writes it), on the wall clock.
+        if self.rank != 0 or not self.timeline:
+            return []
+        offset = time.time() - time.perf_counter()
+        return [(what, s - offset, e - offset) for what, s, e in self.timeline.operations]
+
     def run_epoch(self, ctx, train):
         """With ``comm_timeline: true``: record Horovod's timeline (rank 0 writes RUN/timeline.json,
         cycles marked) and split the epoch's allreduce time into what ran while synchronize()
@@ -300,6 +307,7 @@ class Timeline:
 
     def __init__(self):
         self.path: str | None = None  # once recording started
+        self.operations: list[tuple[str, float, float]] = []  # the last epoch's (overlap.fused_operations)
 
     def start(self, run_dir: str) -> None:
         """Record into the run folder: timeline.json, or, when a resumed run finds one (Horovod
@@ -317,6 +325,7 @@ class Timeline:
         while overlap.last_event_s(self.path) < window[1] and time.time() < deadline:
             time.sleep(0.05)
         comm = overlap.clip(overlap.collective_intervals(self.path), window)
+        self.operations = [op for op in overlap.fused_operations(self.path) if op[2] > window[0] and op[1] < window[1]]
         return overlap.hidden_and_exposed(comm, waits)
 
 

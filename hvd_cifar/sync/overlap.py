@@ -18,51 +18,18 @@ import argparse
 import json
 import sys
 
-Interval = tuple[float, float]
+from hvd_cifar.core.intervals import Interval, clip, inside, length, union  # noqa: F401 (clip: the methods')
 
 # Horovod's top-level activity while a tensor's collective runs (after its negotiation):
 # the fusion-buffer copies and the transport's own call are nested inside it.
 COLLECTIVES = ("ALLREDUCE",)
-
-
-def union(intervals: list[Interval]) -> list[Interval]:
-    """The same time covered once: sorted, overlapping or touching intervals merged."""
-    merged: list[list[float]] = []
-    for start, end in sorted(i for i in intervals if i[1] > i[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged]
-
-
-def length(intervals: list[Interval]) -> float:
-    return sum(e - s for s, e in union(intervals))
-
-
-def inside(intervals: list[Interval], windows: list[Interval]) -> float:
-    """Time covered by ``intervals`` that lies within ``windows`` (both merged first)."""
-    a, b = union(intervals), union(windows)
-    total, j = 0.0, 0
-    for start, end in a:
-        while j < len(b) and b[j][1] <= start:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < end:
-            total += min(end, b[k][1]) - max(start, b[k][0])
-            k += 1
-    return total
+OWN_PREFIX = "hvd_cifar."  # hvd_cifar names its own collectives so (sync/horovod.py); gradients are Horovod's
 
 
 def hidden_and_exposed(comm: list[Interval], waits: list[Interval]) -> dict:
     """The metrics.jsonl figures from communication intervals and the step's waits."""
     exposed = inside(comm, waits)
     return {"comm_hidden_s": length(comm) - exposed, "comm_exposed_s": exposed}
-
-
-def clip(intervals: list[Interval], window: Interval) -> list[Interval]:
-    lo, hi = window
-    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
 
 
 # ----------------------------------------------------------------------------- Horovod's timeline
@@ -79,11 +46,20 @@ def read_events(path: str) -> tuple[float, list[dict]]:
     return start_us / 1e6, events
 
 
-def collective_intervals(path: str) -> list[Interval]:
-    """When each tensor's collective ran (seconds since the Unix epoch): the top-level
-    ALLREDUCE spans of every tensor (a ``pid`` in the file), negotiation left out (that is
-    waiting for the other ranks, not moving bytes)."""
-    start, events = read_events(path)
+def tensor_names(events: list[dict]) -> dict[int, str]:
+    """The tensor each ``pid`` of the file stands for (its process_name record)."""
+    return {e["pid"]: e["args"]["name"] for e in events
+            if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in e.get("args", {})}
+
+
+def top_level_spans(path: str) -> list[tuple[int, str, float, float]]:
+    """Every tensor's top-level activities in the order they ended: (its ``pid`` in the file,
+    activity, start, end), seconds since the Unix epoch; what is nested inside one (the fusion
+    buffer's copies, the transport's call) is part of it."""
+    return _spans(*read_events(path))
+
+
+def _spans(start: float, events: list[dict]) -> list[tuple[int, str, float, float]]:
     open_spans: dict[int, list[tuple[str, float]]] = {}
     out = []
     for e in events:
@@ -91,9 +67,44 @@ def collective_intervals(path: str) -> list[Interval]:
             open_spans.setdefault(e["pid"], []).append((e.get("name", ""), e["ts"]))
         elif e.get("ph") == "E" and open_spans.get(e["pid"]):
             name, began = open_spans[e["pid"]].pop()
-            if not open_spans[e["pid"]] and name in COLLECTIVES:
-                out.append((start + began / 1e6, start + e["ts"] / 1e6))
+            if not open_spans[e["pid"]]:
+                out.append((e["pid"], name, start + began / 1e6, start + e["ts"] / 1e6))
     return out
+
+
+def collective_intervals(path: str) -> list[Interval]:
+    """When each tensor's collective ran (seconds since the Unix epoch): the top-level
+    ALLREDUCE spans of every tensor, negotiation left out (that is waiting for the other
+    ranks, not moving bytes)."""
+    return [(s, e) for _, name, s, e in top_level_spans(path) if name in COLLECTIVES]
+
+
+def fused_operations(path: str) -> list[tuple[str, float, float]]:
+    """Each collective Horovod ran, the tensors fused into it counted once, and before it the
+    negotiation of its tensors (from the first rank's request for any of them to the last one
+    agreed on): (what, start, end), seconds since the Unix epoch, in the order they began; what is
+    "negotiation", "allreduce" (gradients) or "other" (hvd_cifar's own small collectives: the
+    stop vote, the epoch's sums). Horovod's background thread runs one collective at a time and
+    stamps each tensor of it apart, microseconds from each other: spans that overlap are one."""
+    start, events = read_events(path)
+    names = tensor_names(events)
+    negotiated: dict[int, Interval] = {}   # a tensor's latest negotiation
+    tensors = []                           # (its collective's span, its negotiation, gradient or not)
+    for pid, name, s, e in _spans(start, events):
+        if name.startswith("NEGOTIATE_"):
+            negotiated[pid] = (s, e)
+        elif name in COLLECTIVES:
+            tensors.append(((s, e), negotiated.pop(pid, (s, s)), not names.get(pid, "").startswith(OWN_PREFIX)))
+    groups: list[list] = []                # [start, end, negotiation start, negotiation end, any gradient]
+    for (s, e), (ns, ne), gradient in sorted(tensors):
+        if groups and s < groups[-1][1]:
+            g = groups[-1]
+            g[1], g[2], g[3], g[4] = max(g[1], e), min(g[2], ns), max(g[3], ne), g[4] or gradient
+        else:
+            groups.append([s, e, ns, ne, gradient])
+    out = [op for s, e, ns, ne, gradient in groups
+           for op in (("negotiation", ns, ne), ("allreduce" if gradient else "other", s, e))]
+    return sorted(out, key=lambda op: op[1])
 
 
 def last_event_s(path: str) -> float:

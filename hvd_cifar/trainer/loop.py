@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from hvd_cifar.core import stops
 from hvd_cifar.core.names import PHASES
 from hvd_cifar.sync.base import SyncMethod
-from hvd_cifar.trainer import preemption, resources
+from hvd_cifar.trainer import preemption, resources, steptrace
 from hvd_cifar.workload import data
 from hvd_cifar.workload.epoch import EpochResult, batch_sums, no_sums, progress_bar, top_k_correct, zero_sums
 from hvd_cifar.workload.optim import set_lr
@@ -29,17 +29,20 @@ class PhaseTimer:
     """Adds the time since the last lap to a phase. On a GPU it first waits for the queued
     kernels, so that a phase's time is its own and not the next one's."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, window: steptrace.StepWindow | None = None):
         self.cuda = device.type == "cuda"
         self.totals = dict.fromkeys(PHASES, 0.0)
         self.last = self.step_began = time.perf_counter()
         self.step_times: list[float] = []  # each step's wall time, its bookkeeping included
+        self.window = window  # comm_timeline: true: the phases of a few steps, each on its own
 
     def lap(self, phase: str) -> None:
         if self.cuda:
             torch.cuda.synchronize()
         now = time.perf_counter()
         self.totals[phase] += now - self.last
+        if self.window is not None:
+            self.window.mark(phase, self.last, now)
         self.last = now
 
     def restart(self) -> None:
@@ -49,6 +52,8 @@ class PhaseTimer:
     def end_step(self) -> None:
         """A step ended: keep its wall time, and start the next step's."""
         self.step_times.append(time.perf_counter() - self.step_began)
+        if self.window is not None:
+            self.window.end_step()
         self.restart()
 
 
@@ -189,7 +194,8 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
     steps = first + loader.steps_left(start, first)
     groups = UpdateGroups(cfg.accumulation_steps, steps)
     sums = zero_sums(setup.device)
-    timer, syncs = PhaseTimer(setup.device), first // cfg.accumulation_steps  # a pass begins at an update boundary
+    window = steptrace.StepWindow(first, steps) if cfg.comm_timeline else None
+    timer, syncs = PhaseTimer(setup.device, window), first // cfg.accumulation_steps  # a pass begins at an update boundary
     bar = progress_bar(steps, first, f"epoch {epoch + 1}/{cfg.epochs}", run.is_main and cfg.progress)
     batches = loader.epoch(epoch, start, first)
     began, cpu_began = time.perf_counter(), resources.process_cpu_s()
@@ -227,7 +233,7 @@ def train_one_epoch(run, state, epoch: int) -> EpochResult:
     bar.close()
     return EpochResult(sums, timer.totals, steps, first, syncs, time.perf_counter() - began,
                        optimizer.param_groups[0]["lr"], cpu_s=resources.process_cpu_s() - cpu_began,
-                       step_times=timer.step_times)
+                       step_times=timer.step_times, window=window)
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from hvd_cifar.core.names import PER_IMAGE_FIELD, PHASES
-from hvd_cifar.trainer import resources
+from hvd_cifar.trainer import resources, steptrace
 
 
 @dataclass
@@ -29,7 +29,8 @@ class Measured:
 def reduce_epoch(sync, state, result, measured: Measured, cuda: bool):
     """The epoch's figures over all ranks, by the epoch end's collectives: one allgather (each
     host's NIC bytes and CPU), the sums' allreduce, and one allreduce of every rank's phase times
-    with its resource figures in its own slot. ``result``: this rank's epoch.EpochResult.
+    with its resource figures in its own slot; with comm_timeline: true one more allgather, of
+    the steps each rank traced (trainer.steptrace). ``result``: this rank's epoch.EpochResult.
     Returns (the epoch's SUMS, images of this pass, the metrics line's measured figures)."""
     host = (socket.gethostname(), measured.interface, *measured.nic_bytes, measured.host_cpu_percent)
     per_host = [entry for entry in sync.allgather_object(host if measured.host_cpu_percent is not None else None)
@@ -44,7 +45,9 @@ def reduce_epoch(sync, state, result, measured: Measured, cuda: bool):
     summed = sync.allreduce_sum(own)
     phase_times = summed[:len(PHASES)] / sync.workers
     per_image = summed[-sync.size:].tolist()
+    trace = steptrace.gather(sync, result.window, sync.comm_spans()) if result.window is not None else None
     return state.epoch_sums(reduced), reduced[2].item(), {
+        **({"step_trace": trace} if trace else {}),
         **{f"{phase}_time_s": phase_times[j].item() for j, phase in enumerate(PHASES)},
         "nic_interface": {h: iface for h, iface, *_ in nic},
         "nic_rx_bytes": {h: rx for h, _, rx, _, _ in nic},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -56,6 +56,7 @@ class EpochResult:
     extra: dict = field(default_factory=dict)
     cpu_s: float = 0.0                 # this process's CPU seconds in the pass (resources.process_cpu_s)
     step_times: list = field(default_factory=list)  # this rank's wall time of each step of the pass
+    window: Any = None                 # comm_timeline: true: the phases of a few steps (trainer.steptrace.StepWindow)
 
 
 @dataclass(frozen=True)
