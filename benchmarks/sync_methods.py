@@ -181,8 +181,8 @@ def run_local(method: str, name: str, args, np: int) -> str:
     """One training job of ``np`` ranks on this machine; its run folder. Raises RuntimeError naming
     the log if it fails. One rank runs as one process, no launcher, as a user runs it."""
     runs = os.path.join(args.out, "runs")
-    env = dict(commands.job_env(), HOROVOD_CPU_OPERATIONS="mpi") if method == MPI_OPS else None
-    method = "horovod" if method == MPI_OPS else method
+    method, extra = cluster_variants(args).get(method, (method, {}))  # a label of both passes: its method, its env
+    env = dict(commands.job_env(), **extra) if extra else None
     flags = train_flags(method, name, runs, args.model, args.epochs, args.steps, args.batch_size, args)
     if np > 1 and args.hostfile:
         cmd = [*commands.script(args.launcher, np, args.hostfile), *flags]
@@ -193,7 +193,8 @@ def run_local(method: str, name: str, args, np: int) -> str:
 
 
 def cluster_variants(args) -> dict[str, tuple[str, dict]]:
-    """Row label -> (sync method, environment for every rank) for the cluster pass."""
+    """Row label -> (sync method, environment for every rank), for the cluster pass and (the
+    labels it runs too) the local one."""
     variants = {m: (m, {}) for m in args.methods}
     if args.mpi_operations:
         variants[MPI_OPS] = ("horovod", {"HOROVOD_CPU_OPERATIONS": "mpi"})
@@ -287,17 +288,15 @@ def run_local_pass(args, results: Results) -> None:
                     (lambda: local_figures(run_local(method, name, args, np)))
                 results.measure(k, f"{method} np={np}", measure)
     for np in args.np:
-        derive_ratios(results, args.methods, np)
-        if np > 1 and args.mpi_operations:
-            results.derive(f"{MPI_OPS} vs horovod np={np}", "of_method",
-                           lambda r, np=np: r[f"{MPI_OPS} np={np}"]["images_per_s"] / r[f"horovod np={np}"]["images_per_s"])
+        derive_ratios(results, args.methods, np, mpi_operations=np > 1 and args.mpi_operations)
 
 
-def derive_ratios(results: Results, methods, np: int, suffix: str = "") -> None:
+def derive_ratios(results: Results, methods, np: int, suffix: str = "", mpi_operations: bool = False) -> None:
     """Per round: Horovod's img/s over each other method's, paired within the round; over the
     best other method, the one with the highest median img/s over all rounds (not each round's
     fastest: the maximum of noisy figures is high, which biases the ratio low); its CPU per image
-    over DDP's and, at np=1, its img/s over the plain loop's."""
+    over DDP's; at np=1, its img/s over the plain loop's; with ``mpi_operations``, Horovod's with
+    Open MPI's allreduce over Horovod's as hvd_cifar runs it."""
     def key(method):
         return f"{method} np={np}{suffix}"
 
@@ -319,6 +318,9 @@ def derive_ratios(results: Results, methods, np: int, suffix: str = "") -> None:
     if np == 1 and not suffix and f"{PLAIN} np=1" in {r["config"] for r in results.data["rounds"]}:
         results.derive("horovod / plain loop np=1", "of_plain",
                        lambda r: rate(r, "horovod") / r[f"{PLAIN} np=1"]["images_per_s"])
+    if mpi_operations:
+        results.derive(f"{MPI_OPS} vs horovod np={np}{suffix}", "of_method",
+                       lambda r: rate(r, MPI_OPS) / rate(r, "horovod"))
 
 
 def rounds_of(results: Results) -> list[int]:
@@ -340,11 +342,7 @@ def run_cluster_pass(cluster: NetCluster, args, results: Results) -> None:
                                                       "images_per_s", "cpu_s_per_image", "comm_bytes_per_step")},
                         "nic_tx_bytes_per_step": sum(tx.values()) / len(tx)}
             results.measure(k, f"{label} np={args.cluster}{suffix}", measure)
-    derive_ratios(results, args.methods, args.cluster, suffix)
-    if args.mpi_operations:
-        results.derive(f"{MPI_OPS} vs horovod np={args.cluster}{suffix}", "of_method",
-                       lambda r: r[f"{MPI_OPS} np={args.cluster}{suffix}"]["images_per_s"]
-                       / r[f"horovod np={args.cluster}{suffix}"]["images_per_s"])
+    derive_ratios(results, args.methods, args.cluster, suffix, mpi_operations=args.mpi_operations)
     results.sample_noise = True
 
 

@@ -65,6 +65,20 @@ def test_per_round_best_and_paired_estimators_disagree_on_a_constructed_file(tmp
     assert stats.interval_of(derived["horovod vs mpi-gather-scatter np=2"]).centre == pytest.approx(100 / 60)
 
 
+def test_horovod_with_open_mpis_allreduce_is_paired_with_horovod_on_both_passes(tmp_path):
+    sync_methods = load_script("sync_methods")
+    results = Results("sync_methods", argparse.Namespace(results=str(tmp_path), tag="t"), sync_methods.FIGURES)
+    for k, (hvd, mpi_ops) in enumerate([(100, 80), (120, 90), (90, 72)], 1):
+        for label, rate in (("horovod", hvd), ("ddp", 95), (sync_methods.MPI_OPS, mpi_ops)):
+            results.add(k, f"{label} np=2 cluster 1gbit", {"images_per_s": rate, "cpu_s_per_image": 1 / rate})
+    sync_methods.derive_ratios(results, ["horovod", "ddp"], 2, " cluster 1gbit", mpi_operations=True)
+    ratios = [r["figures"]["of_method"] for r in results.data["rounds"]
+              if r["config"] == f"{sync_methods.MPI_OPS} vs horovod np=2 cluster 1gbit"]
+    assert ratios == pytest.approx([0.8, 0.75, 0.8])  # each round's own pair
+    args = argparse.Namespace(methods=["horovod", "ddp"], mpi_operations=True, cluster_cycle_time_ms=0)
+    assert sync_methods.cluster_variants(args)[sync_methods.MPI_OPS] == ("horovod", {"HOROVOD_CPU_OPERATIONS": "mpi"})
+
+
 def test_best_other_is_chosen_by_medians_over_all_rounds():
     rounds = [{"me": 1, "a": 10, "b": 1}, {"me": 1, "a": 1, "b": 5}, {"me": 1, "a": 1, "b": 5}]
     assert stats.best_other(rounds, "me") == "b"  # a won one round by far; b has the higher median

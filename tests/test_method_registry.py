@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
-import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT
+from conftest import ROOT
 from hvd_cifar.analysis import scaling
-from hvd_cifar.launch import commands
+from package_copy import package_copy as copied, registry_seen, run
 
 # Its allreduce is a Reduce to rank 0 and a Bcast back, in toy_chunks pieces: neither the ring
 # of mpi-allreduce nor the point-to-point messages of gather/scatter.
@@ -66,25 +63,12 @@ SMALL = ["--min-bytes", "4096", "--max-bytes", "200000", "--sizes", "3", "--iter
 
 def package_copy(root, entry: str):
     """The package copied under ``root``, with the toy method's file and ``entry`` appended to METHODS."""
-    shutil.copytree(ROOT / "hvd_cifar", root / "hvd_cifar", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "hvd_cifar" / "sync" / "toy.py").write_text(TOY)
-    registry = root / "hvd_cifar" / "core" / "methods.py"
-    text = registry.read_text()
-    end = text.index("\n}\n", text.index("METHODS: dict[str, Method] = {"))
-    registry.write_text(text[:end + 1] + entry + text[end + 1:])
-    return root
+    return copied(root, "sync/toy.py", TOY, "core/methods.py", "METHODS: dict[str, Method]", entry)
 
 
 @pytest.fixture(scope="module")
 def copy(tmp_path_factory):
     return package_copy(tmp_path_factory.mktemp("pkg"), ENTRY)
-
-
-def run(copy, argv: list[str], np: int = 1, launcher: str = "single") -> subprocess.CompletedProcess:
-    """``argv`` (a module and its arguments) from the copy: its folder first on the path."""
-    env = dict(os.environ, PYTHONPATH=str(copy), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    program = commands.argv(launcher, np, [PYTHON, "-m", *argv[:1]]) + argv[1:]
-    return subprocess.run(program, cwd=copy, env=env, text=True, capture_output=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +85,8 @@ def trained(copy):
 
 
 def test_the_copy_is_what_runs(copy):
-    out = subprocess.run([PYTHON, "-c", "import hvd_cifar.core.methods as m; print(m.__file__, list(m.METHODS))"],
-                         cwd=copy, env=dict(os.environ, PYTHONPATH=str(copy)), text=True, capture_output=True)
-    assert out.stdout.startswith(str(copy)) and "'toy'" in out.stdout, (out.stdout, out.stderr)
+    seen = registry_seen(copy, "hvd_cifar.core.methods", "METHODS")
+    assert seen.startswith(str(copy)) and "'toy'" in seen, seen
 
 
 def test_the_config_and_the_help_take_its_key(copy):

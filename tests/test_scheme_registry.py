@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
-import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT
+from conftest import ROOT
 from hvd_cifar.core.wire import ring_allreduce_bytes
-from hvd_cifar.launch import commands
+from package_copy import package_copy, registry_seen, run
 
 TOY = '''"""toy: every gradient averaged whole, then rounded to toy_decimals decimals (a test's scheme)."""
 import torch
@@ -62,27 +59,13 @@ TINY_PARAMS = 94_986  # the small CNN's parameters (10 classes), every one train
 @pytest.fixture(scope="module")
 def copy(tmp_path_factory):
     """The package copied, with the toy scheme's file and its one registry entry added."""
-    root = tmp_path_factory.mktemp("pkg")
-    shutil.copytree(ROOT / "hvd_cifar", root / "hvd_cifar", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "hvd_cifar" / "compress" / "toy.py").write_text(TOY)
-    registry = root / "hvd_cifar" / "core" / "schemes.py"
-    text = registry.read_text()
-    end = text.index("\n}\n", text.index("SCHEMES: dict[str, Spec] = {"))
-    registry.write_text(text[:end + 1] + ENTRY + text[end + 1:])
-    return root
-
-
-def run(copy, argv: list[str], np: int = 1, launcher: str = "single") -> subprocess.CompletedProcess:
-    """``argv`` (a module and its arguments) from the copy: its folder first on the path."""
-    env = dict(os.environ, PYTHONPATH=str(copy), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    program = commands.argv(launcher, np, [PYTHON, "-m", *argv[:1]]) + argv[1:]
-    return subprocess.run(program, cwd=copy, env=env, text=True, capture_output=True, timeout=300)
+    return package_copy(tmp_path_factory.mktemp("pkg"), "compress/toy.py", TOY, "core/schemes.py",
+                        "SCHEMES: dict[str, Spec]", ENTRY)
 
 
 def test_the_copy_is_what_runs(copy):
-    out = subprocess.run([PYTHON, "-c", "import hvd_cifar.core.schemes as r; print(r.__file__, list(r.SCHEMES))"],
-                         cwd=copy, env=dict(os.environ, PYTHONPATH=str(copy)), text=True, capture_output=True)
-    assert out.stdout.startswith(str(copy)) and "'toy'" in out.stdout, (out.stdout, out.stderr)
+    seen = registry_seen(copy, "hvd_cifar.core.schemes", "SCHEMES")
+    assert seen.startswith(str(copy)) and "'toy'" in seen, seen
 
 
 def test_the_config_and_the_help_take_its_key(copy):
