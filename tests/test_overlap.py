@@ -54,7 +54,7 @@ def test_fused_tensors_are_one_collective_after_their_negotiation(tmp_path):
              (1, "NEGOTIATE_ALLREDUCE", 2000, 2100), (1, "ALLREDUCE", 2200, 2300)]
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": start_us}}]
     events += [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
-               for pid, name in ((1, "allreduce.conv1.weight"), (2, "allreduce.conv1.bias"), (3, "hvd_cifar.stop_vote"))]
+               for pid, name in ((1, "allreduce.conv1.weight"), (2, "allreduce.conv1.bias"), (3, "allreduce.hvd_cifar.stop_vote"))]
     for pid, name, b, e in spans:
         events += [{"ph": "B", "name": name, "ts": b, "pid": pid}, {"ph": "E", "ts": e, "pid": pid}]
     events.sort(key=lambda e: e.get("ts", -1))
@@ -135,6 +135,7 @@ def test_horovod_records_its_timeline_and_splits_allreduce_time(tmp_path, tiny_a
         # One step of each epoch, rank by rank: both ranks' phases, rank 0's collectives (its timeline's)
         r0, r1 = check_trace(record)
         assert {"negotiation", "allreduce"} <= {what for what, *_ in r0["comm"]} and r1["comm"] == []
+        assert steps.rank_row(r0)["first_after_backward_began_ms"] >= 0  # no gradient is ready before backward
     assert report.main([str(run_dir)]) == 0
     text = (run_dir / "report" / "report.md").read_text()
     assert "## One step, rank by rank" in text and (run_dir / "report" / "step_trace.png").stat().st_size > 0

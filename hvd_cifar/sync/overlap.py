@@ -23,7 +23,14 @@ from hvd_cifar.core.intervals import Interval, clip, inside, length, union  # no
 # Horovod's top-level activity while a tensor's collective runs (after its negotiation):
 # the fusion-buffer copies and the transport's own call are nested inside it.
 COLLECTIVES = ("ALLREDUCE",)
-OWN_PREFIX = "hvd_cifar."  # hvd_cifar names its own collectives so (sync/horovod.py); gradients are Horovod's
+# hvd_cifar names its own collectives "hvd_cifar.*" (sync/horovod.py); Horovod's timeline puts the
+# operation before the name ("allreduce.hvd_cifar.stop_vote", "allreduce.features.0.weight").
+OWN_PREFIX = "hvd_cifar."
+
+
+def is_own(tensor: str) -> bool:
+    """Whether a timeline's tensor is one of hvd_cifar's own collectives, not a gradient."""
+    return tensor.partition(".")[2].startswith(OWN_PREFIX)
 
 
 def hidden_and_exposed(comm: list[Interval], waits: list[Interval]) -> dict:
@@ -94,7 +101,7 @@ def fused_operations(path: str) -> list[tuple[str, float, float]]:
         if name.startswith("NEGOTIATE_"):
             negotiated[pid] = (s, e)
         elif name in COLLECTIVES:
-            tensors.append(((s, e), negotiated.pop(pid, (s, s)), not names.get(pid, "").startswith(OWN_PREFIX)))
+            tensors.append(((s, e), negotiated.pop(pid, (s, s)), not is_own(names.get(pid, ""))))
     groups: list[list] = []                # [start, end, negotiation start, negotiation end, any gradient]
     for (s, e), (ns, ne), gradient in sorted(tensors):
         if groups and s < groups[-1][1]:
