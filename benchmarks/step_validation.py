@@ -8,7 +8,8 @@ method and option; and where each traced step waited.
 
 As root (network namespaces). Per rate, on one testbed.netcluster cluster of max(--nps, 2) hosts
 (one rank per host, one thread per rank, mpirun): the probe at np = 2 (α, β per transport) and an
-np = 1 training run (the compute); then --repeats rounds, each of: an np = 2 run with comm_timeline
+np = 1 training run (the compute, made while the other hosts with a core to themselves run the
+same training as load: the hosts share this machine, and at np = 2 every core computes); then --repeats rounds, each of: an np = 2 run with comm_timeline
 per --traced method (Horovod's gives the hidden fraction), every --sync plain, with fp16 and with
 4 accumulation steps at each --nps trained, and ``hvd_cifar.predict`` (``--shared-cores`` this
 machine's cores: the hosts are namespaces of one machine) predicting each of those from the
@@ -28,6 +29,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -73,13 +76,38 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def train_flags(name: str, sync: str, extra: list[str], args, runs: str, epochs: int = 0) -> list[str]:
+    return ["--model", args.model, "--dataset", args.dataset, "--epochs", str(epochs or args.epochs),
+            "--max-steps-per-epoch", str(args.steps), "--batch-size", str(args.batch_size), "--sync", sync,
+            "--log-dir", runs, "--run-name", name, *jobs.CLUSTER_TRAIN_FLAGS, *extra]
+
+
 def train(cluster, np: int, name: str, sync: str, extra: list[str], args, runs: str) -> str:
     """One training job across the first ``np`` hosts under mpirun; its run folder."""
-    flags = ["--model", args.model, "--dataset", args.dataset, "--epochs", str(args.epochs),
-             "--max-steps-per-epoch", str(args.steps), "--batch-size", str(args.batch_size), "--sync", sync,
-             "--log-dir", runs, "--run-name", name, *jobs.CLUSTER_TRAIN_FLAGS, *extra]
+    flags = train_flags(name, sync, extra, args, runs)
     jobs.run(name, lambda: cluster.run_mpirun(np, flags, timeout=args.timeout), log=os.path.join(runs, f"{name}.log"))
     return os.path.join(runs, name)
+
+
+def train_alongside(cluster, name: str, args, runs: str) -> str:
+    """The np=1 run that gives the compute, on host 0, while every other host that has a core of
+    this machine to itself runs the same training as load (longer, stopped once the run is
+    done): the hosts are namespaces of one machine, so at np = 2 a rank computes with every
+    core busy (memory and caches shared), as it would not alone. Its run folder."""
+    from testbed.netcluster import launch
+    loads = []
+    for host in range(1, min(os.cpu_count() or 1, len(cluster.namespaces))):
+        flags = train_flags(f"{name}-load{host}", "horovod", [], args, os.path.join(runs, "load"), epochs=args.epochs + 3)
+        log = open(os.path.join(runs, f"{name}-load{host}.log"), "w")
+        loads.append((cluster.popen(host, launch.train_argv(cluster, flags), stdout=log, stderr=subprocess.STDOUT), log))
+    try:
+        return train(cluster, 1, name, "horovod", [], args, runs)
+    finally:
+        for p, log in loads:  # its own session: the load's process group, by its id
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            log.close()
 
 
 def traced_row(rate: str, sync: str, run_dir: str) -> dict:
@@ -128,7 +156,7 @@ def validate_rate(rate: str, args) -> list[dict]:
     with NetCluster(max(*args.nps, 2), rate=None if rate == "none" else rate) as cluster:
         # the probe's message sizes as benchmarks/network_validation.py uses them by default
         jobs.probe(cluster, 2, probe_path, iters=args.probe_iters, timeout=args.timeout, max_bytes=args.probe_max_bytes)
-        single = train(cluster, 1, "np1", "horovod", [], args, runs)
+        single = train_alongside(cluster, "np1", args, runs)
         for k in range(1, args.repeats + 1):
             tag = f"-r{k}" if args.repeats > 1 else ""
             traced = {sync: train(cluster, 2, f"np2-{sync}-timeline{tag}", sync, ["--comm-timeline", "true"], args, runs)

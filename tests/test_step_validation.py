@@ -1,6 +1,6 @@
 """benchmarks/step_validation.py run small for real: on a 3-host namespace cluster at 1 Gbit/s,
-the probe at np=2, training at np=1 and 2, a prediction of np=3 for Horovod and gather/scatter,
-and those two trained. Each predicted step is recomputed here from the run folders and the probe
+the probe at np=2, training at np=1 (another host training alongside as load) and 2, a
+prediction of np=3 for Horovod and gather/scatter, and those two trained. Each predicted step is recomputed here from the run folders and the probe
 with hvd_cifar.predict's own pieces (the machine's cores shared by every rank), each measured
 step read back from its run folder."""
 from __future__ import annotations
@@ -38,6 +38,9 @@ def test_np3_steps_predicted_from_np1_and_np2_beside_the_trained_ones(tmp_path):
     single = scaling.measure(load_run(str(runs / "np1")))
     overlap = scaling.measure(load_run(str(runs / "np2-horovod-timeline")))
     assert single.world_size == 1 and single.threads_per_rank == 1 and overlap.world_size == 2
+    # the compute was measured with the machine's other core busy: the same training on host 1
+    load = read_metrics(runs / "load" / "np1-load1")
+    assert load and load[0]["world_size"] == 1
     assert overlap.hidden_fraction is not None            # the np=2 run recorded its timeline
     probe = predict.read_probe(str(tmp_path / "probe-1gbit-np2.json"))
     assert probe["world_size"] == 2
