@@ -12,6 +12,7 @@ import pytest
 from conftest import read_metrics, run_train
 from hvd_cifar import report
 from hvd_cifar.analysis import steps
+from hvd_cifar.core import intervals
 from hvd_cifar.sync import overlap
 from hvd_cifar.trainer import steptrace
 
@@ -21,7 +22,7 @@ def test_time_inside_the_waits_is_exposed_and_the_rest_hidden():
     assert overlap.inside([(0, 10)], [(2, 3), (5, 7), (9, 12)]) == 4
     assert overlap.hidden_and_exposed([(0, 4), (3, 6)], [(5, 10)]) == {"comm_hidden_s": 5, "comm_exposed_s": 1}
     assert overlap.hidden_and_exposed([(0, 2)], []) == {"comm_hidden_s": 2, "comm_exposed_s": 0}
-    assert overlap.clip([(0, 4), (5, 6), (9, 12)], (3, 10)) == [(3, 4), (5, 6), (9, 10)]
+    assert intervals.clip([(0, 4), (5, 6), (9, 12)], (3, 10)) == [(3, 4), (5, 6), (9, 10)]
 
 
 def test_a_timeline_is_read_up_to_its_last_whole_event(tmp_path):
@@ -66,6 +67,24 @@ def test_fused_tensors_are_one_collective_after_their_negotiation(tmp_path):
         ("other", t(960), t(1200)), ("negotiation", t(2000), t(2100)), ("allreduce", t(2200), t(2300))]
 
 
+def test_a_cached_tensor_has_no_negotiation(tmp_path):
+    # Horovod's response cache: a tensor it knows is allreduced without a negotiation record;
+    # the fused collective shows only the negotiations recorded, and one it lacks none at all.
+    start_us = 3_000_000_000_000_000
+    spans = [(1, "ALLREDUCE", 500, 900), (2, "NEGOTIATE_ALLREDUCE", 150, 400), (2, "ALLREDUCE", 502, 901),
+             (1, "ALLREDUCE", 2200, 2300)]
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": start_us}}]
+    for pid, name, b, e in spans:
+        events += [{"ph": "B", "name": name, "ts": b, "pid": pid}, {"ph": "E", "ts": e, "pid": pid}]
+    events.sort(key=lambda e: e.get("ts", -1))
+    path = tmp_path / "timeline.json"
+    path.write_text("[\n" + ",".join(json.dumps(e) for e in events) + "]")
+    t = lambda us: pytest.approx(start_us / 1e6 + us / 1e6, abs=1e-7)
+    ops = overlap.fused_operations(str(path))
+    assert ops == [("negotiation", t(150), t(400)), ("allreduce", t(500), t(901)), ("allreduce", t(2200), t(2300))]
+    assert all(e > s for _, s, e in ops)
+
+
 class Gathered:
     """allgather_object over two ranks: this rank's object and rank 1's, given."""
 
@@ -105,6 +124,29 @@ def test_the_median_step_of_the_window_is_kept_for_every_rank():
     assert row["hidden_ms"] == pytest.approx(160) and row["after_backward_ms"] == pytest.approx(140)
     assert row["first_after_backward_began_ms"] == pytest.approx(140)
     assert row["last_after_backward_ended_ms"] == pytest.approx(140) and row["sync_ms"] == pytest.approx(240)
+
+
+def test_under_accumulation_a_step_that_synced_is_traced():
+    # Accumulating 4 micro-batches: steps 3, 7, ... sync; the others (shorter) are no update.
+    window = steptrace.StepWindow(first=0, steps=24)
+    t = 0.0
+    for step in range(24):
+        window.mark("forward", t, t + 0.1)
+        window.mark("backward", t + 0.1, t + 0.3)
+        if step % 4 == 3:
+            window.mark("sync", t + 0.3, t + 0.5)
+            window.mark("optimizer", t + 0.5, t + 0.55)
+        window.end_step()
+        t += 0.6
+    trace = steptrace.gather(Gathered(({k: window.steps[k] for k in window.steps}, [])), window, [])
+    assert trace["step"] % 4 == 3 and [p for p, _, _ in trace["ranks"][0]["phases"]][-2:] == ["sync", "optimizer"]
+
+
+def test_every_bucket_is_counted_when_they_overlap():
+    rank = {"rank": 0, "step_s": 0.5, "phases": [["backward", 0.1, 0.4], ["sync", 0.4, 0.45]],
+            "comm": [["allreduce", 0.2, 0.35], ["allreduce", 0.3, 0.42], ["negotiation", 0.15, 0.2]]}
+    row = steps.rank_row(rank)
+    assert row["allreduces"] == 2 and row["hidden_ms"] == pytest.approx(200) and row["after_backward_ms"] == pytest.approx(20)
 
 
 def check_epochs(run_dir, hidden_possible: bool) -> list[dict]:

@@ -18,8 +18,8 @@ from hvd_cifar.launch import commands
 SMALL = ["--min-bytes", "4096", "--max-bytes", "200000", "--sizes", "3", "--iters", "2"]
 
 
-def probe(argv: list[str], out) -> dict:
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", OMP_NUM_THREADS="1")
+def probe(argv: list[str], out, **env_vars) -> dict:
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", OMP_NUM_THREADS="1", **env_vars)
     proc = subprocess.run([*argv, *SMALL, "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -48,6 +48,11 @@ def test_probe_under_mpi_and_under_gloo_times_every_transport_there(tmp_path):
     assert got["reduce_s_per_byte"] > 0 and got["cast_s_per_byte"] > 0
     # Horovod's negotiation cycle is its own term (5 ms, hvd_cifar.sync.horovod's setting), not latency
     assert got["transports"]["horovod-mpi"]["per_op_s"] == 0.005 and got["transports"]["mpi-allreduce"]["per_op_s"] == 0
+    # Under MPI's controller with Gloo's operations (what hvd_cifar picks across hosts), Horovod's
+    # timing is Gloo's, labelled so
+    ops = probe([str(ROOT / "launch" / "mpirun.sh"), "-np", "2", "--oversubscribe", "--probe"],
+                tmp_path / "mpi-gloo-ops.json", HOROVOD_CPU_OPERATIONS="gloo")
+    assert "horovod-gloo" in ops["transports"] and "horovod-mpi" not in ops["transports"]
     gloo = probe(commands.argv("horovodrun-gloo", 2, [PYTHON, "-m", "hvd_cifar.probe"]), tmp_path / "gloo.json")
     assert list(gloo["transports"]) == ["horovod-gloo", "torch-gloo"] and gloo["launcher"] == "horovodrun-gloo"
     for t in gloo["transports"].values():

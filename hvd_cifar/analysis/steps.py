@@ -5,7 +5,7 @@ the step waited for the rest.
 """
 from __future__ import annotations
 
-from hvd_cifar.core.intervals import inside, length, union
+from hvd_cifar.core.intervals import inside, length
 from hvd_cifar.runfolder.reader import Run
 
 
@@ -30,7 +30,7 @@ def rank_row(rank: dict) -> dict:
     negotiation = [(s, e) for what, s, e in rank["comm"] if what == "negotiation"]
     row = {"rank": rank["rank"], "step_ms": 1e3 * rank["step_s"],
            "sync_ms": 1e3 * sum(e - s for p, s, e in rank["phases"] if p == "sync"),
-           "allreduces": len(union(allreduce)) if allreduce else None}
+           "allreduces": len(allreduce) if allreduce else None}
     if backward:
         row["backward_ms"] = f"{1e3 * backward[0]:.0f}-{1e3 * backward[1]:.0f}"
     if backward and allreduce:

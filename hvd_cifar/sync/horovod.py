@@ -13,6 +13,7 @@ import horovod.torch as hvd
 from hvd_cifar import compress
 from hvd_cifar.core import launcher
 from hvd_cifar.core.errors import ConfigError
+from hvd_cifar.core.intervals import clip
 from hvd_cifar.sync import overlap
 from hvd_cifar.sync import openmpi
 from hvd_cifar.sync.base import SyncMethod
@@ -50,6 +51,11 @@ def prepare_environment(elastic: bool, timeline: bool = False) -> None:
         os.environ["HOROVOD_CACHE_CAPACITY"] = "0"
     if os.environ.get("HOROVOD_CONTROLLER", "").lower() != "gloo":
         use_gloo_operations()
+
+
+def gloo_operations() -> bool:
+    """Whether Horovod's collectives on CPU tensors run on Gloo (after hvd.init())."""
+    return not hvd.mpi_enabled() or os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo"
 
 
 def use_gloo_operations() -> None:
@@ -132,15 +138,18 @@ class HorovodSync(SyncMethod):
         self.optimizer = None
         self.timeline: Timeline | None = None  # comm_timeline: true
         self.waits: list[tuple[float, float]] = []  # this epoch's synchronize() calls, wall time
+        self.clock_offset = 0.0  # time.time() - time.perf_counter() at the epoch's start
 
     # Ranks and sizes can change under elastic training (hvd.init() again after a reset).
     rank = property(lambda self: hvd.rank())
     size = property(lambda self: hvd.size())
     local_rank = property(lambda self: hvd.local_rank())
     local_size = property(lambda self: hvd.local_size())
-    # Its registry entry's transports: over MPI, else over Gloo, as its launcher decided; one
-    # negotiation cycle (HOROVOD_CYCLE_TIME, ms; apply_tuning's default) before every collective.
-    transport_index = property(lambda self: 0 if hvd.mpi_enabled() else 1)
+    # Its registry entry's transports: "horovod-mpi", else "horovod-gloo" where Gloo's operations
+    # run (its Gloo controller, or under MPI's with HOROVOD_CPU_OPERATIONS=gloo, use_gloo_operations'
+    # choice across hosts); one negotiation cycle (HOROVOD_CYCLE_TIME, ms; apply_tuning's default)
+    # before every collective.
+    transport_index = property(lambda self: 1 if gloo_operations() else 0)
     collective_wait_s = property(lambda self: float(os.environ.get("HOROVOD_CYCLE_TIME", "5")) / 1000)
 
     def run_elastic(self, train):
@@ -196,8 +205,7 @@ class HorovodSync(SyncMethod):
         # Horovod's timeline is rank 0's alone (its coordinator writes it), on the wall clock.
         if self.rank != 0 or not self.timeline:
             return []
-        offset = time.time() - time.perf_counter()
-        return [(what, s - offset, e - offset) for what, s, e in self.timeline.operations]
+        return [(what, s - self.clock_offset, e - self.clock_offset) for what, s, e in self.timeline.operations]
 
     def run_epoch(self, ctx, train):
         """With ``comm_timeline: true``: record Horovod's timeline (rank 0 writes RUN/timeline.json,
@@ -207,6 +215,7 @@ class HorovodSync(SyncMethod):
         if self.rank == 0 and self.timeline and self.timeline.path is None:
             self.timeline.start(ctx.run_dir)
         self.waits, began = [], time.time()
+        self.clock_offset = began - time.perf_counter()  # the timeline's wall clock against the loop's
         result = train()
         if self.rank == 0 and self.timeline:
             result.extra.update(self.timeline.epoch_overlap((began, time.time()), self.waits))
@@ -324,8 +333,8 @@ class Timeline:
         deadline = time.time() + settle_s
         while overlap.last_event_s(self.path) < window[1] and time.time() < deadline:
             time.sleep(0.05)
-        comm = overlap.clip(overlap.collective_intervals(self.path), window)
         self.operations = [op for op in overlap.fused_operations(self.path) if op[2] > window[0] and op[1] < window[1]]
+        comm = clip([(s, e) for what, s, e in self.operations if what != "negotiation"], window)
         return overlap.hidden_and_exposed(comm, waits)
 
 

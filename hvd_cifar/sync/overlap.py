@@ -18,7 +18,7 @@ import argparse
 import json
 import sys
 
-from hvd_cifar.core.intervals import Interval, clip, inside, length, union  # noqa: F401 (clip: the methods')
+from hvd_cifar.core.intervals import Interval, inside, length, union
 
 # Horovod's top-level activity while a tensor's collective runs (after its negotiation):
 # the fusion-buffer copies and the transport's own call are nested inside it.
@@ -96,21 +96,26 @@ def fused_operations(path: str) -> list[tuple[str, float, float]]:
     start, events = read_events(path)
     names = tensor_names(events)
     negotiated: dict[int, Interval] = {}   # a tensor's latest negotiation
-    tensors = []                           # (its collective's span, its negotiation, gradient or not)
+    tensors = []                           # (its collective's span, its negotiation or None, gradient or not)
     for pid, name, s, e in _spans(start, events):
         if name.startswith("NEGOTIATE_"):
             negotiated[pid] = (s, e)
         elif name in COLLECTIVES:
-            tensors.append(((s, e), negotiated.pop(pid, (s, s)), not is_own(names.get(pid, ""))))
-    groups: list[list] = []                # [start, end, negotiation start, negotiation end, any gradient]
-    for (s, e), (ns, ne), gradient in sorted(tensors):
-        if groups and s < groups[-1][1]:
-            g = groups[-1]
-            g[1], g[2], g[3], g[4] = max(g[1], e), min(g[2], ns), max(g[3], ne), g[4] or gradient
-        else:
-            groups.append([s, e, ns, ne, gradient])
-    out = [op for s, e, ns, ne, gradient in groups
-           for op in (("negotiation", ns, ne), ("allreduce" if gradient else "other", s, e))]
+            # A tensor the response cache already knew is not negotiated: no record of it.
+            tensors.append(((s, e), negotiated.pop(pid, None), not is_own(names.get(pid, ""))))
+    groups: list[dict] = []
+    for (s, e), negotiation, gradient in sorted(tensors, key=lambda t: t[0]):
+        if not groups or s >= groups[-1]["end"]:
+            groups.append({"start": s, "end": e, "negotiations": [], "gradient": False})
+        g = groups[-1]
+        g["end"], g["gradient"] = max(g["end"], e), g["gradient"] or gradient
+        if negotiation:
+            g["negotiations"].append(negotiation)
+    out = []
+    for g in groups:
+        if g["negotiations"]:
+            out.append(("negotiation", min(s for s, _ in g["negotiations"]), max(e for _, e in g["negotiations"])))
+        out.append(("allreduce" if g["gradient"] else "other", g["start"], g["end"]))
     return sorted(out, key=lambda op: op[1])
 
 

@@ -53,13 +53,15 @@ def _rank_step(rank: int, marks: list, comm: list) -> dict:
 
 def gather(sync, window: StepWindow, comm: list[tuple[str, float, float]]) -> dict | None:
     """The epoch's ``step_trace`` (every rank gets the same): one allgather of every rank's window
-    and collectives; the step of the window that every rank ran whose time on rank 0 is the
-    median. None when no step of the window ran on every rank."""
+    and collectives; of the window's steps that every rank ran (those that synced, if any did),
+    the one whose time on rank 0 is the median. None when no step of the window ran on every rank."""
     lo, hi = window.lo, window.hi
     span = [(s, e) for marks in window.steps.values() for _, s, e in marks]
     near = [c for c in comm if span and c[2] > min(s for s, _ in span) and c[1] < max(e for _, e in span)]
     every = sync.allgather_object((window.steps, near))
     common = [k for k in range(lo, hi) if all(steps.get(k) for steps, _ in every)]
+    # Under gradient accumulation most steps are micro-batches with no sync: trace an update's.
+    common = [k for k in common if any(p == "sync" for p, _, _ in every[0][0][k])] or common
     if not common:
         return None
     took = {k: every[0][0][k][-1][2] - every[0][0][k][0][1] for k in common}
