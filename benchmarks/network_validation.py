@@ -31,7 +31,10 @@ from hvd_cifar.analysis.tabulate import Column, markdown_table, num
 from hvd_cifar.launch.commands import ROOT
 
 # transport whose time is predicted -> (the np=2 transport whose fit predicts it, equation)
+# (Horovod's: horovod-gloo across hosts, where hvd_cifar runs Gloo's operations, else horovod-mpi;
+# a transport the probes lack is left out)
 CHECKS = {"mpi-allreduce": ("mpi-allreduce", "ring"), "horovod-mpi": ("horovod-mpi", "ring"),
+          "horovod-gloo": ("horovod-gloo", "ring"),
           "torch-gloo": ("torch-gloo", "ring"), "mpi-gather-scatter": ("mpi-p2p", "gather-scatter")}
 # the table: one row per (rate, transport, np, message size)
 COLUMNS = [Column("rate", "rate"), Column("transport", "transport"), Column("np", "np", numeric=True),
@@ -79,6 +82,8 @@ def compare(rate: str, probes: dict[int, dict], args) -> list[dict]:
     """One row per (transport, np, size): the np=2 fit's prediction against the measured median."""
     base, rows = probes[2], []
     for name, (source, equation) in CHECKS.items():
+        if source not in base["transports"]:
+            continue
         fit = base["transports"][source]
         link = scaling.Link(fit["alpha_s"], fit["beta_bytes_per_s"], base["reduce_s_per_byte"], per_op_s=fit["per_op_s"])
         for n in args.nps:

@@ -22,7 +22,8 @@ time hidden behind backward and exposed (comm_hidden_s, comm_exposed_s), and of 
 last ended after backward ended. Writes OUT/step_validation.json and .md (the table), the runs,
 probes and predictions; prints the table. Each row is a configuration of its round in the
 results file benchmarks/results/step_validation.json (``hvd_cifar.measure.results``: --tag,
---results); a rate whose cluster, job or prediction failed is a failed round with its reason.
+--results); a round whose job or prediction failed is a failed round with its reason, and the
+rate's other rounds go on; a rate whose cluster, probe or np = 1 run failed, a failed first round.
 """
 from __future__ import annotations
 
@@ -146,9 +147,10 @@ def predicted_rows(rate: str, k: int, single: str, overlap: str, measured: list[
     return rows
 
 
-def validate_rate(rate: str, args) -> list[dict]:
+def validate_rate(rate: str, args, results: Results) -> list[dict]:
     """Probe and measure np=1, then per round the traced np=2 runs, the trained ones and their
-    predictions; the rows of every round (each with its ``round``)."""
+    predictions, each round kept in ``results`` apart (one that fails is a failed round; the
+    others go on); the rows of every round that did not fail (each with its ``round``)."""
     from testbed.netcluster import NetCluster
     runs, rows = os.path.join(args.out, rate), []
     os.makedirs(runs, exist_ok=True)
@@ -158,17 +160,20 @@ def validate_rate(rate: str, args) -> list[dict]:
         jobs.probe(cluster, 2, probe_path, iters=args.probe_iters, timeout=args.timeout, max_bytes=args.probe_max_bytes)
         single = train_alongside(cluster, "np1", args, runs)
         for k in range(1, args.repeats + 1):
-            tag = f"-r{k}" if args.repeats > 1 else ""
-            traced = {sync: train(cluster, 2, f"np2-{sync}-timeline{tag}", sync, ["--comm-timeline", "true"], args, runs)
-                      for sync in args.traced}
-            rows += [{**traced_row(rate, sync, path), "round": k} for sync, path in traced.items()]
-            measured = []
-            for sync in args.syncs:
-                for option in args.options:
-                    for n in args.nps:
-                        measured.append(train(cluster, n, f"np{n}-{sync}-{option}{tag}", sync, OPTIONS[option][0], args, runs))
-            rows += predicted_rows(rate, k, single, traced["horovod"], measured, probe_path, args)
-            print(f"{rate} round {k} of {args.repeats}: trained and predicted", file=sys.stderr, flush=True)
+            rows += results.measure_rows(k, rate, lambda: one_round(cluster, rate, k, single, probe_path, args, runs), config)
+    return rows
+
+
+def one_round(cluster, rate: str, k: int, single: str, probe_path: str, args, runs: str) -> list[dict]:
+    """Round ``k`` at ``rate``: the traced np=2 runs, the trained ones and their predictions."""
+    tag = f"-r{k}" if args.repeats > 1 else ""
+    traced = {sync: train(cluster, 2, f"np2-{sync}-timeline{tag}", sync, ["--comm-timeline", "true"], args, runs)
+              for sync in args.traced}
+    rows = [{**traced_row(rate, sync, path), "round": k} for sync, path in traced.items()]
+    measured = [train(cluster, n, f"np{n}-{sync}-{option}{tag}", sync, OPTIONS[option][0], args, runs)
+                for sync in args.syncs for option in args.options for n in args.nps]
+    rows += predicted_rows(rate, k, single, traced["horovod"], measured, probe_path, args)
+    print(f"{rate} round {k} of {args.repeats}: trained and predicted", file=sys.stderr, flush=True)
     return rows
 
 
@@ -206,11 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     span, rows = jobs.Span(), []
     results = Results("step_validation", args, FIGURES, argv)
     results.sample_noise = False  # its jobs run on a cluster's hosts, not as this process's children
-    for rate in args.rates:  # a failed job, cluster or prediction: a failed round with its first line
-        done = results.attempt(1, rate, lambda: validate_rate(rate, args)) or []
-        for row in done:
-            results.add(row["round"], config(row), {k: row[k] for k in FIGURES if k in row})
-        rows += done
+    for rate in args.rates:  # a failed cluster, probe or np=1 run: a failed first round of the rate
+        rows += results.attempt(1, rate, lambda: validate_rate(rate, args, results)) or []
     results.write()
     meta = span.end(cores=os.cpu_count(), args=vars(args))
     rows = [r for r in rows if not r.get("traced")]

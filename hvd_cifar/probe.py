@@ -15,10 +15,10 @@ entry has a ``probe``, started as training starts it, under the transport name i
 and, under an MPI launcher, MPI's own links: ``mpi-p2p`` (one-way Send/Recv between rank 0 and
 the last rank, gather/scatter's messages) and ``mpi-intra-host`` (Allreduce among one host's
 ranks, when hosts hold several). The launcher decides what can start: under MPI (mpirun,
-horovodrun's default MPI mode) ``horovod-mpi``, ``mpi-allreduce``, ``mpi-gather-scatter`` and
-``torch-gloo`` (DDP's collective); under ``horovodrun --gloo`` ``horovod-gloo`` and
-``torch-gloo``. To have both Horovod transports, run the probe once with each launcher and pass
-either file to predict.
+horovodrun's default MPI mode) Horovod, ``mpi-allreduce``, ``mpi-gather-scatter`` and
+``torch-gloo`` (DDP's collective); under ``horovodrun --gloo`` Horovod and ``torch-gloo``.
+Horovod's is ``horovod-gloo`` where its operations are Gloo's (its Gloo controller, or across
+hosts under MPI's, sync/horovod.py), else ``horovod-mpi``.
 
 Each message size (geometric, --min-bytes to --max-bytes, default the model's fp32 gradient) is
 timed --iters times after one warm-up, each time after a 1-element allreduce that starts the

@@ -27,7 +27,7 @@ def test_np2_fits_predict_np3_times_by_the_models_equations(tmp_path):
     rows = json.loads((tmp_path / "network_validation.json").read_text())["rows"]
     np2, np3 = (json.loads((tmp_path / f"probe-1gbit-np{n}.json").read_text()) for n in (2, 3))
     assert np2["world_size"] == 2 and np3["world_size"] == 3 and len(np3["hosts"]) == 3
-    assert sorted({r["transport"] for r in rows}) == ["horovod-mpi", "mpi-allreduce", "mpi-gather-scatter", "torch-gloo"]
+    assert sorted({r["transport"] for r in rows}) == ["horovod-gloo", "mpi-allreduce", "mpi-gather-scatter", "torch-gloo"]
     assert len(rows) == 4 * 3
     for r in rows:
         source = "mpi-p2p" if r["transport"] == "mpi-gather-scatter" else r["transport"]

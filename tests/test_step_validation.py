@@ -46,7 +46,7 @@ def test_np3_steps_predicted_from_np1_and_np2_beside_the_trained_ones(tmp_path):
     assert probe["world_size"] == 2
     prof = scaling.profile("smallcnn", 10)
     for r in rows:
-        source = "horovod-mpi" if r["method"] == "horovod" else "mpi-p2p"
+        source = "horovod-gloo" if r["method"] == "horovod" else "mpi-p2p"  # Gloo's operations across hosts
         net = scaling.Network({r["method"]: predict.probe_link(probe, source, "p")}, None, shared_cores=os.cpu_count())
         expected = scaling.predict_step(replace(single, hidden_fraction=overlap.hidden_fraction), prof, net,
                                         scaling.Scenario(r["method"], "none", 1, 0), 3)
