@@ -33,7 +33,7 @@ from hvd_cifar.core.errors import PredictError, ReportError
 from hvd_cifar.core.files import RunError
 from hvd_cifar.runfolder.reader import load_run
 from hvd_cifar.analysis.scaling import (SCENARIO_KEYS, Compute, Link, Network, Scenario, as_run, compression_of,
-                                        hierarchical_of, measure, predict, profile, time_schemes)
+                                        hierarchical_of, measure, predict, profile, time_schemes, with_overlap)
 from hvd_cifar.analysis.summary import MB, summarize
 from hvd_cifar.analysis.tabulate import Column, OneLineParser, markdown_table, num, write_csv
 
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
     source = load_run(args.run)
     c = measure(source)
     if args.overlap_from:
-        c = replace(c, hidden_fraction=measure(load_run(args.overlap_from)).hidden_fraction)
+        c = with_overlap(c, measure(load_run(args.overlap_from)), args.shared_cores)
     if args.shared_cores and not c.threads_per_rank:
         raise PredictError(f"--shared-cores: {args.run} chose its threads per rank from its host's cores; "
                            "use a run with threads_per_rank set")
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
          f"(np={c.world_size}); network: {sources}")
     head = (f"compute from {args.run} (np={c.world_size}, {c.sync}): {c.step_s * 1e3:.2f} ms/step measured, "
             f"hidden fraction {'not recorded (modelled from the order backward makes the gradients ready)' if c.hidden_fraction is None else f'{c.hidden_fraction:.2f}'}"
-            f"{f' (from {args.overlap_from})' if args.overlap_from else ''}; "
+            f"{f' (from {args.overlap_from}; backward slowed {c.contention:.2f} s per s hidden)' if args.overlap_from else ''}; "
             f"network: {sources}"
             f"{f'; all ranks on {args.shared_cores} cores, {c.threads_per_rank} thread(s) each' if args.shared_cores else ''}\n")
     return rows, head + markdown_table(shown, rows) + f"\nwritten to {out}/predict.csv and predict.png"

@@ -114,6 +114,26 @@ def test_one_step_worked_by_hand():
     assert star["payload_bytes"] == 2000 and star["exposed_s_per_sync"] == pytest.approx(2 * 3 * 2000 / 3600)
 
 
+def test_backward_slowed_by_the_transfer_it_hides_is_taken_from_the_traced_run():
+    """The cores that compute also carry the transfer: the traced run at N hid 0.5 of a 0.4 s
+    allreduce and its backward took 0.3 s against the np=1 run's 0.2 — 0.1 s more for 0.2 s
+    hidden, 0.5 s per second; a step that hides more pays more, one that hides none nothing."""
+    traced = compute(world_size=2, backward_s=0.3, hidden_fraction=0.5, comm_s=0.4)
+    c = p.with_overlap(compute(hidden_fraction=None), traced)
+    assert c.hidden_fraction == 0.5 and c.contention == pytest.approx(0.5)
+    net = p.Network({"horovod": p.Link(0.0, 4000.0)}, None)      # 1000 params x 4 bytes: a 1 s ring at np=2
+    row = p.predict_step(c, PROFILE, net, p.Scenario("horovod", "none", 1, 0), 2)
+    hidden = min(0.5 * 1.0, 0.2)                                 # at most the backward it hides behind
+    assert row["contended_s_per_sync"] == pytest.approx(0.5 * hidden)
+    assert row["step_s"] == pytest.approx(0.01 + 0.1 + 0.2 + 0.05 + (1.0 - hidden) + 0.5 * hidden)
+    # on the ranks' own cores: N ranks sharing 2 cores are slower by their share first, not by contention
+    shared = p.with_overlap(compute(hidden_fraction=None, threads_per_rank=1),
+                            compute(world_size=4, backward_s=0.4, hidden_fraction=0.5, comm_s=0.4, threads_per_rank=1), 2)
+    assert shared.contention == 0.0
+    # no allreduce timed: no contention, the fraction as recorded
+    assert p.with_overlap(compute(), compute(hidden_fraction=None)).contention == 0.0
+
+
 def test_ranks_sharing_one_machines_cores_compute_slower_by_their_share():
     link = p.Link(0.0, 3600.0)
     shared = p.Network({"mpi-allreduce": link}, None, shared_cores=2)

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 
@@ -48,7 +47,7 @@ def test_np3_steps_predicted_from_np1_and_np2_beside_the_trained_ones(tmp_path):
     for r in rows:
         source = "horovod-gloo" if r["method"] == "horovod" else "mpi-p2p"  # Gloo's operations across hosts
         net = scaling.Network({r["method"]: predict.probe_link(probe, source, "p")}, None, shared_cores=os.cpu_count())
-        expected = scaling.predict_step(replace(single, hidden_fraction=overlap.hidden_fraction), prof, net,
+        expected = scaling.predict_step(scaling.with_overlap(single, overlap, os.cpu_count()), prof, net,
                                         scaling.Scenario(r["method"], "none", 1, 0), 3)
         assert r["step_s"] == pytest.approx(expected["step_s"])
         trained = summarize(load_run(str(runs / f"np3-{r['method']}-plain")))

@@ -13,7 +13,7 @@ from dataclasses import replace
 from hvd_cifar.core import methods, schemes
 from hvd_cifar.runfolder.reader import Run
 from hvd_cifar.analysis.scaling import (Compute, Link, Network, Scenario, as_run, break_even_bandwidth,
-                                        gather_scatter_falls_behind, measure, predict_step, profile, time_schemes)
+                                        gather_scatter_falls_behind, measure, predict_step, profile, time_schemes, with_overlap)
 
 
 def effective_link(c: Compute, prof, s: Scenario, n: int, comm: float) -> Link:
@@ -67,7 +67,7 @@ def explain(multi: Run, single: Run) -> dict:
     comm = cn.comm_s if cn.comm_s is not None else max(cn.sync_s - ran.scheme_s, 0.0)  # the wire's share of the wait
     link = effective_link(c1, prof, ran, n, comm)
     net = Network({cn.sync: link}, None)
-    base = replace(c1, hidden_fraction=cn.hidden_fraction)  # compute as at np=1, overlap as measured at N
+    base = with_overlap(c1, cn)  # compute as at np=1, overlap as measured at N
     return {"np": n, "ideal_images_per_s": ideal, "measured_images_per_s": measured, "parts": rows, "link": link,
             "break_even_bytes_per_s": {o.label: break_even_bandwidth(base, prof, net, ran, o, n) for o in others},
             "gather_scatter_2x_np": gather_scatter_falls_behind(base, prof, net, Scenario(

@@ -187,6 +187,7 @@ class Compute:
     comm_s: float | None = None     # per update: comm_hidden_s + comm_exposed_s, if recorded
     exposed_s: float | None = None  # per micro-batch step: comm_exposed_s, if recorded
     threads_per_rank: int = 0       # the run's setting (0: chosen from the cores on its host)
+    contention: float = 0.0         # backward seconds added per second of allreduce hidden behind it
 
 
 def _total(records: list[dict], key: str) -> float:
@@ -218,6 +219,21 @@ def measure(run: Run) -> Compute:
         comm_s=(hidden + exposed) / syncs if hidden + exposed > 0 else None,
         exposed_s=exposed / steps if hidden + exposed > 0 else None,
         threads_per_rank=int(setting(run, "threads_per_rank") or 0))
+
+
+def with_overlap(c: Compute, traced: Compute, shared_cores: int | None = None) -> Compute:
+    """``c`` with the overlap ``traced`` (a run at N ranks with its allreduce timed) measured:
+    the fraction of the allreduce hidden behind backward, and what hiding it cost backward. The
+    cores that compute also carry the transfer (the kernel's networking, the reduction), so
+    backward at N is slower than ``c``'s by more than the cores shared: that excess per second
+    hidden is ``contention``, and a step that hides more pays more (predict_step)."""
+    if traced.hidden_fraction is None or not traced.comm_s:
+        return replace(c, hidden_fraction=traced.hidden_fraction)
+    slower = (cpu_share(traced.world_size, c.threads_per_rank, shared_cores)
+              / cpu_share(c.world_size, c.threads_per_rank, shared_cores)) if shared_cores else 1.0
+    hidden = traced.hidden_fraction * traced.comm_s  # per update
+    excess = (traced.backward_s - slower * c.backward_s) * traced.accumulation_steps  # per update
+    return replace(c, hidden_fraction=traced.hidden_fraction, contention=max(excess, 0.0) / hidden if hidden else 0.0)
 
 
 @dataclass(frozen=True)
@@ -386,14 +402,15 @@ def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -
         exposed = (overlap_exposed_s(prof.ready_order(s.freeze), comm, backward) if c.hidden_fraction is None
                    else exposed_s(comm, c.hidden_fraction, backward))
     compute = slower * (c.data_s + c.forward_s + c.other_s) + backward
+    contended = c.contention * (comm - exposed)  # backward slowed by the transfer it hides (with_overlap)
     # Its own arithmetic once per update (a scheme's; fp16's casts, which one rank alone does not
     # do): timed with cores to itself, so shared as at n.
     own_s = s.scheme_s if plan is not None or n > 1 else 0.0
     scheme = cpu_share(n, c.threads_per_rank, net.shared_cores) * own_s
-    step = compute + (slower * c.optimizer_s + scheme + exposed) / s.accumulation_steps
+    step = compute + (slower * c.optimizer_s + scheme + exposed + contended) / s.accumulation_steps
     return {"method": s.method, "hierarchical": s.hierarchical, "np": n, "accumulation_steps": s.accumulation_steps,
             "freeze": s.freeze, "compression": s.label, "payload_bytes": payload, "comm_s_per_sync": comm,
-            "exposed_s_per_sync": exposed, "scheme_s_per_sync": scheme, "compute_s": compute, "step_s": step,
+            "exposed_s_per_sync": exposed, "contended_s_per_sync": contended, "scheme_s_per_sync": scheme, "compute_s": compute, "step_s": step,
             "images_per_s": n * c.images_per_step / step, "bytes_per_rank_per_step": sent / s.accumulation_steps}
 
 
