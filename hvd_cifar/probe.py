@@ -23,7 +23,7 @@ hosts under MPI's, sync/horovod.py), else ``horovod-mpi``.
 Each message size (geometric, --min-bytes to --max-bytes, default the model's fp32 gradient) is
 timed --iters times after one warm-up, each time after a 1-element allreduce that starts the
 ranks together; rank 0's times are recorded. The fit is least squares on the medians
-(hvd_cifar.analysis.scaling.fit_transport). Also timed on rank 0: summing two buffers
+(hvd_cifar.analysis.fits.fit_transport). Also timed on rank 0: summing two buffers
 (``reduce_s_per_byte``) and fp32 -> fp16 -> fp32 (``cast_s_per_byte``, printed as this host's
 figure: the prediction times fp16's casts in its own process, as a scheme's compute).
 """
@@ -38,7 +38,7 @@ import time
 
 import torch
 
-from hvd_cifar.analysis import scaling
+from hvd_cifar.analysis import fits, scaling
 from hvd_cifar.analysis.tabulate import OneLineParser
 from hvd_cifar.core import launcher, lifecycle, methods, units
 from hvd_cifar.core.errors import ConfigError
@@ -95,7 +95,7 @@ def result(kind: str, ranks: int, scope: str, sizes: list[int], seconds: list[li
     """One transport's raw timings and its fit (allreduce: the ring equation; p2p: α + S/β;
     gather-scatter: its own equation, the root's sums at ``reduce_s_per_byte``)."""
     medians = [statistics.median(s) for s in seconds]
-    link = scaling.fit_transport(kind, ranks, sizes, medians, reduce_s_per_byte, per_op_s)
+    link = fits.fit_transport(kind, ranks, sizes, medians, reduce_s_per_byte, per_op_s)
     return {"kind": kind, "ranks": ranks, "scope": scope, "sizes_bytes": sizes, "seconds": seconds,
             "median_s": medians, "alpha_s": link.alpha_s, "beta_bytes_per_s": link.beta_bytes_per_s,
             "per_op_s": link.per_op_s}

@@ -218,7 +218,7 @@ def paired_table(data: dict, options: dict) -> list[str]:
         if r["ok"] and key in r["figures"]:
             by_round.setdefault(r["config"], {})[r["round"]] = r["figures"][key]
     ratio = options.get("ratio") == "true"
-    rows = []
+    rows, halves = [], []
     for pair in options.get("pair", []):
         a, _, b = pair.partition("|")
         shared = sorted(set(by_round.get(a, {})) & set(by_round.get(b, {})))
@@ -228,22 +228,39 @@ def paired_table(data: dict, options: dict) -> list[str]:
             mean, low, high = t_interval([math.log(by_round[a][k] / by_round[b][k]) for k in shared])
             words = _verdict(low, high, options, math.log, ("A higher", "A lower"))
             row = [f"{a} / {b}", *(f"{math.exp(v):.3f}" for v in (mean, low)), f"{math.exp(high):.3f}"]
+            halves.append(100 * (math.exp(high) - math.exp(low)) / 2 / math.exp(mean))
         else:
             mean, low, high = t_interval([100 * (by_round[a][k] - by_round[b][k]) for k in shared])
             words = _verdict(low, high, options, float, ("higher", "lower"))
             if words.startswith("no difference"):  # the smallest difference these rounds could have shown
                 words += f" (they resolve about ±{(high - low) / 2:.2f} points)"
             row = [f"{a} − {b}", *(f"{v:+.2f}" for v in (mean, low)), f"{high:+.2f}"]
+            halves.append((high - low) / 2)
         row = [row[0], row[1], f"{row[2]} to {row[3]}", str(len(shared)), words]
         if "test_size" in options and not ratio:
             p = statistics.fmean(by_round[b][k] for k in shared)
             row.insert(4, f"{100 * (p * (1 - p) / int(options['test_size'])) ** 0.5:.2f}")
         rows.append(row)
+    if "target" in options and rows and all(r[-1].startswith("**unresolved**") for r in rows):
+        return [resolves_nothing(rows, halves, ratio)]
     header = ["comparison", "ratio (geometric mean)" if ratio else "mean difference (points)", "95 % interval",
               "pairs", "verdict"]
     if "test_size" in options and not ratio:
         header.insert(4, f"one run's standard error on {options['test_size']} images (points)")
     return table(header, rows)
+
+
+def resolves_nothing(rows: list[list[str]], halves: list[float], ratio: bool) -> str:
+    """One sentence in place of a table whose every verdict is unresolved: which comparisons,
+    in how many pairs, and how near the target a difference these rounds could show comes."""
+    unit = " %" if ratio else " points"
+    span = f"±{min(halves):.1f}{unit}" + (f" to ±{max(halves):.1f}{unit}" if max(halves) - min(halves) >= 0.05 else "")
+    pairs = sorted({int(r[3]) for r in rows})
+    named = (", ".join(f"{r[0]} ({r[1]}, {r[2]})" for r in rows) if len(rows) <= 3
+             else f"each of {len(rows)} comparisons")
+    return (f"{rows[0][-1]} for {named}, in {'–'.join(map(str, (pairs[0], pairs[-1]) if len(pairs) > 1 else pairs))} "
+            f"pairs: their intervals span {span} about the {'ratio' if ratio else 'difference'}, so a distance from "
+            f"the target under that would not show; more rounds narrow it.")
 
 
 def _verdict(low: float, high: float, options: dict, scale, words: tuple[str, str]) -> str:

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import re
+import statistics
 
 import pytest
 
 from testbed import render_docs
 from hvd_cifar.measure import results
 from hvd_cifar.measure.results import Figure, Results, verdict
+from hvd_cifar.measure.stats import t_interval
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -344,3 +347,26 @@ def test_make_bench_quick_measures_every_results_file_the_readme_shows():
     shown = {render_docs.parse_spec(m["spec"])[0] for m in render_docs.BLOCK.finditer((ROOT / "README.md").read_text())}
     assert shown and written == shown, (sorted(written), sorted(shown))
     assert recipe[-1].strip() == "$(PY) -m testbed.render_docs"
+
+
+def test_a_paired_table_that_resolves_nothing_is_one_sentence_saying_what_it_could(tmp_path):
+    """Every verdict unresolved: no table, one line naming the comparisons, the pairs and the
+    half-width of their intervals (what these rounds could have shown); one verdict resolved:
+    the table, every row."""
+    args = argparse.Namespace(tag="none", results=str(tmp_path))
+    r = Results("demo", args, {"ips": Figure("img/s", ".1f")})
+    for k, (a, b, c) in enumerate(((100, 100, 50), (110, 100, 52), (95, 100, 49)), 1):
+        r.add(k, "a", {"ips": a})
+        r.add(k, "b", {"ips": b})
+        r.add(k, "c", {"ips": c})
+    r.write()
+    doc = ('<!-- results: demo-none.json show=paired ratio=true figure=ips target=1.0 pair="a|b"{more} -->\n'
+           '<!-- /results -->\n')
+    alone = render_docs.render(doc.format(more=""), str(tmp_path))
+    ratios = [1.0, 1.1, 0.95]
+    _, low, high = t_interval([math.log(x) for x in ratios])
+    half = 100 * (math.exp(high) - math.exp(low)) / 2 / math.exp(statistics.fmean(map(math.log, ratios)))
+    assert "| comparison |" not in alone
+    assert f"**unresolved** (≥ 1.0) for a / b (" in alone and f"in 3 pairs: their intervals span ±{half:.1f} %" in alone
+    both = render_docs.render(doc.format(more=' pair="a|c"'), str(tmp_path))  # a is twice c: met
+    assert "| comparison |" in both and "| a / b |" in both and "**met** (≥ 1.0)" in both

@@ -43,6 +43,9 @@ def test_a_timeline_is_read_up_to_its_last_whole_event(tmp_path):
     assert spans == [pytest.approx((start + 500e-6, start + 1000e-6)), pytest.approx((start + 800e-6, start + 1500e-6))]
     assert overlap.length(spans) == pytest.approx(1000e-6, abs=1e-6)  # seconds since 1970 in a double: sub-µs
     assert overlap.last_event_s(str(path)) == pytest.approx(start + 2000e-6)
+    # cut after a nested object's closing brace, the event itself not closed
+    path.write_text("[\n" + ",".join(json.dumps(e) for e in events) + ',{"ph": "M", "args": {"name": "x"}, "pid')
+    assert overlap.collective_intervals(str(path)) == spans
 
 
 def test_fused_tensors_are_one_collective_after_their_negotiation(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import ROOT, md_table, read_csv
 from hvd_cifar import predict
+from hvd_cifar.analysis import fits
 from hvd_cifar.analysis import scaling as p
 from runfolders import epoch_record, write_run
 
@@ -70,22 +71,22 @@ def test_without_a_measured_fraction_what_hides_follows_the_order_gradients_come
 
 def test_fits_recover_alpha_and_beta_from_exact_times():
     sizes = [4e3, 64e3, 1e6, 16e6]
-    ring = p.fit_ring(4, sizes, [p.ring_s(4, s, p.Link(2e-4, 1.25e8)) for s in sizes])
+    ring = fits.fit_ring(4, sizes, [p.ring_s(4, s, p.Link(2e-4, 1.25e8)) for s in sizes])
     assert (ring.alpha_s, ring.beta_bytes_per_s) == (pytest.approx(2e-4), pytest.approx(1.25e8))
     cycled = p.Link(2e-4, 1.25e8, per_op_s=5e-3)
-    ring = p.fit_ring(4, sizes, [p.ring_s(4, s, cycled) for s in sizes], per_op_s=5e-3)
+    ring = fits.fit_ring(4, sizes, [p.ring_s(4, s, cycled) for s in sizes], per_op_s=5e-3)
     assert (ring.alpha_s, ring.beta_bytes_per_s, ring.per_op_s) == (pytest.approx(2e-4), pytest.approx(1.25e8), 5e-3)
     star_link = p.Link(1e-4, 2e8, 1e-10)
-    star = p.fit_gather_scatter(4, sizes, [p.gather_scatter_s(4, s, star_link) for s in sizes], 1e-10)
+    star = fits.fit_gather_scatter(4, sizes, [p.gather_scatter_s(4, s, star_link) for s in sizes], 1e-10)
     assert (star.alpha_s, star.beta_bytes_per_s) == (pytest.approx(1e-4), pytest.approx(2e8))
-    p2p = p.fit_p2p(sizes, [3e-5 + s / 5e8 for s in sizes])
+    p2p = fits.fit_p2p(sizes, [3e-5 + s / 5e8 for s in sizes])
     assert (p2p.alpha_s, p2p.beta_bytes_per_s) == (pytest.approx(3e-5), pytest.approx(5e8))
     # The slope from all sizes, the intercept from the smallest: t = 0, 2, 4 at S = 1, 2, 3 is
     # slope 2 (β 0.5) and intercept 0 - 2·1, which is no latency: 0.
-    through_0 = p.fit_p2p([1.0, 2.0, 3.0], [0.0, 2.0, 4.0])
+    through_0 = fits.fit_p2p([1.0, 2.0, 3.0], [0.0, 2.0, 4.0])
     assert through_0.alpha_s == 0.0 and through_0.beta_bytes_per_s == pytest.approx(0.5)
     # 10 % noise on the largest message moves β, not the latency the small messages show.
-    noisy = p.fit_p2p(sizes, [3e-5 + s / 5e8 * (1.1 if s == sizes[-1] else 1.0) for s in sizes])
+    noisy = fits.fit_p2p(sizes, [3e-5 + s / 5e8 * (1.1 if s == sizes[-1] else 1.0) for s in sizes])
     assert noisy.alpha_s == pytest.approx(3e-5, rel=0.15) and noisy.beta_bytes_per_s == pytest.approx(5e8 / 1.1, rel=0.05)
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import BIN, PYTHON, ROOT, read_csv
-from hvd_cifar.analysis import scaling
+from hvd_cifar.analysis import fits
 from hvd_cifar.launch import commands
 
 SMALL = ["--min-bytes", "4096", "--max-bytes", "200000", "--sizes", "3", "--iters", "2"]
@@ -30,7 +30,7 @@ def probe(argv: list[str], out, **env_vars) -> dict:
 def check_transport(t: dict, sizes: list[int], reduce_s_per_byte: float) -> None:
     assert t["sizes_bytes"] == sizes and len(t["seconds"]) == len(sizes)
     assert all(len(s) == 2 and all(0 < x < 10 for x in s) for s in t["seconds"])
-    fit = scaling.fit_transport(t["kind"], t["ranks"], sizes, t["median_s"], reduce_s_per_byte, t["per_op_s"])
+    fit = fits.fit_transport(t["kind"], t["ranks"], sizes, t["median_s"], reduce_s_per_byte, t["per_op_s"])
     assert (t["alpha_s"], t["beta_bytes_per_s"]) == (fit.alpha_s, fit.beta_bytes_per_s)
     assert t["alpha_s"] >= 0 and t["beta_bytes_per_s"] > 0
 

@@ -46,8 +46,17 @@ def read_events(path: str) -> tuple[float, list[dict]]:
     event."""
     with open(path) as f:
         text = f.read()
-    body = text[text.find("[") + 1:text.rfind("}") + 1]
-    events = json.loads(f"[{body}]") if body.strip() else []
+    events, at, decoder = [], text.find("[") + 1, json.JSONDecoder()
+    while at > 0:  # event by event: the last may be cut anywhere, even after a nested object's "}"
+        while at < len(text) and text[at] in " \t\r\n,":
+            at += 1
+        if at >= len(text) or text[at] == "]":
+            break
+        try:
+            event, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            break
+        events.append(event)
     start_us = next((e["args"]["start_time_since_epoch_in_micros"] for e in events
                      if e.get("name") == "process_name" and "start_time_since_epoch_in_micros" in e.get("args", {})), 0)
     return start_us / 1e6, events
