@@ -222,6 +222,11 @@ def paired_table(data: dict, options: dict) -> list[str]:
     for pair in options.get("pair", []):
         a, _, b = pair.partition("|")
         shared = sorted(set(by_round.get(a, {})) & set(by_round.get(b, {})))
+        absent = [c for c in (a, b) if not any(r["config"] == c for r in data["rounds"])]
+        if len(absent) == 1:  # a candidate the processor that made the file did not have (bf16)
+            row = [f"{a} / {b}" if ratio else f"{a} − {b}", "-", "-", "0", f"not measured: the file has no `{absent[0]}`"]
+            rows.append(row[:4] + ["-"] + row[4:] if "test_size" in options and not ratio else row)
+            continue
         if len(shared) < 2:
             raise ValueError(f"pair {pair!r}: fewer than 2 rounds where both have {key}")
         if ratio:  # the t-interval of the log-ratios, shown as ratios

@@ -370,3 +370,19 @@ def test_a_paired_table_that_resolves_nothing_is_one_sentence_saying_what_it_cou
     assert f"**unresolved** (≥ 1.0) for a / b (" in alone and f"in 3 pairs: their intervals span ±{half:.1f} %" in alone
     both = render_docs.render(doc.format(more=' pair="a|c"'), str(tmp_path))  # a is twice c: met
     assert "| comparison |" in both and "| a / b |" in both and "**met** (≥ 1.0)" in both
+
+
+def test_a_pair_whose_one_side_the_file_lacks_is_a_row_saying_so_and_a_typo_in_both_still_fails(tmp_path):
+    """A candidate the processor that made a results file did not have (bf16 on a CPU without it)
+    leaves its pair unmeasured, said in its row; a pair naming nothing the file has is an error."""
+    args = argparse.Namespace(tag="absent", results=str(tmp_path))
+    r = Results("demo", args, {"ips": Figure("img/s", ".1f")})
+    for k, (a, b) in enumerate(((100, 90), (110, 100), (95, 90)), 1):
+        r.add(k, "a", {"ips": a})
+        r.add(k, "b", {"ips": b})
+    r.write()
+    doc = '<!-- results: demo-absent.json show=paired ratio=true figure=ips pair="a|b" pair="a|{other}" -->\n<!-- /results -->\n'
+    made = render_docs.render(doc.format(other="bf16"), str(tmp_path))
+    assert "| a / bf16 | - | - | 0 | not measured: the file has no `bf16` |" in made and "| a / b |" in made
+    with pytest.raises(ValueError, match="fewer than 2 rounds"):
+        render_docs.render('<!-- results: demo-absent.json show=paired pair="x|y" -->\n<!-- /results -->\n', str(tmp_path))
