@@ -218,11 +218,11 @@ def paired_table(data: dict, options: dict) -> list[str]:
         if r["ok"] and key in r["figures"]:
             by_round.setdefault(r["config"], {})[r["round"]] = r["figures"][key]
     ratio = options.get("ratio") == "true"
-    rows, halves = [], []
+    rows, halves, configs = [], [], {r["config"] for r in data["rounds"]}
     for pair in options.get("pair", []):
         a, _, b = pair.partition("|")
         shared = sorted(set(by_round.get(a, {})) & set(by_round.get(b, {})))
-        absent = [c for c in (a, b) if not any(r["config"] == c for r in data["rounds"])]
+        absent = [c for c in (a, b) if c not in configs]
         if len(absent) == 1:  # a candidate the processor that made the file did not have (bf16)
             row = [f"{a} / {b}" if ratio else f"{a} − {b}", "-", "-", "0", f"not measured: the file has no `{absent[0]}`"]
             rows.append(row[:4] + ["-"] + row[4:] if "test_size" in options and not ratio else row)
@@ -263,7 +263,8 @@ def resolves_nothing(rows: list[list[str]], halves: list[float], ratio: bool) ->
     pairs = sorted({int(r[3]) for r in rows})
     named = (", ".join(f"{r[0]} ({r[1]}, {r[2]})" for r in rows) if len(rows) <= 3
              else f"each of {len(rows)} comparisons")
-    return (f"{rows[0][-1]} for {named}, in {'–'.join(map(str, (pairs[0], pairs[-1]) if len(pairs) > 1 else pairs))} "
+    counted = f"{pairs[0]}" if len(pairs) == 1 else f"{pairs[0]}–{pairs[-1]}"
+    return (f"{rows[0][-1]} for {named}, in {counted} "
             f"pairs: their intervals span {span} about the {'ratio' if ratio else 'difference'}, so a distance from "
             f"the target under that would not show; more rounds narrow it.")
 
