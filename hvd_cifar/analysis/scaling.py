@@ -174,7 +174,7 @@ def measure(run: Run) -> Compute:
         threads_per_rank=int(setting(run, "threads_per_rank") or 0))
 
 
-def with_overlap(c: Compute, traced: Compute, shared_cores: int = 0) -> Compute:
+def with_overlap(c: Compute, traced: Compute, shared_cores: int | None = None) -> Compute:
     """``c`` with the overlap ``traced`` (a run at N ranks with its allreduce timed) measured:
     the fraction of the allreduce hidden behind backward, and what hiding it cost backward. The
     cores that compute also carry the transfer (the kernel's networking, the reduction), so
@@ -182,7 +182,8 @@ def with_overlap(c: Compute, traced: Compute, shared_cores: int = 0) -> Compute:
     hidden is ``contention``, and a step that hides more pays more (predict_step)."""
     if traced.hidden_fraction is None or not traced.comm_s:
         return replace(c, hidden_fraction=traced.hidden_fraction)
-    slower = share_ratio(c, traced.world_size, shared_cores)
+    slower = (cpu_share(traced.world_size, c.threads_per_rank, shared_cores)
+              / cpu_share(c.world_size, c.threads_per_rank, shared_cores)) if shared_cores else 1.0
     hidden = traced.hidden_fraction * traced.comm_s  # per update
     excess = (traced.backward_s - slower * c.backward_s) * traced.accumulation_steps  # per update
     return replace(c, hidden_fraction=traced.hidden_fraction, contention=max(excess, 0.0) / hidden if hidden else 0.0)
@@ -329,16 +330,11 @@ def cpu_share(n: int, threads_per_rank: int, shared_cores: int) -> float:
     return max(1.0, n * threads_per_rank / shared_cores) if shared_cores else 1.0
 
 
-def share_ratio(c: Compute, n: int, shared_cores: int) -> float:
-    """How many times slower ``c``'s ranks compute at ``n`` ranks than in ``c``'s own run, by the
-    cores they share (cpu_share at each)."""
-    return cpu_share(n, c.threads_per_rank, shared_cores) / cpu_share(c.world_size, c.threads_per_rank, shared_cores)
-
-
 def predict_step(c: Compute, prof: Profile, net: Network, s: Scenario, n: int) -> dict:
     """Seconds per micro-batch step on one rank at ``n`` ranks, and what makes them up."""
     link = net.links[s.method]
-    slower = share_ratio(c, n, net.shared_cores)
+    slower = (cpu_share(n, c.threads_per_rank, net.shared_cores)
+              / cpu_share(c.world_size, c.threads_per_rank, net.shared_cores))
     backward = slower * c.backward_s * prof.backward_share(s.freeze) / prof.backward_share(c.frozen_blocks)
     plan = schemes.plan(s.compression, prof.trainable_shapes(s.freeze), dict(s.settings))
     if plan is None:  # the method's own averaging of every gradient

@@ -46,31 +46,8 @@ def read_events(path: str) -> tuple[float, list[dict]]:
     event."""
     with open(path) as f:
         text = f.read()
-    events = _whole_array(text)
-    if events is None:  # cut inside an event, maybe just after a nested object's "}"
-        events = _events_one_by_one(text)
-    start_us = next((e["args"]["start_time_since_epoch_in_micros"] for e in events
-                     if e.get("name") == "process_name" and "start_time_since_epoch_in_micros" in e.get("args", {})), 0)
-    return start_us / 1e6, events
-
-
-def _whole_array(text: str) -> list[dict] | None:
-    """The events in one parse, the array closed after its last "}" (the file as polled while a
-    run trains: cut between two events); None when that is not valid JSON."""
-    body = text[:text.rfind("}") + 1]
-    if not body.lstrip().startswith("["):
-        return None
-    try:
-        events = json.loads(body + "]")
-    except json.JSONDecodeError:
-        return None
-    return events if isinstance(events, list) else None
-
-
-def _events_one_by_one(text: str) -> list[dict]:
-    """Every whole event before the first one that is cut."""
     events, at, decoder = [], text.find("[") + 1, json.JSONDecoder()
-    while at > 0:
+    while at > 0:  # event by event: the last may be cut anywhere, even after a nested object's "}"
         while at < len(text) and text[at] in " \t\r\n,":
             at += 1
         if at >= len(text) or text[at] == "]":
@@ -80,7 +57,9 @@ def _events_one_by_one(text: str) -> list[dict]:
         except json.JSONDecodeError:
             break
         events.append(event)
-    return events
+    start_us = next((e["args"]["start_time_since_epoch_in_micros"] for e in events
+                     if e.get("name") == "process_name" and "start_time_since_epoch_in_micros" in e.get("args", {})), 0)
+    return start_us / 1e6, events
 
 
 def tensor_names(events: list[dict]) -> dict[int, str]:
