@@ -368,15 +368,17 @@ def few(paths: tuple[str, ...] | list[str], shown: int = 3) -> str:
 
 
 def staleness(data: dict) -> str:
-    """A sentence when code a results file's figures ran changed since (``code_changes``)."""
+    """A sentence when code a results file's figures ran changed since (``code_changes``): when
+    they were measured (their age), what changed, and that the command above renews them."""
     changed = code_changes(data)
     if not changed:
         return ""
     files = f"{len(changed)} file{'s' if len(changed) > 1 else ''}: {few(changed)}"
+    when = f"measured {data['finished_utc'][:10]}; " if data.get("finished_utc") else ""
     if data.get("code") is not None and not data["code"].get("unrecorded"):
-        return (f"{STALE} code these figures ran changed since they were measured ({files}); rerun the command "
-                f"above to measure the current code.")
-    return (f"{STALE} the code these figures measure changed after commit {data['commit']} ({files}); "
+        return (f"{STALE} {when}code these figures ran changed since ({files}); rerun the command above to measure "
+                f"the current code.")
+    return (f"{STALE} {when}the code these figures measure changed after commit {data['commit']} ({files}); "
             f"rerun the command above to measure the current code.")
 
 

@@ -119,7 +119,7 @@ def test_a_change_to_a_module_the_jobs_loaded_stales_each_block_that_ran_it_and_
     root, made = tree
     (root / CONFIG).write_text((root / CONFIG).read_text() + "\nEXTRA = 1\n")
     a, b = stale_lines(made)
-    assert "code these figures ran changed since they were measured (1 file: `hvd_cifar/core/config.py`)" in a
+    assert "code these figures ran changed since (1 file: `hvd_cifar/core/config.py`)" in a
     assert a == b
     (root / CONFIG).write_text((ROOT / CONFIG).read_text())
     (root / DATA).unlink()  # gone: what the figures ran is not there now
@@ -191,6 +191,19 @@ def test_jobs_whose_code_is_not_known_keep_the_older_rule(tmp_path, monkeypatch)
     assert render_docs.code_changes(data) == ("hvd_cifar/core/units.py",)
     assert "changed after commit abc1234 (1 file: `hvd_cifar/core/units.py`)" in render_docs.staleness(data)
     assert render_docs.code_changes({**data, "code": {**data["code"], "unrecorded": []}}) == ()
+
+
+def test_a_stale_line_says_when_its_figures_were_measured(monkeypatch):
+    """The age of stale figures: the day their results file was finished, before what changed."""
+    monkeypatch.setattr(code, "changed", lambda modules, root=None: ["hvd_cifar/core/units.py"])
+    data = {"commit": "abc1234", "command": ["benchmarks/demo.py"], "finished_utc": "2026-11-28 09:41:14 UTC",
+            "code": {"modules": {"hvd_cifar/core/units.py": "0"}, "script": {}, "horovod_fixes": results.horovod_fixes(),
+                     "jobs": 1, "unrecorded": []}}
+    assert render_docs.staleness(data) == (
+        f"{render_docs.STALE} measured 2026-11-28; code these figures ran changed since (1 file: "
+        "`hvd_cifar/core/units.py`); rerun the command above to measure the current code.")
+    del data["finished_utc"]
+    assert render_docs.staleness(data).startswith(f"{render_docs.STALE} code these figures ran changed since (1 file")
 
 
 def test_a_program_may_import_what_its_imports_and_registries_name():
