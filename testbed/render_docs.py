@@ -34,7 +34,8 @@ quoting):
                  of their logarithms (for times and rates). ``target=X`` (a difference in points,
                  or a ratio): the verdict is against X instead of no difference (higher is
                  better; ``better=lower``: lower is): met (the whole interval on the right side
-                 of it), not met (wholly on the wrong side), unresolved.
+                 of it), not met (wholly on the wrong side), unresolved; ``verdicts=W1,W2``
+                 says W1 for met and W2 for not met (``_`` for a space: pays,does_not_pay).
   figures=a,b    the figures shown, of those the rows have (default: every declared one they have).
   configs=a,b    the configurations shown, in this order; match=REGEX: those it finds (re.search).
 
@@ -90,7 +91,8 @@ def parse_spec(spec: str) -> tuple[str, dict]:
             raise ValueError(f"results marker {spec!r}: {word!r} is not key=value")
         if key in ("check", "pair"):
             options.setdefault(key, []).append(value)
-        elif key in ("show", "figures", "configs", "match", "figure", "test_size", "ratio", "target", "better"):
+        elif key in ("show", "figures", "configs", "match", "figure", "test_size", "ratio", "target", "better",
+                     "verdicts"):
             options[key] = value
         else:
             raise ValueError(f"results marker {spec!r}: unknown option {key!r}")
@@ -276,6 +278,8 @@ def _verdict(low: float, high: float, options: dict, scale, words: tuple[str, st
     if "target" in options:
         op = "<=" if options.get("better") == "lower" else ">="
         met = judge(Interval(0.0, low, high, 0), op, scale(float(options["target"])))
+        if "verdicts" in options:  # the words of met and not met, e.g. pays,does_not_pay
+            met = dict(zip(("met", "not met"), options["verdicts"].replace("_", " ").split(","))).get(met, met)
         return f"**{met}** ({SYMBOL[op]} {options['target']})"
     # no difference: 0 points, or a log-ratio of 0
     return "no difference these rounds can resolve" if low <= 0 <= high else words[0] if low > 0 else words[1]

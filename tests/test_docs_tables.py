@@ -307,6 +307,10 @@ def test_a_paired_ratio_against_a_target_where_lower_is_better(tmp_path):
     assert "**met** (≤ 1.10)" in render_docs.render(doc.format(t="1.10"), str(tmp_path))
     assert "**not met** (≤ 0.90)" in render_docs.render(doc.format(t="0.90"), str(tmp_path))
     assert "**unresolved** (≤ 1.01)" in render_docs.render(doc.format(t="1.01"), str(tmp_path))
+    worded = doc.replace("better=lower", "better=lower verdicts=pays,does_not_pay")  # a time to accuracy's words
+    assert "**pays** (≤ 1.10)" in render_docs.render(worded.format(t="1.10"), str(tmp_path))
+    assert "**does not pay** (≤ 0.90)" in render_docs.render(worded.format(t="0.90"), str(tmp_path))
+    assert "**unresolved** (≤ 1.01)" in render_docs.render(worded.format(t="1.01"), str(tmp_path))
 
 
 def test_a_change_to_comments_alone_leaves_a_table_current(tmp_path, monkeypatch):
