@@ -9,13 +9,18 @@ have, from one run's measured phases and a network probe. The model is hvd_cifar
     python -m hvd_cifar.predict logs/RUN --bandwidth 100mbit --np 2 4 8 --compression fp16 powersgd topk \
         local-sgd --local-sgd-steps 4                                  # the compressions of core/schemes.py
     python -m hvd_cifar.predict logs/RUN --probe probe.json --np 8 16 --hierarchical --ranks-per-host 4
+    python -m hvd_cifar.predict logs/RUN --bandwidth 100mbit --accuracy-from logs/none logs/powersgd logs/topk
+        # per scheme: the link rate below which it reaches the runs' target_acc sooner
 
 ``probe.json`` comes from ``python -m hvd_cifar.probe`` (launched like training, on your hosts).
 The methods and compressions, how each is priced and which runs which, are the registries'
 (hvd_cifar/core/methods.py, hvd_cifar/core/schemes.py); a method whose entry names no transport
 the probe times is refused in one line. ``--measured`` run folders (other np, same model) are
 overlaid on the plot and, where one matches a predicted row (sync, hierarchical, np,
-compression, accumulation, freeze), put beside it with the error.
+compression, accumulation, freeze), put beside it with the error. ``--accuracy-from`` runs (the
+same model and ranks, each with target_acc, one uncompressed) give each scheme's epochs to the
+target, and with them its time to it on this network and the rate below which it gets there sooner
+(hvd_cifar.analysis.crossover; OUT/crossover.csv).
 Writes OUT/predict.csv and OUT/predict.png (OUT: --out, default RUN/predict), prints the table.
 Bad input is one ``hvd_cifar: error:`` line and exit status 2.
 """
@@ -27,6 +32,7 @@ import os
 import sys
 from dataclasses import replace
 
+from hvd_cifar.analysis import crossover
 from hvd_cifar.analysis.plots import plot_prediction
 from hvd_cifar.core import methods, schemes, units
 from hvd_cifar.core.errors import PredictError, ReportError
@@ -125,6 +131,22 @@ COLUMNS = [
     num("measured step (ms)", "measured_step_s", ".2f", 1e-3),
     num("error (%)", "error_pct", "+.1f"),
 ]
+CROSSOVER_COLUMNS = [
+    Column("compression", "compression"), Column("run", "run"), num("epochs to target", "epochs_to_target", ".0f"),
+    num("time to target here (s)", "time_to_target_s", ".1f"),
+    Column("sooner than uncompressed below", "sooner_below_bits_per_s", lambda v: rate_words(v)),
+]
+
+
+def rate_words(bits_per_s: float | None) -> str:
+    """A crossover as a user reads it: a rate, every rate or none (crossover.sooner_below's ends)."""
+    if bits_per_s is None:
+        return "-"
+    if bits_per_s >= 8 * crossover.HIGHEST:
+        return "every rate"
+    if bits_per_s <= 0:
+        return "no rate"
+    return f"{bits_per_s / 1e6:.3g} Mbit/s"
 
 
 # ----------------------------------------------------------------------------- command line
@@ -158,6 +180,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--overlap-from", metavar="RUN_DIR", help="take the hidden fraction from this run (e.g. "
                    "np=2 with comm_timeline) and the compute from RUN_DIR (e.g. np=1, which has nothing to hide)")
     p.add_argument("--measured", nargs="*", default=[], metavar="RUN_DIR", help="runs to overlay and compare")
+    p.add_argument("--accuracy-from", nargs="+", default=[], metavar="RUN_DIR",
+                   help="accuracy runs, one per compression (one of them none), each with target_acc: per scheme "
+                        "its time to the target here and the link rate below which it gets there sooner")
     p.add_argument("--out", help="output folder (default RUN_DIR/predict)")
     args = p.parse_args(argv)
     if min(args.np) < 1 or args.ranks_per_host < 1 or (args.accumulation_steps or 1) < 1 or min(args.freeze or 0, args.shared_cores) < 0:
@@ -256,7 +281,24 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
             f"{f' (from {args.overlap_from}; backward slowed {c.contention:.2f} s per s hidden)' if args.overlap_from else ''}; "
             f"network: {sources}"
             f"{f'; all ranks on {args.shared_cores} cores, {c.threads_per_rank} thread(s) each' if args.shared_cores else ''}\n")
-    return rows, head + markdown_table(shown, rows) + f"\nwritten to {out}/predict.csv and predict.png"
+    text = head + markdown_table(shown, rows) + f"\nwritten to {out}/predict.csv and predict.png"
+    if args.accuracy_from:
+        text += "\n\n" + crossover_text(c, prof, args, out)
+    return rows, text
+
+
+def crossover_text(c, prof, args: argparse.Namespace, out: str) -> str:
+    """The --accuracy-from table: each run's scheme, epochs to the target, time to it on the
+    network asked for and the rate below which it is sooner (written to OUT/crossover.csv)."""
+    runs = [load_run(path) for path in args.accuracy_from]
+    sizes = {summarize(r)["world_size"] for r in runs}
+    if len(sizes) != 1:
+        raise PredictError(f"--accuracy-from: the runs must share one world size (got {sorted(sizes)})")
+    n = sizes.pop()
+    rows = crossover.crossover_rows(c, prof, network([c.sync], args), runs, n)
+    write_csv(os.path.join(out, "crossover.csv"), CROSSOVER_COLUMNS, rows)
+    return (f"time to target_acc {runs[0].config.get('target_acc')} at np={n}, from each run's epochs to it:\n"
+            + markdown_table(CROSSOVER_COLUMNS, rows) + f"\nwritten to {out}/crossover.csv")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,9 @@ quoting):
                  better; ``better=lower``: lower is): met (the whole interval on the right side
                  of it), not met (wholly on the wrong side), unresolved; ``verdicts=W1,W2``
                  says W1 for met and W2 for not met (``_`` for a space: pays,does_not_pay).
+  show=plot      ``figure=KEY`` against the link rate of configurations named ``SERIES RATE``:
+                 the image (docs/figures/, drawn when rendering, not with --check) and the
+                 table of its medians and intervals (testbed.doc_plots).
   figures=a,b    the figures shown, of those the rows have (default: every declared one they have).
   configs=a,b    the configurations shown, in this order; match=REGEX: those it finds (re.search).
 
@@ -67,6 +70,7 @@ import sys
 from hvd_cifar.measure.results import INSTALL_SCRIPT, RESULTS_DIR, ROOT, horovod_fixes, verdict
 from hvd_cifar.measure.stats import Interval, interval_of, judge, t_interval
 from hvd_cifar.runfolder import code
+from testbed import doc_plots
 
 # A marker is a line of its own; the text may quote the syntax inline without starting a block.
 BLOCK = re.compile(r"(?P<open>^<!-- results: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(?P<close>^<!-- /results -->)",
@@ -395,7 +399,8 @@ def load(name: str, results_dir: str) -> dict | None:
         return json.load(f)
 
 
-def render_block(spec: str, results_dir: str) -> str:
+def render_block(spec: str, results_dir: str, docs_dir: str | None = None) -> str:
+    """One block's text; a ``show=plot`` block's image drawn under ``docs_dir`` when given."""
     name, options = parse_spec(spec)
     data = load(name, results_dir)
     if data is None:
@@ -403,17 +408,22 @@ def render_block(spec: str, results_dir: str) -> str:
                 f"`benchmarks/results/{name}`._\n")
     show = options.get("show", "table")
     makers = {"table": summary_table, "rounds": rounds_table, "checks": checks_table, "failed": failed_list,
-              "paired": paired_table}
+              "paired": paired_table,
+              "plot": lambda d, o: doc_plots.plot_block(d, o, name, cell, figure_of(d, o.get("figure", ""))["label"],
+                                                        table)}
     if show not in makers:
-        raise ValueError(f"results marker {spec!r}: show={show} (table, rounds, checks, paired or failed)")
+        raise ValueError(f"results marker {spec!r}: show={show} (table, rounds, checks, paired, plot or failed)")
+    body = makers[show](data, options)
+    if show == "plot" and docs_dir:
+        doc_plots.draw(data, options, name, figure_of(data, options["figure"])["label"], docs_dir)
     stale = staleness(data)
-    return "\n".join([*makers[show](data, options), "", provenance(data, name, options),
-                      *(["", stale] if stale else [])]) + "\n"
+    return "\n".join([*body, "", provenance(data, name, options), *(["", stale] if stale else [])]) + "\n"
 
 
-def render(text: str, results_dir: str = RESULTS_DIR) -> str:
-    """``text`` with every generated block made again."""
-    return BLOCK.sub(lambda m: m["open"] + render_block(m["spec"], results_dir) + m["close"], text)
+def render(text: str, results_dir: str = RESULTS_DIR, docs_dir: str | None = None) -> str:
+    """``text`` with every generated block made again (``show=plot`` images drawn under
+    ``docs_dir`` when given)."""
+    return BLOCK.sub(lambda m: m["open"] + render_block(m["spec"], results_dir, docs_dir) + m["close"], text)
 
 
 def stale_blocks(text: str, results_dir: str = RESULTS_DIR) -> list[str]:
@@ -462,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             for spec, changed in stale_code(text, args.results):
                 print(f"render_docs: {doc}: {spec}: measured before a change to {few(changed, 5)}", file=sys.stderr)
         else:
-            new = render(text, args.results)
+            new = render(text, args.results, os.path.join(ROOT, "docs"))
             if new != text:
                 with open(path, "w") as f:
                     f.write(new)

@@ -390,3 +390,32 @@ def test_a_pair_whose_one_side_the_file_lacks_is_a_row_saying_so_and_a_typo_in_b
     assert "| a / bf16 | - | - | 0 | not measured: the file has no `bf16` |" in made and "| a / b |" in made
     with pytest.raises(ValueError, match="fewer than 2 rounds"):
         render_docs.render('<!-- results: demo-absent.json show=paired pair="x|y" -->\n<!-- /results -->\n', str(tmp_path))
+
+
+def test_a_plot_block_shows_a_figure_against_the_link_rate_and_draws_it_only_when_rendering(tmp_path):
+    """show=plot: configurations "SERIES RATE" as points, the slowest rate first; the table holds
+    the medians with their intervals; the image is written under docs/figures when rendering,
+    never with --check's comparison."""
+    args = argparse.Namespace(tag="plot", results=str(tmp_path))
+    r = Results("demo", args, {"t": Figure("time (s)", ".1f")})
+    for k in (1, 2, 3):
+        for series, rate, t in (("none", "1gbit", 10.0), ("none", "20mbit", 30.0), ("psgd", "20mbit", 12.0),
+                                ("psgd", "1gbit", 11.0), ("none", "100mbit", 14.0)):
+            r.add(k, f"{series} {rate}", {"t": t + k})
+    r.add(1, "none / psgd 20mbit", {"t": 1.0})  # not a point: left out
+    r.write()
+    doc = '<!-- results: demo-plot.json show=plot figure=t -->\n<!-- /results -->\n'
+    made = render_docs.render(doc, str(tmp_path))
+    assert "![time (s) against the link rate, median of the rounds with its 95 % interval](figures/demo-plot-t.png)" in made
+    lines = [line for line in made.splitlines() if line.startswith("|")]
+    assert lines[0] == "| time (s) at | 20mbit | 100mbit | 1gbit |"
+    none, psgd = ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:4])
+    assert [c.split(" ")[0] for c in none] == ["none", "32.0", "16.0", "12.0"]
+    assert [c.split(" ")[0] for c in psgd] == ["psgd", "14.0", "-", "13.0"]  # not run at 100mbit
+    assert none[1].startswith("32.0 (") and none[1].endswith(")")  # the interval of its 3 rounds
+    assert not (tmp_path / "docs").exists()
+    docs = tmp_path / "docs"
+    assert render_docs.render(doc, str(tmp_path), str(docs)) == made
+    assert (docs / "figures" / "demo-plot-t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no configuration 'SERIES RATE'"):
+        render_docs.render(doc.replace("figure=t", "figure=nothing"), str(tmp_path))

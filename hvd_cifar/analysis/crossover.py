@@ -1,0 +1,132 @@
+"""Time to an accuracy target on a link, and the link rate below which a scheme gets there sooner
+than uncompressed training: each run's measured epochs to the target (its accuracy curve), each
+update priced by the scaling model (hvd_cifar.analysis.scaling.predict_step) at that rate.
+
+A run of E epochs to the target, S micro-batch steps and V seconds of evaluation per epoch takes
+
+    T = sum over its E x S steps of the step's predicted time  +  E x V
+
+where a scheme's first ``compression_warmup_steps`` updates average the gradients whole (priced as
+the uncompressed scenario) and top-k sends each epoch's share of its sparsity warm-up
+(core.cost.topk_fraction_at). The scheme reaches the target sooner at a rate where its T is below
+uncompressed training's; the crossover is where the two meet (bisection on the model, as
+scaling.break_even_bandwidth does for one step).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from hvd_cifar.analysis.scaling import Compute, Network, Profile, Scenario, as_run, predict_step, time_schemes
+from hvd_cifar.analysis.summary import time_to_target as measured_target, value
+from hvd_cifar.core import cost, schemes
+from hvd_cifar.core.errors import PredictError
+from hvd_cifar.runfolder.reader import Run
+
+LOWEST, HIGHEST = 125.0, 1.25e12  # bytes/s searched: 1 kbit/s to 10 Tbit/s
+
+
+@dataclass(frozen=True)
+class Curve:
+    """What one accuracy run measured: the epochs it took to reach the target (None: it never
+    did), its micro-batch steps and its evaluation seconds per epoch."""
+    epochs: int | None
+    steps_per_epoch: float
+    eval_s: float
+
+
+def epoch_scenario(s: Scenario, epoch: int) -> Scenario:
+    """``s`` as it sends in ``epoch``: top-k at that epoch's share of its sparsity warm-up."""
+    settings = dict(s.settings)
+    if s.compression != "topk" or not settings.get("topk_warmup_epochs"):
+        return s
+    share = cost.topk_fraction_at(epoch, settings["topk_fraction"], settings["topk_warmup_epochs"])
+    return replace(s, settings=tuple({**settings, "topk_fraction": share}.items()))
+
+
+def epoch_scenarios(s: Scenario, epochs: int) -> list[Scenario]:
+    """The scenario of each of ``epochs`` epochs (time each with scaling.time_schemes)."""
+    return [epoch_scenario(s, e) for e in range(epochs)]
+
+
+def time_to_target(c: Compute, prof: Profile, net: Network, per_epoch: list[Scenario], plain: Scenario, n: int,
+                   curve: Curve, warmup_steps: int = 0) -> float | None:
+    """Seconds to the target at ``n`` ranks on ``net``: each epoch's steps at its scenario
+    (``per_epoch``, one per epoch to the target; ``plain``'s, the method's own averaging of every
+    gradient, in the first ``warmup_steps`` updates), then the evaluations; None if never."""
+    if curve.epochs is None:
+        return None
+    dense = predict_step(c, prof, net, plain, n)["step_s"]
+    total, done = curve.epochs * curve.eval_s, 0.0
+    for s in per_epoch[:curve.epochs]:
+        warm = min(curve.steps_per_epoch, max(0.0, warmup_steps * s.accumulation_steps - done))
+        total += warm * dense + (curve.steps_per_epoch - warm) * predict_step(c, prof, net, s, n)["step_s"]
+        done += curve.steps_per_epoch
+    return total
+
+
+def at_bandwidth(net: Network, method: str, beta: float) -> Network:
+    """``net`` with ``method``'s cross-host link at ``beta`` bytes/s (its latency kept)."""
+    return replace(net, links={**net.links, method: replace(net.links[method], beta_bytes_per_s=beta)})
+
+
+def sooner_below(c: Compute, prof: Profile, net: Network, plain: Scenario, plain_curve: Curve,
+                 per_epoch: list[Scenario], curve: Curve, n: int, warmup_steps: int = 0) -> float | None:
+    """The bandwidth (bytes/s) below which the scheme of ``per_epoch`` (time_to_target's) reaches
+    the target sooner than ``plain``: HIGHEST when it does at every rate searched, 0.0 when at
+    none (or it never reaches the target), None when ``plain`` never reaches it."""
+    if plain_curve.epochs is None:
+        return None
+    if curve.epochs is None:
+        return 0.0
+
+    def gain(beta: float) -> float:
+        slow = at_bandwidth(net, plain.method, beta)
+        return (time_to_target(c, prof, slow, [plain] * plain_curve.epochs, plain, n, plain_curve)
+                - time_to_target(c, prof, slow, per_epoch, plain, n, curve, warmup_steps))
+    low, high = LOWEST, HIGHEST
+    if gain(low) <= 0:
+        return 0.0
+    if gain(high) > 0:
+        return HIGHEST
+    for _ in range(100):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if gain(mid) > 0 else (low, mid)
+        if high / low < 1.0001:
+            break
+    return low
+
+
+def curve_of(run: Run) -> Curve:
+    """An accuracy run's epochs to its target, steps and evaluation seconds per epoch."""
+    epochs = measured_target(run)["epochs_to_target"]
+    records = [r for r in run.metrics if "steps" in r]
+    return Curve(int(epochs) if epochs else None, sum(value(r, "steps") for r in records) / len(records),
+                 sum(value(r, "eval_time_s") for r in records) / len(records))
+
+
+def crossover_rows(c: Compute, prof: Profile, net: Network, runs: list[Run], n: int) -> list[dict]:
+    """Per accuracy run (one of them uncompressed): its compression, epochs to the target, the
+    predicted time to it on ``net`` at ``n`` ranks, and the bandwidth below which it gets there
+    sooner than the uncompressed run (sooner_below)."""
+    targets = {r.config.get("target_acc") or 0.0 for r in runs}
+    if len(targets) != 1 or not targets.pop():
+        raise PredictError("--accuracy-from: the runs must share one target_acc (> 0): "
+                           + ", ".join(f"{r.name} {r.config.get('target_acc')}" for r in runs))
+    plain_runs = [r for r in runs if (r.config.get("compression") or "none") == "none"]
+    if len(plain_runs) != 1:
+        raise PredictError(f"--accuracy-from: needs exactly one run with compression none to compare with "
+                           f"(got {len(plain_runs)})")
+    plain, plain_curve = as_run(c, {**plain_runs[0].config, "compression": "none"}), curve_of(plain_runs[0])
+    rows = []
+    for run in runs:
+        s, curve = as_run(c, run.config), curve_of(run)
+        reads = schemes.SCHEMES[s.compression].reads
+        warmup = int(run.config.get("compression_warmup_steps", 0)) if "compression_warmup_steps" in reads else 0
+        per_epoch = time_schemes(prof, epoch_scenarios(s, curve.epochs or 0), c.threads_per_rank)
+        seconds = time_to_target(c, prof, net, per_epoch, plain, n, curve, warmup)
+        below = (sooner_below(c, prof, net, plain, plain_curve, per_epoch, curve, n, warmup)
+                 if run is not plain_runs[0] else None)
+        rows.append({"compression": s.label, "run": run.name, "epochs_to_target": curve.epochs,
+                     "time_to_target_s": seconds, "sooner_below_bits_per_s": None if below is None else 8 * below})
+    return rows

@@ -1,0 +1,107 @@
+"""hvd_cifar.analysis.crossover and ``predict --accuracy-from``: the time to an accuracy target on a
+link, worked by hand; the rate below which a scheme gets there sooner, against the one-step break
+even where the epochs are the same and lower where the scheme needs more; the scheme's warm-ups;
+and the command on run folders written here (tests/runfolders.py)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from conftest import md_table
+from hvd_cifar import predict
+from hvd_cifar.analysis import crossover as x
+from hvd_cifar.analysis import scaling as p
+from hvd_cifar.core import cost
+from runfolders import epoch_record, evaluation, write_run
+
+COMPUTE = p.Compute(model="smallcnn", num_classes=10, sync="horovod", world_size=2, compression="none",
+                    accumulation_steps=1, frozen_blocks=0, images_per_step=32, data_s=0.001, forward_s=0.01,
+                    backward_s=0.02, other_s=0.0, optimizer_s=0.002, sync_s=0.0, hidden_fraction=0.0, step_s=0.033,
+                    threads_per_rank=1)
+PROF = p.profile("smallcnn", 10)
+NET = p.Network({"horovod": p.Link(1e-4, 1.25e7)}, None)  # 100 Mbit/s
+PLAIN = p.Scenario("horovod", "none", 1, 0)
+FP16 = replace(PLAIN, compression="fp16")
+
+
+def step(s, net=NET):
+    return p.predict_step(COMPUTE, PROF, net, s, 2)["step_s"]
+
+
+def test_the_time_to_a_target_is_its_epochs_of_steps_and_evaluations():
+    curve = x.Curve(epochs=3, steps_per_epoch=10, eval_s=0.5)
+    assert x.time_to_target(COMPUTE, PROF, NET, [PLAIN] * 3, PLAIN, 2, curve) == pytest.approx(3 * (10 * step(PLAIN) + 0.5))
+    assert x.time_to_target(COMPUTE, PROF, NET, [PLAIN] * 3, PLAIN, 2, replace(curve, epochs=None)) is None
+
+
+def test_a_schemes_warmup_updates_are_priced_as_the_whole_gradient():
+    # 15 warm-up updates of 10 per epoch: all of the first epoch, half of the second
+    curve = x.Curve(epochs=3, steps_per_epoch=10, eval_s=0.0)
+    got = x.time_to_target(COMPUTE, PROF, NET, [FP16] * 3, PLAIN, 2, curve, warmup_steps=15)
+    assert got == pytest.approx(15 * step(PLAIN) + 15 * step(FP16))
+
+
+def test_topk_sends_each_epochs_share_of_its_sparsity_warmup():
+    topk = replace(PLAIN, compression="topk", settings=(("topk_fraction", 0.004), ("topk_min_entries", 4096),
+                                                          ("topk_warmup_epochs", 4.0)))
+    shares = [dict(s.settings)["topk_fraction"] for s in x.epoch_scenarios(topk, 6)]
+    assert shares == [pytest.approx(cost.topk_fraction_at(e, 0.004, 4.0)) for e in range(6)]
+    assert shares[0] > shares[3] > shares[4] == shares[5] == 0.004
+    assert x.epoch_scenario(PLAIN, 2) is PLAIN
+
+
+def test_with_the_same_epochs_the_crossover_is_the_steps_break_even_and_more_epochs_lower_it():
+    same = x.Curve(epochs=4, steps_per_epoch=20, eval_s=0.3)
+    timed_fp16 = replace(FP16, scheme_s=0.004)  # its casts: it pays them on a fast link
+    below = x.sooner_below(COMPUTE, PROF, NET, PLAIN, same, [timed_fp16] * 4, same, 2)
+    assert below == pytest.approx(p.break_even_bandwidth(COMPUTE, PROF, NET, PLAIN, timed_fp16, 2), rel=1e-3)
+    slow, fast = x.at_bandwidth(NET, "horovod", below * 0.9), x.at_bandwidth(NET, "horovod", below * 1.1)
+    assert step(timed_fp16, slow) < step(PLAIN, slow) and step(timed_fp16, fast) > step(PLAIN, fast)
+    more = x.sooner_below(COMPUTE, PROF, NET, PLAIN, same, [timed_fp16] * 5, replace(same, epochs=5), 2)
+    assert 0 < more < below
+    # without its casts fp16 only halves the bytes: sooner at every rate searched
+    assert x.sooner_below(COMPUTE, PROF, NET, PLAIN, same, [FP16] * 4, same, 2) == x.HIGHEST
+
+
+def test_a_run_that_never_reaches_the_target_is_sooner_at_no_rate():
+    reached, never = x.Curve(4, 20, 0.3), x.Curve(None, 20, 0.3)
+    assert x.sooner_below(COMPUTE, PROF, NET, PLAIN, reached, [FP16] * 4, never, 2) == 0.0
+    assert x.sooner_below(COMPUTE, PROF, NET, PLAIN, never, [FP16] * 4, reached, 2) is None
+    assert predict.rate_words(0.0) == "no rate" and predict.rate_words(8 * x.HIGHEST) == "every rate"
+    assert predict.rate_words(2.5e7) == "25 Mbit/s" and predict.rate_words(None) == "-"
+
+
+def accuracy_run(folder, compression: str, epochs_to_target: int | None, **config):
+    """A 2-rank run of 6 epochs of 20 steps that reached 0.9 at ``epochs_to_target``."""
+    records = [epoch_record(e, 2, steps=20) for e in range(6)]
+    target = {"target_acc": 0.9, "epochs_to_target": epochs_to_target,
+              "time_to_target_s": None if epochs_to_target is None else 2.5 + 1.1 * epochs_to_target}
+    path = write_run(folder, records, config={"compression": compression, "target_acc": 0.9, "epochs": 6,
+                                              "threads_per_rank": 1, **config}, eval_json=False)
+    (path / "eval.json").write_text(__import__("json").dumps(evaluation(records[-1], target)))
+    return path
+
+
+def test_predict_names_each_schemes_crossover_from_the_runs_epochs_to_the_target(tmp_path, capsys):
+    compute = write_run(tmp_path / "np1", config={"threads_per_rank": 1})
+    none = accuracy_run(tmp_path / "none", "none", 4)
+    psgd = accuracy_run(tmp_path / "psgd", "powersgd", 4, compression_warmup_steps=20)
+    never = accuracy_run(tmp_path / "fp16", "fp16", None)
+    out = tmp_path / "out"
+    argv = [str(compute), "--bandwidth", "100mbit", "--np", "2", "--out", str(out), "--accuracy-from", str(none),
+            str(psgd), str(never)]
+    assert predict.main(argv) == 0
+    text = capsys.readouterr().out
+    rows = {r["compression"]: r for r in md_table(text.split("time to target_acc 0.9 at np=2")[1], "")}
+    assert rows["fp16"]["sooner than uncompressed below"] == "no rate" and rows["fp16"]["epochs to target"] == "-"
+    assert rows["none"]["sooner than uncompressed below"] == "-"
+    assert rows["powersgd r=4"]["epochs to target"] == "4"
+    assert rows["powersgd r=4"]["sooner than uncompressed below"].endswith("Mbit/s")
+    assert (out / "crossover.csv").read_text().count("\n") == 4
+    # the runs must be comparable: one uncompressed run, one target, one world size
+    assert predict.main(argv[:-3] + [str(psgd), str(never)]) == 2
+    assert "needs exactly one run with compression none" in capsys.readouterr().err
+    other = accuracy_run(tmp_path / "other", "topk", 3, target_acc=0.8)
+    assert predict.main(argv + [str(other)]) == 2
+    assert "must share one target_acc" in capsys.readouterr().err
