@@ -9,8 +9,9 @@ have, from one run's measured phases and a network probe. The model is hvd_cifar
     python -m hvd_cifar.predict logs/RUN --bandwidth 100mbit --np 2 4 8 --compression fp16 powersgd topk \
         local-sgd --local-sgd-steps 4                                  # the compressions of core/schemes.py
     python -m hvd_cifar.predict logs/RUN --probe probe.json --np 8 16 --hierarchical --ranks-per-host 4
-    python -m hvd_cifar.predict logs/RUN --bandwidth 100mbit --accuracy-from logs/none logs/powersgd logs/topk
-        # per scheme: the link rate below which it reaches the runs' target_acc sooner
+    python -m hvd_cifar.predict logs/RUN --bandwidth 1gbit --accuracy-from logs/none logs/powersgd logs/topk \
+        --at-rates 100mbit 20mbit   # runs made on a 1gbit link: per scheme its time to their target_acc
+                                    # at each rate, and the rate below which it gets there sooner
 
 ``probe.json`` comes from ``python -m hvd_cifar.probe`` (launched like training, on your hosts).
 The methods and compressions, how each is priced and which runs which, are the registries'
@@ -18,9 +19,10 @@ The methods and compressions, how each is priced and which runs which, are the r
 the probe times is refused in one line. ``--measured`` run folders (other np, same model) are
 overlaid on the plot and, where one matches a predicted row (sync, hierarchical, np,
 compression, accumulation, freeze), put beside it with the error. ``--accuracy-from`` runs (the
-same model and ranks, each with target_acc, one uncompressed) give each scheme's epochs to the
-target, and with them its time to it on this network and the rate below which it gets there sooner
-(hvd_cifar.analysis.crossover; OUT/crossover.csv).
+same model and ranks, each with target_acc, one uncompressed, made on the network that --probe or
+--bandwidth describes) give each scheme's measured epochs to the target, and with them its time to
+it at --at-rates and the rate below which it gets there sooner (hvd_cifar.analysis.crossover;
+OUT/crossover.csv).
 Writes OUT/predict.csv and OUT/predict.png (OUT: --out, default RUN/predict), prints the table.
 Bad input is one ``hvd_cifar: error:`` line and exit status 2.
 """
@@ -131,11 +133,9 @@ COLUMNS = [
     num("measured step (ms)", "measured_step_s", ".2f", 1e-3),
     num("error (%)", "error_pct", "+.1f"),
 ]
-CROSSOVER_COLUMNS = [
-    Column("compression", "compression"), Column("run", "run"), num("epochs to target", "epochs_to_target", ".0f"),
-    num("time to target here (s)", "time_to_target_s", ".1f"),
-    Column("sooner than uncompressed below", "sooner_below_bits_per_s", lambda v: rate_words(v)),
-]
+CROSSOVER_COLUMNS = [Column("compression", "compression"), Column("run", "run"),
+                     num("epochs to target", "epochs_to_target", ".0f")]
+SOONER = Column("sooner than uncompressed below", "sooner_below_bits_per_s", lambda v: rate_words(v))
 
 
 def rate_words(bits_per_s: float | None) -> str:
@@ -183,6 +183,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--accuracy-from", nargs="+", default=[], metavar="RUN_DIR",
                    help="accuracy runs, one per compression (one of them none), each with target_acc: per scheme "
                         "its time to the target here and the link rate below which it gets there sooner")
+    p.add_argument("--at-rates", nargs="+", default=[], metavar="RATE",
+                   help="with --accuracy-from: each run's time to the target at these link rates too (tc syntax)")
     p.add_argument("--out", help="output folder (default RUN_DIR/predict)")
     args = p.parse_args(argv)
     if min(args.np) < 1 or args.ranks_per_host < 1 or (args.accumulation_steps or 1) < 1 or min(args.freeze or 0, args.shared_cores) < 0:
@@ -288,17 +290,26 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
 
 
 def crossover_text(c, prof, args: argparse.Namespace, out: str) -> str:
-    """The --accuracy-from table: each run's scheme, epochs to the target, time to it on the
-    network asked for and the rate below which it is sooner (written to OUT/crossover.csv)."""
+    """The --accuracy-from table: each run's scheme, epochs to the target, time to it on the runs'
+    own network and at each --at-rates rate, and the rate below which it is sooner (written to
+    OUT/crossover.csv)."""
     runs = [load_run(path) for path in args.accuracy_from]
     sizes = {summarize(r)["world_size"] for r in runs}
     if len(sizes) != 1:
         raise PredictError(f"--accuracy-from: the runs must share one world size (got {sorted(sizes)})")
-    n = sizes.pop()
-    rows = crossover.crossover_rows(c, prof, network([c.sync], args), runs, n)
-    write_csv(os.path.join(out, "crossover.csv"), CROSSOVER_COLUMNS, rows)
-    return (f"time to target_acc {runs[0].config.get('target_acc')} at np={n}, from each run's epochs to it:\n"
-            + markdown_table(CROSSOVER_COLUMNS, rows) + f"\nwritten to {out}/crossover.csv")
+    n, net = sizes.pop(), network([c.sync], args)
+    try:
+        rates = {"their link": net, **{rate: crossover.at_bandwidth(net, c.sync, units.parse_rate(rate) / 8)
+                                       for rate in args.at_rates}}
+    except ValueError as exc:
+        raise PredictError(f"--at-rates: {exc}") from None
+    rows = crossover.crossover_rows(c, prof, net, runs, n, rates)
+    columns = [*CROSSOVER_COLUMNS, *[num(f"time to target at {label} (s)", f"time_to_target_s@{label}", ".1f")
+                                     for label in rates], SOONER]
+    write_csv(os.path.join(out, "crossover.csv"), columns, rows)
+    return (f"time to target_acc {runs[0].config.get('target_acc')} at np={n}, from each run's epochs to it "
+            f"(measured on {next(iter(net.links.values())).source}):\n"
+            + markdown_table(columns, rows) + f"\nwritten to {out}/crossover.csv")
 
 
 def main(argv: list[str] | None = None) -> int:

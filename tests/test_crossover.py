@@ -29,17 +29,30 @@ def step(s, net=NET):
     return p.predict_step(COMPUTE, PROF, net, s, 2)["step_s"]
 
 
-def test_the_time_to_a_target_is_its_epochs_of_steps_and_evaluations():
-    curve = x.Curve(epochs=3, steps_per_epoch=10, eval_s=0.5)
-    assert x.time_to_target(COMPUTE, PROF, NET, [PLAIN] * 3, PLAIN, 2, curve) == pytest.approx(3 * (10 * step(PLAIN) + 0.5))
-    assert x.time_to_target(COMPUTE, PROF, NET, [PLAIN] * 3, PLAIN, 2, replace(curve, epochs=None)) is None
+SLOW = x.at_bandwidth(NET, "horovod", 2.5e6)  # 20 Mbit/s
+
+
+def curve(epochs, steps=10, s=PLAIN, eval_s=0.5, other_s=2.0):
+    """A run measured on NET whose epochs took what the model says ``s``'s steps take there."""
+    n = epochs or 6
+    return x.Curve(epochs, steps, (steps * step(s),) * n, (eval_s,) * n, other_s)
+
+
+def test_on_its_own_link_a_run_takes_its_measured_time_and_elsewhere_what_the_link_changes():
+    run = replace(curve(3), epoch_s=(4.0, 3.0, 3.5))
+    here = x.time_to_target(COMPUTE, PROF, NET, NET, [PLAIN] * 3, PLAIN, 2, run)
+    assert here == pytest.approx(2.0 + 4.0 + 3.0 + 3.5 + 3 * 0.5)  # start-up, epochs, evaluations
+    there = x.time_to_target(COMPUTE, PROF, SLOW, NET, [PLAIN] * 3, PLAIN, 2, run)
+    assert there == pytest.approx(here + 3 * 10 * (step(PLAIN, SLOW) - step(PLAIN)))
+    assert x.time_to_target(COMPUTE, PROF, SLOW, NET, [PLAIN] * 3, PLAIN, 2, replace(run, epochs=None)) is None
 
 
 def test_a_schemes_warmup_updates_are_priced_as_the_whole_gradient():
     # 15 warm-up updates of 10 per epoch: all of the first epoch, half of the second
-    curve = x.Curve(epochs=3, steps_per_epoch=10, eval_s=0.0)
-    got = x.time_to_target(COMPUTE, PROF, NET, [FP16] * 3, PLAIN, 2, curve, warmup_steps=15)
-    assert got == pytest.approx(15 * step(PLAIN) + 15 * step(FP16))
+    run = curve(3, s=FP16, eval_s=0.0, other_s=0.0)
+    got = x.time_to_target(COMPUTE, PROF, SLOW, NET, [FP16] * 3, PLAIN, 2, run, warmup_steps=15)
+    change = 15 * (step(PLAIN, SLOW) - step(PLAIN)) + 15 * (step(FP16, SLOW) - step(FP16))
+    assert got == pytest.approx(sum(run.epoch_s) + change)
 
 
 def test_topk_sends_each_epochs_share_of_its_sparsity_warmup():
@@ -52,29 +65,29 @@ def test_topk_sends_each_epochs_share_of_its_sparsity_warmup():
 
 
 def test_with_the_same_epochs_the_crossover_is_the_steps_break_even_and_more_epochs_lower_it():
-    same = x.Curve(epochs=4, steps_per_epoch=20, eval_s=0.3)
-    timed_fp16 = replace(FP16, scheme_s=0.004)  # its casts: it pays them on a fast link
-    below = x.sooner_below(COMPUTE, PROF, NET, PLAIN, same, [timed_fp16] * 4, same, 2)
-    assert below == pytest.approx(p.break_even_bandwidth(COMPUTE, PROF, NET, PLAIN, timed_fp16, 2), rel=1e-3)
+    fp16 = replace(FP16, scheme_s=0.004)  # its casts: it pays them on a fast link
+    below = x.sooner_below(COMPUTE, PROF, NET, PLAIN, curve(4), [fp16] * 4, curve(4, s=fp16), 2)
+    assert below == pytest.approx(p.break_even_bandwidth(COMPUTE, PROF, NET, PLAIN, fp16, 2), rel=1e-3)
     slow, fast = x.at_bandwidth(NET, "horovod", below * 0.9), x.at_bandwidth(NET, "horovod", below * 1.1)
-    assert step(timed_fp16, slow) < step(PLAIN, slow) and step(timed_fp16, fast) > step(PLAIN, fast)
-    more = x.sooner_below(COMPUTE, PROF, NET, PLAIN, same, [timed_fp16] * 5, replace(same, epochs=5), 2)
+    assert step(fp16, slow) < step(PLAIN, slow) and step(fp16, fast) > step(PLAIN, fast)
+    more = x.sooner_below(COMPUTE, PROF, NET, PLAIN, curve(4), [fp16] * 5, curve(5, s=fp16), 2)
     assert 0 < more < below
     # without its casts fp16 only halves the bytes: sooner at every rate searched
-    assert x.sooner_below(COMPUTE, PROF, NET, PLAIN, same, [FP16] * 4, same, 2) == x.HIGHEST
+    assert x.sooner_below(COMPUTE, PROF, NET, PLAIN, curve(4), [FP16] * 4, curve(4, s=FP16), 2) == x.HIGHEST
 
 
 def test_a_run_that_never_reaches_the_target_is_sooner_at_no_rate():
-    reached, never = x.Curve(4, 20, 0.3), x.Curve(None, 20, 0.3)
+    reached, never = curve(4), curve(None)
     assert x.sooner_below(COMPUTE, PROF, NET, PLAIN, reached, [FP16] * 4, never, 2) == 0.0
     assert x.sooner_below(COMPUTE, PROF, NET, PLAIN, never, [FP16] * 4, reached, 2) is None
     assert predict.rate_words(0.0) == "no rate" and predict.rate_words(8 * x.HIGHEST) == "every rate"
     assert predict.rate_words(2.5e7) == "25 Mbit/s" and predict.rate_words(None) == "-"
 
 
-def accuracy_run(folder, compression: str, epochs_to_target: int | None, **config):
-    """A 2-rank run of 6 epochs of 20 steps that reached 0.9 at ``epochs_to_target``."""
-    records = [epoch_record(e, 2, steps=20) for e in range(6)]
+def accuracy_run(folder, compression: str, epochs_to_target: int | None, epoch_time_s: float = 0.9, **config):
+    """A 2-rank run of 6 epochs of 20 steps (``epoch_time_s`` each) that reached 0.9 at ``epochs_to_target``."""
+    records = [epoch_record(e, 2, steps=20, epoch_time_s=epoch_time_s, elapsed_s=1.0 + (e + 1) * (epoch_time_s + 0.12))
+               for e in range(6)]
     target = {"target_acc": 0.9, "epochs_to_target": epochs_to_target,
               "time_to_target_s": None if epochs_to_target is None else 2.5 + 1.1 * epochs_to_target}
     path = write_run(folder, records, config={"compression": compression, "target_acc": 0.9, "epochs": 6,
@@ -86,11 +99,12 @@ def accuracy_run(folder, compression: str, epochs_to_target: int | None, **confi
 def test_predict_names_each_schemes_crossover_from_the_runs_epochs_to_the_target(tmp_path, capsys):
     compute = write_run(tmp_path / "np1", config={"threads_per_rank": 1})
     none = accuracy_run(tmp_path / "none", "none", 4)
-    psgd = accuracy_run(tmp_path / "psgd", "powersgd", 4, compression_warmup_steps=20)
+    # PowerSGD's epochs a tenth of a second longer on the runs' 100mbit link: sooner only below some slower rate
+    psgd = accuracy_run(tmp_path / "psgd", "powersgd", 4, epoch_time_s=1.0, compression_warmup_steps=20)
     never = accuracy_run(tmp_path / "fp16", "fp16", None)
     out = tmp_path / "out"
-    argv = [str(compute), "--bandwidth", "100mbit", "--np", "2", "--out", str(out), "--accuracy-from", str(none),
-            str(psgd), str(never)]
+    argv = [str(compute), "--bandwidth", "100mbit", "--np", "2", "--out", str(out), "--at-rates", "20mbit",
+            "--accuracy-from", str(none), str(psgd), str(never)]
     assert predict.main(argv) == 0
     text = capsys.readouterr().out
     rows = {r["compression"]: r for r in md_table(text.split("time to target_acc 0.9 at np=2")[1], "")}
@@ -98,7 +112,14 @@ def test_predict_names_each_schemes_crossover_from_the_runs_epochs_to_the_target
     assert rows["none"]["sooner than uncompressed below"] == "-"
     assert rows["powersgd r=4"]["epochs to target"] == "4"
     assert rows["powersgd r=4"]["sooner than uncompressed below"].endswith("Mbit/s")
+    assert float(rows["powersgd r=4"]["sooner than uncompressed below"].split()[0]) < 100
+    # on their own link the runs take their own time to the target (1 s to start, 4 epochs and evaluations)
+    assert rows["none"]["time to target at their link (s)"] == "5.1"
+    assert rows["powersgd r=4"]["time to target at their link (s)"] == "5.5"
+    assert float(rows["none"]["time to target at 20mbit (s)"]) > 6.6 and rows["fp16"]["time to target at 20mbit (s)"] == "-"
     assert (out / "crossover.csv").read_text().count("\n") == 4
+    assert predict.main(argv[:7] + ["--at-rates", "fast"] + argv[9:]) == 2
+    assert "--at-rates:" in capsys.readouterr().err
     # the runs must be comparable: one uncompressed run, one target, one world size
     assert predict.main(argv[:-3] + [str(psgd), str(never)]) == 2
     assert "needs exactly one run with compression none" in capsys.readouterr().err

@@ -1,16 +1,20 @@
 """Time to an accuracy target on a link, and the link rate below which a scheme gets there sooner
-than uncompressed training: each run's measured epochs to the target (its accuracy curve), each
-update priced by the scaling model (hvd_cifar.analysis.scaling.predict_step) at that rate.
+than uncompressed training: each run's measured epochs to the target (its accuracy curve), and
+what the scaling model (hvd_cifar.analysis.scaling.predict_step) says changes with the link.
 
-A run of E epochs to the target, S micro-batch steps and V seconds of evaluation per epoch takes
+A run that took E epochs to the target, each of S micro-batch steps, measured its epoch times
+w_e, evaluations v_e and the rest of its wall time up to the target (start-up, checkpoints: o) on
+the link it ran on (``base``). On a link L it would take
 
-    T = sum over its E x S steps of the step's predicted time  +  E x V
+    T(L) = o + sum over e < E of ( w_e + v_e + S x (step_e(L) - step_e(base)) )
 
-where a scheme's first ``compression_warmup_steps`` updates average the gradients whole (priced as
-the uncompressed scenario) and top-k sends each epoch's share of its sparsity warm-up
-(core.cost.topk_fraction_at). The scheme reaches the target sooner at a rate where its T is below
-uncompressed training's; the crossover is where the two meet (bisection on the model, as
-scaling.break_even_bandwidth does for one step).
+where step_e is the model's step in epoch e: a scheme's first ``compression_warmup_steps``
+updates average the gradients whole (priced as the uncompressed scenario) and top-k sends epoch
+e's share of its sparsity warm-up (core.cost.topk_fraction_at). The measured epochs carry what the
+model leaves out (the first epoch's warm-up, the scheme's own overheads); the model carries only
+the difference the link makes. T(base) is the run's own time to the target. The scheme reaches the
+target sooner at a link where its T is below uncompressed training's; the crossover is the rate
+where the two meet (bisection on the model, as scaling.break_even_bandwidth does for one step).
 """
 from __future__ import annotations
 
@@ -29,10 +33,13 @@ LOWEST, HIGHEST = 125.0, 1.25e12  # bytes/s searched: 1 kbit/s to 10 Tbit/s
 @dataclass(frozen=True)
 class Curve:
     """What one accuracy run measured: the epochs it took to reach the target (None: it never
-    did), its micro-batch steps and its evaluation seconds per epoch."""
+    did), its micro-batch steps per epoch, and up to the target each epoch's training seconds and
+    evaluation seconds, and the rest of its wall time (start-up, checkpoints)."""
     epochs: int | None
     steps_per_epoch: float
-    eval_s: float
+    epoch_s: tuple[float, ...] = ()
+    eval_s: tuple[float, ...] = ()
+    other_s: float = 0.0
 
 
 def epoch_scenario(s: Scenario, epoch: int) -> Scenario:
@@ -49,18 +56,28 @@ def epoch_scenarios(s: Scenario, epochs: int) -> list[Scenario]:
     return [epoch_scenario(s, e) for e in range(epochs)]
 
 
-def time_to_target(c: Compute, prof: Profile, net: Network, per_epoch: list[Scenario], plain: Scenario, n: int,
-                   curve: Curve, warmup_steps: int = 0) -> float | None:
-    """Seconds to the target at ``n`` ranks on ``net``: each epoch's steps at its scenario
-    (``per_epoch``, one per epoch to the target; ``plain``'s, the method's own averaging of every
-    gradient, in the first ``warmup_steps`` updates), then the evaluations; None if never."""
+def steps_s(c: Compute, prof: Profile, net: Network, s: Scenario, plain: Scenario, n: int, steps: float,
+            warm: float) -> float:
+    """The model's seconds for one epoch's ``steps`` micro-batch steps of ``s`` on ``net``, the first
+    ``warm`` of them averaged whole (``plain``)."""
+    return (warm * predict_step(c, prof, net, plain, n)["step_s"]
+            + (steps - warm) * predict_step(c, prof, net, s, n)["step_s"])
+
+
+def time_to_target(c: Compute, prof: Profile, net: Network, base: Network, per_epoch: list[Scenario],
+                   plain: Scenario, n: int, curve: Curve, warmup_steps: int = 0) -> float | None:
+    """Seconds to the target at ``n`` ranks on ``net`` of a run that measured ``curve`` on
+    ``base`` (the module doc's T(L)): each epoch's scenario in ``per_epoch`` (``plain``'s, the
+    method's own averaging of every gradient, in the first ``warmup_steps`` updates); None if
+    the run never reached the target."""
     if curve.epochs is None:
         return None
-    dense = predict_step(c, prof, net, plain, n)["step_s"]
-    total, done = curve.epochs * curve.eval_s, 0.0
-    for s in per_epoch[:curve.epochs]:
+    total, done = curve.other_s, 0.0
+    for e, s in enumerate(per_epoch[:curve.epochs]):
         warm = min(curve.steps_per_epoch, max(0.0, warmup_steps * s.accumulation_steps - done))
-        total += warm * dense + (curve.steps_per_epoch - warm) * predict_step(c, prof, net, s, n)["step_s"]
+        change = (steps_s(c, prof, net, s, plain, n, curve.steps_per_epoch, warm)
+                  - steps_s(c, prof, base, s, plain, n, curve.steps_per_epoch, warm))
+        total += curve.epoch_s[e] + curve.eval_s[e] + change
         done += curve.steps_per_epoch
     return total
 
@@ -73,8 +90,9 @@ def at_bandwidth(net: Network, method: str, beta: float) -> Network:
 def sooner_below(c: Compute, prof: Profile, net: Network, plain: Scenario, plain_curve: Curve,
                  per_epoch: list[Scenario], curve: Curve, n: int, warmup_steps: int = 0) -> float | None:
     """The bandwidth (bytes/s) below which the scheme of ``per_epoch`` (time_to_target's) reaches
-    the target sooner than ``plain``: HIGHEST when it does at every rate searched, 0.0 when at
-    none (or it never reaches the target), None when ``plain`` never reaches it."""
+    the target sooner than ``plain``, both runs measured on ``net``: HIGHEST when it does at every
+    rate searched, 0.0 when at none (or it never reaches the target), None when ``plain`` never
+    reaches it."""
     if plain_curve.epochs is None:
         return None
     if curve.epochs is None:
@@ -82,8 +100,8 @@ def sooner_below(c: Compute, prof: Profile, net: Network, plain: Scenario, plain
 
     def gain(beta: float) -> float:
         slow = at_bandwidth(net, plain.method, beta)
-        return (time_to_target(c, prof, slow, [plain] * plain_curve.epochs, plain, n, plain_curve)
-                - time_to_target(c, prof, slow, per_epoch, plain, n, curve, warmup_steps))
+        return (time_to_target(c, prof, slow, net, [plain] * plain_curve.epochs, plain, n, plain_curve)
+                - time_to_target(c, prof, slow, net, per_epoch, plain, n, curve, warmup_steps))
     low, high = LOWEST, HIGHEST
     if gain(low) <= 0:
         return 0.0
@@ -98,17 +116,23 @@ def sooner_below(c: Compute, prof: Profile, net: Network, plain: Scenario, plain
 
 
 def curve_of(run: Run) -> Curve:
-    """An accuracy run's epochs to its target, steps and evaluation seconds per epoch."""
+    """An accuracy run's epochs to its target, steps per epoch, and up to the target its epochs'
+    training and evaluation seconds and the rest of its wall time (from metrics.jsonl)."""
     epochs = measured_target(run)["epochs_to_target"]
-    records = [r for r in run.metrics if "steps" in r]
+    records = sorted((r for r in run.metrics if "steps" in r and "elapsed_s" in r), key=lambda r: r["epoch"])
+    upto = records[:int(epochs)] if epochs else records
+    epoch_s = tuple(value(r, "epoch_time_s") for r in upto)
+    eval_s = tuple(value(r, "eval_time_s") for r in upto)
+    other = value(upto[-1], "elapsed_s") - sum(epoch_s) - sum(eval_s) if upto else 0.0
     return Curve(int(epochs) if epochs else None, sum(value(r, "steps") for r in records) / len(records),
-                 sum(value(r, "eval_time_s") for r in records) / len(records))
+                 epoch_s, eval_s, max(other, 0.0))
 
 
-def crossover_rows(c: Compute, prof: Profile, net: Network, runs: list[Run], n: int) -> list[dict]:
-    """Per accuracy run (one of them uncompressed): its compression, epochs to the target, the
-    predicted time to it on ``net`` at ``n`` ranks, and the bandwidth below which it gets there
-    sooner than the uncompressed run (sooner_below)."""
+def crossover_rows(c: Compute, prof: Profile, net: Network, runs: list[Run], n: int,
+                   rates: dict[str, Network] | None = None) -> list[dict]:
+    """Per accuracy run (one of them uncompressed), all measured on ``net``: its compression,
+    epochs to the target, its time to it at each of ``rates`` (label -> network; the model's
+    T(L)), and the bandwidth below which it gets there sooner than the uncompressed run."""
     targets = {r.config.get("target_acc") or 0.0 for r in runs}
     if len(targets) != 1 or not targets.pop():
         raise PredictError("--accuracy-from: the runs must share one target_acc (> 0): "
@@ -124,9 +148,11 @@ def crossover_rows(c: Compute, prof: Profile, net: Network, runs: list[Run], n: 
         reads = schemes.SCHEMES[s.compression].reads
         warmup = int(run.config.get("compression_warmup_steps", 0)) if "compression_warmup_steps" in reads else 0
         per_epoch = time_schemes(prof, epoch_scenarios(s, curve.epochs or 0), c.threads_per_rank)
-        seconds = time_to_target(c, prof, net, per_epoch, plain, n, curve, warmup)
         below = (sooner_below(c, prof, net, plain, plain_curve, per_epoch, curve, n, warmup)
                  if run is not plain_runs[0] else None)
         rows.append({"compression": s.label, "run": run.name, "epochs_to_target": curve.epochs,
-                     "time_to_target_s": seconds, "sooner_below_bits_per_s": None if below is None else 8 * below})
+                     **{f"time_to_target_s@{label}": time_to_target(c, prof, link, net, per_epoch, plain, n, curve,
+                                                                    warmup)
+                        for label, link in (rates or {}).items()},
+                     "sooner_below_bits_per_s": None if below is None else 8 * below})
     return rows
