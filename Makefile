@@ -29,7 +29,7 @@ bench-quick: setup
 	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np4 --epochs 6 --seeds 200 201 202 --out $(BENCH_QUICK_OUT)/convergence
 	$(PY) -m testbed.render_docs
 
-# make bench - the headline benchmarks, about 120 minutes on 2 cores (as root: the bytes and
+# make bench - the headline benchmarks, hours on 2 cores (each results file records how long it took; as root: the bytes and
 # compression benchmarks start a cluster of network namespaces). Each writes its results file to
 # benchmarks/results/ (every round, medians, intervals, failed rounds with their reason); a failed
 # round does not stop the rest. Then the tables in README.md and docs/ are made again from them.
@@ -44,6 +44,8 @@ bench: setup
 	-$(PY) benchmarks/step_validation.py --rates 1gbit 100mbit --nps 2 --syncs horovod --options plain --traced horovod ddp --repeats 3 --dataset synthetic --batch-size 32 --steps 6 --tag cluster2 --out $(BENCH_OUT)/step_validation-cluster2
 	-$(PY) benchmarks/comm_options.py --np 4 --acc-epochs 0 --out $(BENCH_OUT)/comm_options
 	-$(PY) benchmarks/compression.py --np 2 --acc-epochs 0 --schemes none powersgd topk --rates 1gbit 100mbit --repeats 5 --resolve 0.10 --budget 25 --tag np2 --out $(BENCH_OUT)/compression-np2
+	-$(PY) benchmarks/time_to_accuracy.py --out $(BENCH_OUT)/time_to_accuracy
+	-$(PY) benchmarks/crossover_check.py --runs $(BENCH_OUT)/time_to_accuracy --out $(BENCH_OUT)/crossover_check
 	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np4 --epochs 6 --seeds 200 201 202 --out $(BENCH_OUT)/convergence
 	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np1-fp32 np2-fp32 --seeds 200 201 202 203 204 --tag vgg11-compute --out $(BENCH_OUT)/convergence-vgg11-compute
 	-$(PY) benchmarks/reliability.py --out $(BENCH_OUT)/reliability
