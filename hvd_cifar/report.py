@@ -14,7 +14,8 @@ here (there is no obvious folder to put a comparison in)::
 
 How every number is made (steady-state epochs, img/s, speedup, bytes, time to target):
 ``hvd_cifar.analysis.summary``. The figures are drawn by ``hvd_cifar.analysis.plots``, the tables' columns are
-``hvd_cifar.analysis.run_tables``', "where the time went" is ``hvd_cifar.analysis.explain``'s.
+``hvd_cifar.analysis.run_tables``', "where the time went" is ``hvd_cifar.analysis.explain``'s, and
+"time to the target" (runs of several compressions with one target_acc) ``hvd_cifar.analysis.crossover``'s.
 
 A run killed while writing its last metrics.jsonl line is reported from its whole epochs, with a
 note saying one line was torn. Bad input (no metrics.jsonl, an empty or corrupt one), and an
@@ -30,7 +31,9 @@ import os
 import sys
 from typing import Any
 
-from hvd_cifar.analysis.explain import explain
+from hvd_cifar.analysis import crossover
+from hvd_cifar.analysis.explain import effective_link, explain
+from hvd_cifar.analysis.scaling import Network, as_run, measure, profile
 from hvd_cifar.analysis.steps import last_trace, trace_rows
 from hvd_cifar.analysis.sweep import repeated_section
 from hvd_cifar.analysis.plots import plot_compare, plot_run, plot_scaling
@@ -216,6 +219,49 @@ def time_went_section(runs: list[Run], rows: list[dict]) -> list[str]:
     return ["## Where the time went\n", *lines] if lines else []
 
 
+SOONER_COLUMNS = [Column("compression", "compression"), Column("run", "run"),
+                  num("epochs to target", "epochs_to_target", ".0f"),
+                  num("time to target (s)", "time_to_target_s@this link", ".1f"),
+                  Column("sooner than uncompressed below", "sooner_below_bits_per_s",
+                         lambda v: "-" if v is None else "every rate" if v >= 8 * crossover.HIGHEST
+                         else "no rate" if v <= 0 else f"{v / 1e6:.3g} Mbit/s")]
+
+
+def sooner_section(runs: list[Run], rows: list[dict]) -> list[str]:
+    """"Time to the target": for each set of multi-rank runs of one model, data set, world size,
+    sync method and target_acc holding one uncompressed run and others compressed, each run's
+    epochs and time to the target and the link rate below which it gets there sooner than the
+    uncompressed one (hvd_cifar.analysis.crossover), on the link the uncompressed run's own
+    communication implies (explain.effective_link)."""
+    groups: dict[tuple, list[Run]] = {}
+    for run, row in zip(runs, rows):
+        if row.get("target_acc") and isinstance(row.get("world_size"), int) and row["world_size"] >= 2:
+            key = (row["model"], row["dataset"], row["world_size"], row["sync"], row["target_acc"])
+            groups.setdefault(key, []).append(run)
+    lines = []
+    for (model, dataset, n, sync, target), group in groups.items():
+        plain = [r for r in group if (r.config.get("compression") or "none") == "none"]
+        if len(plain) != 1 or len(group) < 2:
+            continue
+        try:
+            c = measure(plain[0])
+            prof = profile(c.model, c.num_classes)
+            comm = c.comm_s if c.comm_s is not None else c.sync_s
+            link = effective_link(c, prof, as_run(c, plain[0].config), n, comm)
+            net = Network({c.sync: link}, None)
+            found = crossover.crossover_rows(c, prof, net, group, n, {"this link": net})
+        except (PredictError, KeyError, ValueError, ZeroDivisionError) as exc:
+            lines.append(f"{model} on {dataset}, np={n}: not compared ({str(exc).splitlines()[0]})\n")
+            continue
+        lines += [f"### {model} on {dataset}, np={n}, {sync}: to test accuracy {target}\n",
+                  f"Each run's measured epochs to the target; the link {plain[0].name}'s communication implies "
+                  f"({link.beta_bytes_per_s * 8 / 1e6:.3g} Mbit/s effective, latency taken as 0), and the rate below "
+                  f"which each compression gets there sooner than {plain[0].name} (docs/SCALING.md, \"Time to "
+                  f"accuracy\"; `python -m hvd_cifar.predict --accuracy-from` on a probed network):\n",
+                  markdown_table(SOONER_COLUMNS, found)]
+    return ["## Time to the target\n", *lines] if lines else []
+
+
 def compare_report(runs: list[Run], out: str) -> str:
     """compare.md, compare.csv and the overlaid figures in ``out``; returns compare.md's path."""
     os.makedirs(out, exist_ok=True)
@@ -236,7 +282,7 @@ def compare_report(runs: list[Run], out: str) -> str:
             markdown_table(with_target_columns(with_work_columns(COMPARE_COLUMNS, rows), rows), rows),
             *compute_notes(rows),
             *repeated_section(runs, rows, (*RUN_IDENTITY, "world_size")),
-            *time_went_section(runs, rows), *step_section(runs), "## Figures\n",
+            *time_went_section(runs, rows), *sooner_section(runs, rows), *step_section(runs), "## Figures\n",
             *[f"![{os.path.basename(p)}]({os.path.basename(p)})\n" for p in figures],
             "## Run folders\n", *[f"- {row['run']}: `{row['path']}`" + (f" ({METRICS}: {torn_note(run)})" if run.torn else "")
                                    for run, row in zip(runs, rows)], ""]

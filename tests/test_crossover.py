@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from conftest import md_table
-from hvd_cifar import predict
+from hvd_cifar import predict, report
 from hvd_cifar.analysis import crossover as x
 from hvd_cifar.analysis import scaling as p
 from hvd_cifar.core import cost
@@ -88,7 +88,7 @@ def accuracy_run(folder, compression: str, epochs_to_target: int | None, epoch_t
     """A 2-rank run of 6 epochs of 20 steps (``epoch_time_s`` each) that reached 0.9 at ``epochs_to_target``."""
     records = [epoch_record(e, 2, steps=20, epoch_time_s=epoch_time_s, elapsed_s=1.0 + (e + 1) * (epoch_time_s + 0.12))
                for e in range(6)]
-    target = {"target_acc": 0.9, "epochs_to_target": epochs_to_target,
+    target = {"target_acc": config.get("target_acc", 0.9), "epochs_to_target": epochs_to_target,
               "time_to_target_s": None if epochs_to_target is None else 2.5 + 1.1 * epochs_to_target}
     path = write_run(folder, records, config={"compression": compression, "target_acc": 0.9, "epochs": 6,
                                               "threads_per_rank": 1, **config}, eval_json=False)
@@ -126,3 +126,19 @@ def test_predict_names_each_schemes_crossover_from_the_runs_epochs_to_the_target
     other = accuracy_run(tmp_path / "other", "topk", 3, target_acc=0.8)
     assert predict.main(argv + [str(other)]) == 2
     assert "must share one target_acc" in capsys.readouterr().err
+
+
+def test_the_comparison_report_says_where_each_compression_reaches_the_target_sooner(tmp_path):
+    none = accuracy_run(tmp_path / "none", "none", 4)
+    psgd = accuracy_run(tmp_path / "psgd", "powersgd", 4, epoch_time_s=1.0, compression_warmup_steps=20)
+    other = accuracy_run(tmp_path / "other", "none", 3, target_acc=0.8)  # another target: a set of its own, alone
+    assert report.main([str(none), str(psgd), str(other), "--out", str(tmp_path / "cmp")]) == 0
+    text = (tmp_path / "cmp" / "compare.md").read_text()
+    assert text.count("## Time to the target") == 1 and text.count("### smallcnn on digits, np=2") == 1
+    rows = {r["compression"]: r for r in md_table(text, "### smallcnn on digits, np=2")}
+    assert set(rows) == {"none", "powersgd r=4"}
+    assert rows["none"]["time to target (s)"] == "5.1" and rows["powersgd r=4"]["time to target (s)"] == "5.5"
+    assert rows["powersgd r=4"]["sooner than uncompressed below"].endswith("Mbit/s")
+    # without an uncompressed run of the same target there is nothing to compare with
+    assert report.main([str(psgd), str(other), "--out", str(tmp_path / "cmp2")]) == 0
+    assert "## Time to the target" not in (tmp_path / "cmp2" / "compare.md").read_text()
