@@ -18,8 +18,10 @@ target over none's paired by round (the geometric mean's 95 % t-interval): pays 
 does not pay (wholly above) or unresolved. On the ladder of measured rates, the measured crossover
 is where the scheme stops paying: after the fastest rate it pays at, up to the slowest faster rate
 it does not pay at (an unresolved rate may be either side). ``rates_off``, per round and scheme:
-how many rates of the ladder lie between the predicted crossover and that span (0: it falls in
-it). docs/COMM_OPTIONS.md checks ``rates_off <= 1`` (within one of the rates).
+the most rates of the ladder that can lie between the predicted crossover and the measured one,
+wherever in that span it is (0: the span is one point and the prediction on it), so that a span
+left wide by unresolved rates cannot pass for agreement; ``span_rates`` the span's width.
+docs/COMM_OPTIONS.md checks ``rates_off <= 1`` (within one of the rates).
 
 Written to the results file benchmarks/results/crossover_check.json (every round; the measured
 verdicts and spans under ``measured``); predict's outputs in OUT/predict-rK/.
@@ -45,7 +47,8 @@ from testbed import jobs, render_docs
 RATIO = re.compile(r"^(?P<scheme>\S+) / none (?P<rate>\S+)$")
 FIGURES = {"crossover_mbit": Figure(f"predicted crossover (Mbit/s; 0: at no rate, {8 * HIGHEST / 1e6:.0e}: at "
                                     "every rate)", ".3g"),
-           "rates_off": Figure("rates between predicted and measured crossover", ".0f"),
+           "rates_off": Figure("rates between predicted and measured crossover, at most", ".0f"),
+           "span_rates": Figure("rates the measured crossover spans", ".0f"),
            "predicted_s": Figure("predicted time to target (s)", ".1f"),
            "measured_s": Figure("measured time to target (s)", ".1f"),
            "error_pct": Figure("prediction error (%)", "+.1f")}
@@ -91,6 +94,12 @@ def position(crossover_bits: float, ladder: list[str]) -> int:
     return sum(1 for rate in ladder if units.parse_rate(rate) < crossover_bits)
 
 
+def rates_off(predicted_position: int, span: tuple[int, int]) -> int:
+    """The most ladder rates between a predicted crossover and the measured one, wherever in
+    ``span`` that lies."""
+    return max(abs(predicted_position - span[0]), abs(predicted_position - span[1]))
+
+
 def predicted(runs: str, ladder: list[str], k: int, schemes: list[str], np_: int, out: str,
               timeout: float) -> dict[str, dict]:
     """scheme -> its crossover (bits/s; 0: at no rate) and predicted time to the target at each
@@ -102,7 +111,7 @@ def predicted(runs: str, ladder: list[str], k: int, schemes: list[str], np_: int
     jobs.run(f"predict round {k}", argv, log=os.path.join(out, "predict.log"), timeout=timeout)
     with open(os.path.join(out, "crossover.csv")) as f:
         rows = {r["run"].rsplit("-r", 1)[0]: r for r in csv.DictReader(f)}
-    return {s: {"bits": float(row["sooner_below_bits_per_s"] or 0.0),
+    return {s: {"bits": None if row["sooner_below_bits_per_s"] == "" else float(row["sooner_below_bits_per_s"]),
                 **{rate: float(row[f"time_to_target_s@{rate}"]) for rate in ladder if row[f"time_to_target_s@{rate}"]}}
             for s, row in rows.items()}
 
@@ -128,12 +137,13 @@ def check_round(results: Results, data: dict, args, k: int, ladder: list[str], s
                 results.add(k, f"{s} {rate}", {"predicted_s": guess, "measured_s": real,
                                               "error_pct": 100 * (guess - real) / real})
     for s in schemes:
-        if s not in found:
+        bits = found.get(s, {}).get("bits")
+        if bits is None:  # none's run of the round never reached the target: no crossover to predict
             continue
-        bits = found[s]["bits"]
-        pos, (low, high) = position(bits, ladder), spans[s]
-        off = low - pos if pos < low else pos - high if pos > high else 0
-        results.add(k, f"{s} crossover", {"crossover_mbit": min(bits, 8 * HIGHEST) / 1e6, "rates_off": float(off)})
+        low, high = spans[s]
+        off = rates_off(position(bits, ladder), spans[s])
+        results.add(k, f"{s} crossover", {"crossover_mbit": min(bits, 8 * HIGHEST) / 1e6, "rates_off": float(off),
+                                          "span_rates": float(high - low)})
 
 
 @jobs.one_line_errors("crossover_check")

@@ -30,6 +30,15 @@ def points(data: dict, key: str) -> dict[str, dict[str, list[float]]]:
     return found
 
 
+def rounds_of(data: dict) -> dict[str, int]:
+    """Per configuration, its rounds that did not fail (a cell with fewer says [n of N])."""
+    counted: dict[str, int] = {}
+    for r in data["rounds"]:
+        if r["ok"]:
+            counted[r["config"]] = counted.get(r["config"], 0) + 1
+    return counted
+
+
 def image_name(results_name: str, key: str) -> str:
     return f"{os.path.splitext(results_name)[0]}-{key}.png"
 
@@ -42,8 +51,9 @@ def plot_block(data: dict, options: dict, results_name: str, cell, label: str, t
     if not found:
         raise ValueError(f"show=plot: no configuration 'SERIES RATE' with {key!r} in {results_name}")
     rates = sorted({rate for by_rate in found.values() for rate in by_rate}, key=units.parse_rate)
-    rows = [[series, *[cell(found[series].get(rate, []), data["figures"].get(key, {})) for rate in rates]]
-            for series in found]
+    ran = rounds_of(data)
+    rows = [[series, *[cell(found[series].get(rate, []), data["figures"].get(key, {}), ran.get(f"{series} {rate}", 0))
+                       for rate in rates]] for series in found]
     path = f"{FIGURES_DIR}/{image_name(results_name, key)}"
     return [f"![{label} against the link rate, median of the rounds with its 95 % interval]({path})", "",
             *table([f"{label} at", *rates], rows)]
@@ -64,8 +74,9 @@ def draw(data: dict, options: dict, results_name: str, label: str, docs_dir: str
         xs = [units.parse_rate(r) / 1e6 for r in rates]
         mids = [statistics.median(by_rate[r]) / scale for r in rates]
         spans = [interval_of(by_rate[r]) if len(by_rate[r]) > 1 else None for r in rates]
-        low = [m - (iv.low / scale if iv else m) for m, iv in zip(mids, spans)]
-        high = [(iv.high / scale if iv else m) - m for m, iv in zip(mids, spans)]
+        # the interval is of the geometric mean, the point the median: a bar never reaches past it
+        low = [max(0.0, m - (iv.low / scale if iv else m)) for m, iv in zip(mids, spans)]
+        high = [max(0.0, (iv.high / scale if iv else m) - m) for m, iv in zip(mids, spans)]
         ax.errorbar(xs, mids, yerr=[low, high], marker="o", capsize=3, label=series)
     ax.set_xscale("log")
     ax.set_xlabel("link rate (Mbit/s)")

@@ -142,3 +142,22 @@ def test_the_comparison_report_says_where_each_compression_reaches_the_target_so
     # without an uncompressed run of the same target there is nothing to compare with
     assert report.main([str(psgd), str(other), "--out", str(tmp_path / "cmp2")]) == 0
     assert "## Time to the target" not in (tmp_path / "cmp2" / "compare.md").read_text()
+
+
+def test_accuracy_runs_unlike_the_compute_run_or_shorter_than_their_target_are_one_line(tmp_path, capsys):
+    compute = write_run(tmp_path / "np1", config={"threads_per_rank": 1})
+    none = accuracy_run(tmp_path / "none", "none", 4)
+    base = [str(compute), "--bandwidth", "100mbit", "--np", "2", "--out", str(tmp_path / "out"), "--accuracy-from",
+            str(none)]
+    accumulating = accuracy_run(tmp_path / "acc", "powersgd", 4, accumulation_steps=4)
+    assert predict.main(base + [str(accumulating)]) == 2
+    assert "acc has accumulation_steps 4, the compute run 1" in capsys.readouterr().err
+    frozen = accuracy_run(tmp_path / "frozen", "fp16", 4, freeze=2)
+    assert predict.main(base + [str(frozen)]) == 2
+    assert "runs that freeze blocks are not priced" in capsys.readouterr().err
+    short = accuracy_run(tmp_path / "short", "fp16", 4)
+    lines = (short / "metrics.jsonl").read_text().splitlines()
+    (short / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")  # eval.json says epoch 4, two records
+    assert predict.main(base + [str(short)]) == 2
+    err = capsys.readouterr().err
+    assert "reached its target at epoch 4 but metrics.jsonl holds 2 whole epoch record(s)" in err and "\n" == err[-1] and err.count("\n") == 1

@@ -403,6 +403,9 @@ def test_a_plot_block_shows_a_figure_against_the_link_rate_and_draws_it_only_whe
                                 ("psgd", "1gbit", 11.0), ("none", "100mbit", 14.0)):
             r.add(k, f"{series} {rate}", {"t": t + k})
     r.add(1, "none / psgd 20mbit", {"t": 1.0})  # not a point: left out
+    for k in (1, 2, 3):  # the same in every round (an interval of a point), and a round that has no figure
+        r.add(k, "flat 1gbit", {"t": 5.0})
+        r.add(k, "flat 20mbit", {"t": 9.0} if k < 3 else {})
     r.write()
     doc = '<!-- results: demo-plot.json show=plot figure=t -->\n<!-- /results -->\n'
     made = render_docs.render(doc, str(tmp_path))
@@ -413,6 +416,8 @@ def test_a_plot_block_shows_a_figure_against_the_link_rate_and_draws_it_only_whe
     assert [c.split(" ")[0] for c in none] == ["none", "32.0", "16.0", "12.0"]
     assert [c.split(" ")[0] for c in psgd] == ["psgd", "14.0", "-", "13.0"]  # not run at 100mbit
     assert none[1].startswith("32.0 (") and none[1].endswith(")")  # the interval of its 3 rounds
+    flat = [c.strip() for c in lines[4].strip("|").split("|")]
+    assert flat == ["flat", "9.0 [2 of 3]", "-", "5.0"]
     assert not (tmp_path / "docs").exists()
     docs = tmp_path / "docs"
     assert render_docs.render(doc, str(tmp_path), str(docs)) == made

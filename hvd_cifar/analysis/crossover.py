@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from hvd_cifar.analysis.scaling import Compute, Network, Profile, Scenario, as_run, predict_step, time_schemes
 from hvd_cifar.analysis.summary import time_to_target as measured_target, value
 from hvd_cifar.core import cost, schemes
+from hvd_cifar.core.config import Config
 from hvd_cifar.core.errors import PredictError
 from hvd_cifar.runfolder.reader import Run
 
@@ -92,7 +93,8 @@ def sooner_below(c: Compute, prof: Profile, net: Network, plain: Scenario, plain
     """The bandwidth (bytes/s) below which the scheme of ``per_epoch`` (time_to_target's) reaches
     the target sooner than ``plain``, both runs measured on ``net``: HIGHEST when it does at every
     rate searched, 0.0 when at none (or it never reaches the target), None when ``plain`` never
-    reaches it."""
+    reaches it. Only a rate *below* which it is sooner is searched for: a scheme that pays only on
+    fast links (one that sends more bytes than the ring) reads as sooner at no rate."""
     if plain_curve.epochs is None:
         return None
     if curve.epochs is None:
@@ -121,11 +123,28 @@ def curve_of(run: Run) -> Curve:
     epochs = measured_target(run)["epochs_to_target"]
     records = sorted((r for r in run.metrics if "steps" in r and "elapsed_s" in r), key=lambda r: r["epoch"])
     upto = records[:int(epochs)] if epochs else records
+    if not records or (epochs and len(upto) < int(epochs)):
+        raise PredictError(f"{run.path}: reached its target at epoch {epochs} but metrics.jsonl holds "
+                           f"{len(records)} whole epoch record(s)")
     epoch_s = tuple(value(r, "epoch_time_s") for r in upto)
     eval_s = tuple(value(r, "eval_time_s") for r in upto)
-    other = value(upto[-1], "elapsed_s") - sum(epoch_s) - sum(eval_s) if upto else 0.0
+    other = value(upto[-1], "elapsed_s") - sum(epoch_s) - sum(eval_s)
     return Curve(int(epochs) if epochs else None, sum(value(r, "steps") for r in records) / len(records),
                  epoch_s, eval_s, max(other, 0.0))
+
+
+def check_alike(c: Compute, runs: list[Run]) -> None:
+    """The accuracy runs are priced as ``c``'s run computes: each must train its model with its
+    method, accumulation and frozen blocks (else one line naming the first that differs)."""
+    want = {"model": c.model, "sync": c.sync, "accumulation_steps": c.accumulation_steps}
+    for run in runs:
+        for key, value_ in want.items():
+            if run.config.get(key, getattr(Config, key)) != value_:
+                raise PredictError(f"--accuracy-from: {run.name} has {key} {run.config.get(key)!r}, the compute run "
+                                   f"{value_!r}: the time to the target is priced on the compute run's steps")
+        if run.config.get("freeze", 0) != 0 or c.frozen_blocks:
+            raise PredictError(f"--accuracy-from: {run.name}: runs that freeze blocks are not priced "
+                               f"(freeze {run.config.get('freeze', 0)!r}, the compute run {c.frozen_blocks})")
 
 
 def crossover_rows(c: Compute, prof: Profile, net: Network, runs: list[Run], n: int,
@@ -137,6 +156,7 @@ def crossover_rows(c: Compute, prof: Profile, net: Network, runs: list[Run], n: 
     if len(targets) != 1 or not targets.pop():
         raise PredictError("--accuracy-from: the runs must share one target_acc (> 0): "
                            + ", ".join(f"{r.name} {r.config.get('target_acc')}" for r in runs))
+    check_alike(c, runs)
     plain_runs = [r for r in runs if (r.config.get("compression") or "none") == "none"]
     if len(plain_runs) != 1:
         raise PredictError(f"--accuracy-from: needs exactly one run with compression none to compare with "
@@ -146,7 +166,9 @@ def crossover_rows(c: Compute, prof: Profile, net: Network, runs: list[Run], n: 
     for run in runs:
         s, curve = as_run(c, run.config), curve_of(run)
         reads = schemes.SCHEMES[s.compression].reads
-        warmup = int(run.config.get("compression_warmup_steps", 0)) if "compression_warmup_steps" in reads else 0
+        given = run.config.get("compression_warmup_steps")
+        warmup = (int(Config.compression_warmup_steps if given is None else given)
+                  if "compression_warmup_steps" in reads else 0)
         per_epoch = time_schemes(prof, epoch_scenarios(s, curve.epochs or 0), c.threads_per_rank)
         below = (sooner_below(c, prof, net, plain, plain_curve, per_epoch, curve, n, warmup)
                  if run is not plain_runs[0] else None)
