@@ -25,7 +25,7 @@ test: setup
 BENCH_QUICK_OUT := logs/bench-quick
 bench-quick: setup
 	rm -rf $(BENCH_QUICK_OUT)
-	-$(PY) benchmarks/compute.py --models vgg11 --repeats 12 --no-compile --tag vgg11 --out $(BENCH_QUICK_OUT)/compute-vgg11
+	-$(PY) benchmarks/compute.py --models vgg11 --repeats 8 --epochs 2 --no-compile --tag vgg11 --out $(BENCH_QUICK_OUT)/compute-vgg11
 	-$(PY) benchmarks/convergence.py --models vgg11 --cases np1 np2 np4 --epochs 6 --seeds 200 201 202 --out $(BENCH_QUICK_OUT)/convergence
 	$(PY) -m testbed.render_docs
 

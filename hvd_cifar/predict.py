@@ -135,18 +135,6 @@ COLUMNS = [
 ]
 CROSSOVER_COLUMNS = [Column("compression", "compression"), Column("run", "run"),
                      num("epochs to target", "epochs_to_target", ".0f")]
-SOONER = Column("sooner than uncompressed below", "sooner_below_bits_per_s", lambda v: rate_words(v))
-
-
-def rate_words(bits_per_s: float | None) -> str:
-    """A crossover as a user reads it: a rate, every rate or none (crossover.sooner_below's ends)."""
-    if bits_per_s is None:
-        return "-"
-    if bits_per_s >= 8 * crossover.HIGHEST:
-        return "every rate"
-    if bits_per_s <= 0:
-        return "no rate"
-    return f"{bits_per_s / 1e6:.3g} Mbit/s"
 
 
 # ----------------------------------------------------------------------------- command line
@@ -305,7 +293,7 @@ def crossover_text(c, prof, args: argparse.Namespace, out: str) -> str:
         raise PredictError(f"--at-rates: {exc}") from None
     rows = crossover.crossover_rows(c, prof, net, runs, n, rates)
     columns = [*CROSSOVER_COLUMNS, *[num(f"time to target at {label} (s)", f"time_to_target_s@{label}", ".1f")
-                                     for label in rates], SOONER]
+                                     for label in rates], crossover.SOONER]
     write_csv(os.path.join(out, "crossover.csv"), columns, rows)
     return (f"time to target_acc {runs[0].config.get('target_acc')} at np={n}, from each run's epochs to it "
             f"(measured on {next(iter(net.links.values())).source}):\n"

@@ -222,9 +222,7 @@ def time_went_section(runs: list[Run], rows: list[dict]) -> list[str]:
 SOONER_COLUMNS = [Column("compression", "compression"), Column("run", "run"),
                   num("epochs to target", "epochs_to_target", ".0f"),
                   num("time to target (s)", "time_to_target_s@this link", ".1f"),
-                  Column("sooner than uncompressed below", "sooner_below_bits_per_s",
-                         lambda v: "-" if v is None else "every rate" if v >= 8 * crossover.HIGHEST
-                         else "no rate" if v <= 0 else f"{v / 1e6:.3g} Mbit/s")]
+                  crossover.SOONER]
 
 
 def sooner_section(runs: list[Run], rows: list[dict]) -> list[str]:

@@ -80,8 +80,8 @@ def test_a_run_that_never_reaches_the_target_is_sooner_at_no_rate():
     reached, never = curve(4), curve(None)
     assert x.sooner_below(COMPUTE, PROF, NET, PLAIN, reached, [FP16] * 4, never, 2) == 0.0
     assert x.sooner_below(COMPUTE, PROF, NET, PLAIN, never, [FP16] * 4, reached, 2) is None
-    assert predict.rate_words(0.0) == "no rate" and predict.rate_words(8 * x.HIGHEST) == "every rate"
-    assert predict.rate_words(2.5e7) == "25 Mbit/s" and predict.rate_words(None) == "-"
+    assert x.rate_words(0.0) == "no rate" and x.rate_words(8 * x.HIGHEST) == "every rate"
+    assert x.rate_words(2.5e7) == "25 Mbit/s" and x.rate_words(None) == "-"
 
 
 def accuracy_run(folder, compression: str, epochs_to_target: int | None, epoch_time_s: float = 0.9, **config):

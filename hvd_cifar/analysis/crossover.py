@@ -23,12 +23,28 @@ from dataclasses import dataclass, replace
 
 from hvd_cifar.analysis.scaling import Compute, Network, Profile, Scenario, as_run, predict_step, time_schemes
 from hvd_cifar.analysis.summary import time_to_target as measured_target, value
+from hvd_cifar.analysis.tabulate import Column
 from hvd_cifar.core import cost, schemes
 from hvd_cifar.core.config import Config
 from hvd_cifar.core.errors import PredictError
 from hvd_cifar.runfolder.reader import Run
 
 LOWEST, HIGHEST = 125.0, 1.25e12  # bytes/s searched: 1 kbit/s to 10 Tbit/s
+
+
+def rate_words(bits_per_s: float | None) -> str:
+    """A crossover as a user reads it: a rate, every rate or none (sooner_below's ends)."""
+    if bits_per_s is None:
+        return "-"
+    if bits_per_s >= 8 * HIGHEST:
+        return "every rate"
+    if bits_per_s <= 0:
+        return "no rate"
+    return f"{bits_per_s / 1e6:.3g} Mbit/s"
+
+
+# The crossover's column, as predict's table and the report's "Time to the target" show it.
+SOONER = Column("sooner than uncompressed below", "sooner_below_bits_per_s", rate_words)
 
 
 @dataclass(frozen=True)
