@@ -121,8 +121,12 @@ def one_round(model: str, k: int, settings: list[str], args, results: Results) -
 
 def derive(results: Results, model: str, settings: list[str]) -> None:
     """Paired within each round: hvd_cifar's img/s over the plain fp32 NCHW loop's, and over the
-    plain setting fastest by its median over every round."""
+    plain setting fastest by its median over every round. That setting's rounds are also kept as
+    ``MODEL plain fastest`` (which setting it is: the file's ``fastest_plain``), so that a table
+    can pair against it on every processor, whichever setting wins there."""
     best = fastest(results, model, settings)
+    results.data.setdefault("fastest_plain", {})[model] = best
+    results.derive(f"{model} plain fastest", "images_per_s", lambda r: r[f"{model} plain {best}"]["images_per_s"])
     results.derive(f"{model} hvd_cifar / plain fp32", "of_plain_fp32",
                    lambda r: r[f"{model} {HVD}"]["images_per_s"] / r[f"{model} plain fp32"]["images_per_s"])
     results.derive(f"{model} hvd_cifar / plain {best}", "of_fastest_plain",
