@@ -12,7 +12,7 @@ namespace cluster with shaped links. At np=1 a plain PyTorch loop (benchmarks/ba
     .venv/bin/python benchmarks/sync_methods.py [--np 2 [4 ...]] [--launcher mpirun|horovodrun]
         [--model vgg11] [--dataset digits] [--epochs 2] [--steps 0] [--batch-size 32] [--lr 0.01]
         [--repeats 2] [--hostfile FILE] [--no-plain] [--out logs/bench-sync-methods-YYYYmmdd-HHMMSS]
-        [--tag TAG] [--results benchmarks/results]
+        [--resolve TARGET [--budget MINUTES]] [--tag TAG] [--results benchmarks/results]
         [--cluster 4 [--rate 1gbit] [--cluster-model vgg11] [--cluster-epochs 2]
          [--cluster-steps 4] [--cluster-batch-size 8] [--cluster-repeats 2]
          [--cluster-cycle-time-ms 25] [--cluster-only]]
@@ -36,6 +36,13 @@ median over the rounds and its spread (min-max):
                 Defaults: vgg11 (36.9 MB of fp32 gradients per step, so the links matter),
                 4 steps of 8 images per rank per epoch, 2 epochs. Run folders
                 OUT/runs/cluster-METHOD-npN-rK, output OUT/cluster-METHOD-npN-rK.log.
+
+--resolve TARGET: after a pass's --repeats (--cluster-repeats) rounds, while the 95 % interval of
+Horovod's img/s over some other method's (paired within the round, every --np) holds TARGET
+(e.g. 0.97), one more round of that pass (every row, rotated), until each such ratio is met or not
+met, MAX_ROUNDS rounds, or the next round (at the mean round so far) would end after --budget
+minutes from the pass's first round. The results file keeps, per pass, the target, the budget, the
+rounds, why they stopped and each ratio's verdict; each decision is printed as it is taken.
 
 The figures are made from the runs' metrics.jsonl alone, over the epochs after the first (the
 first pays for warm-up), written to the results file benchmarks/results/sync_methods.json (with
@@ -79,7 +86,8 @@ from hvd_cifar.launch import commands
 
 from testbed import jobs, render_docs
 from hvd_cifar.measure.results import Figure, Results, add_options as add_results_options
-from hvd_cifar.measure.stats import best_other
+from hvd_cifar.measure.stats import Interval, best_other, judge, ratio_interval
+from hvd_cifar.measure.rounds import left_words
 from hvd_cifar.launch.commands import ROOT
 from testbed.netcluster import NetCluster
 from hvd_cifar.analysis.summary import steady_epochs, steady_per_step, summarize as summarize_run
@@ -99,6 +107,7 @@ PLAIN = "plain PyTorch loop"
 # With --mpi-operations: Horovod with Open MPI's allreduce, which polls while it waits, beside
 # hvd_cifar's choice (Gloo's where the ranks span hosts: sync/horovod.py, use_gloo_operations).
 MPI_OPS = "horovod-mpi-operations"
+MAX_ROUNDS = 40  # --resolve adds rounds up to this many, whatever the budget
 FIGURES = {
     "images_per_s": Figure("img/s", ".1f"),
     "step_time_s": Figure("step (ms)", ".0f", 1e-3),
@@ -155,6 +164,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "np=N, one rank per host of an N-host cluster (root): epoch time and accuracy per epoch")
     p.add_argument("--side-model", default="vgg11", help="side-by-side pass")
     p.add_argument("--side-epochs", type=int, default=4, help="side-by-side pass: whole epochs per job")
+    p.add_argument("--resolve", type=float, default=0.0, metavar="TARGET",
+                   help="more rounds of a pass while the 95 %% interval of Horovod's img/s over another method's "
+                        "holds TARGET (a ratio, e.g. 0.97), until met or not met, or --budget ends (default: off)")
+    p.add_argument("--budget", type=float, default=60.0, metavar="MINUTES",
+                   help="with --resolve: no round starts that would end after this many minutes from the "
+                        "pass's first round (default 60)")
     p.add_argument("--out", default=os.path.join(ROOT, "logs", time.strftime("bench-sync-methods-%Y%m%d-%H%M%S")))
     jobs.add_options(p, timeout=1200)
     add_results_options(p)
@@ -166,6 +181,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--cluster: {args.cluster} hosts is outside 2..16")
     if "horovod" not in args.methods:
         p.error("--methods: Horovod must be one of them (the ratios are its)")
+    if args.resolve < 0 or not math.isfinite(args.resolve) or args.budget <= 0:
+        p.error(f"--resolve {args.resolve:g} --budget {args.budget:g}: a ratio >= 0 and minutes > 0")
+    if args.resolve and len(args.methods) < 2:
+        p.error("--resolve: needs a method besides horovod among --methods (the ratios are Horovod's over them)")
     return args
 
 
@@ -273,22 +292,119 @@ def local_figures(run_dir: str) -> dict:
 
 
 def run_local_pass(args, results: Results) -> None:
-    """Every method at every --np (and the plain loop at np=1), ``repeats`` rounds; within a round
-    the sizes follow each other and each size's jobs rotate, so that none always runs first."""
-    results.plan(jobs=args.repeats * sum(len(args.methods) + (np == 1 and args.plain)
-                                         + (np > 1 and args.mpi_operations) for np in args.np),
-                 rounds=args.repeats)
-    for k in range(1, args.repeats + 1):
+    """Every method at every --np (and the plain loop at np=1), ``repeats`` rounds (more with
+    --resolve); within a round the sizes follow each other and each size's jobs rotate, so that
+    none always runs first."""
+    labels = {np: [*args.methods, *([PLAIN] if np == 1 and args.plain else []),
+                   *([MPI_OPS] if np > 1 and args.mpi_operations else [])] for np in args.np}
+
+    def one_round(k: int) -> None:
         for np in args.np:
-            labels = [*args.methods, *([PLAIN] if np == 1 and args.plain else []),
-                      *([MPI_OPS] if np > 1 and args.mpi_operations else [])]
-            for method in jobs.rotated(labels, k - 1):
+            for method in jobs.rotated(labels[np], k - 1):
                 name = f"{method.replace(' ', '-')}-np{np}-r{k}"
                 measure = (lambda: run_plain(name, args)) if method == PLAIN else \
                     (lambda: local_figures(run_local(method, name, args, np)))
                 results.measure(k, f"{method} np={np}", measure)
+    run_rounds(args, results, "local", one_round, args.repeats, sum(map(len, labels.values())),
+               [pair for np in args.np for pair in horovod_pairs(args.methods, np)])
     for np in args.np:
         derive_ratios(results, args.methods, np, mpi_operations=np > 1 and args.mpi_operations)
+
+
+def horovod_pairs(methods, np: int, suffix: str = "") -> list[tuple[str, str]]:
+    """(Horovod's configuration, another method's) at ``np``: the ratios --resolve judges."""
+    return [(f"horovod np={np}{suffix}", f"{m} np={np}{suffix}") for m in methods if m != "horovod"]
+
+
+# ----------------------------------------------------------------------------- --resolve
+def run_rounds(args, results: Results, name: str, one_round, repeats: int, per_round: int,
+               pairs: list[tuple[str, str]], clock=time.perf_counter) -> None:
+    """Rounds 1..``repeats`` of the pass ``name`` (``one_round(k)``: its ``per_round`` jobs),
+    then, with --resolve, more while ``decide`` says so; the record of them in the results file."""
+    results.plan(jobs=repeats * per_round, rounds=repeats)
+    began = clock()
+    for k in range(1, repeats + 1):
+        one_round(k)
+    if not args.resolve:
+        return
+    k = repeats
+    while True:
+        decision = decide(paired_ratios(results.data["rounds"], pairs), args.resolve, k, clock() - began,
+                          (clock() - began) / k, args.budget)
+        print(f"sync_methods ({name} pass): {decision['sentence']}", file=sys.stderr, flush=True)
+        if not decision["more"]:
+            break
+        k += 1
+        results.plan(jobs=(decision["planned"] - k + 1) * per_round, rounds=decision["planned"])
+        one_round(k)
+    found = paired_ratios(results.data["rounds"], pairs)
+    results.data.setdefault("resolve", []).append(
+        {"pass": name, "target": args.resolve, "budget_min": args.budget, "rounds": k,
+         "stopped": decision["stopped"], "sentence": decision["sentence"],
+         "verdicts": {f"{a} / {b}": judge(iv, ">=", args.resolve) for (a, b), iv in found.items()}})
+
+
+def paired_ratios(rounds: list[dict], pairs: list[tuple[str, str]]) -> dict[tuple[str, str], Interval]:
+    """Per pair (A, B): A's img/s over B's, paired within the round (the rounds where both
+    ran), with its 95 % interval (stats.ratio_interval); a pair with no such round is left out."""
+    rates: dict[int, dict[str, float]] = {}
+    for r in rounds:
+        if r["ok"] and not r.get("derived") and r["figures"].get("images_per_s", 0) > 0:
+            rates.setdefault(r["round"], {})[r["config"]] = r["figures"]["images_per_s"]
+    found = {}
+    for a, b in pairs:
+        both = [(mine[a], mine[b]) for _, mine in sorted(rates.items()) if a in mine and b in mine]
+        if both:
+            found[(a, b)] = ratio_interval([x for x, _ in both], [y for _, y in both])
+    return found
+
+
+def rounds_to_judge(iv: Interval, target: float) -> int:
+    """How many rounds in all the observed spread suggests would move the ratio's interval off
+    ``target`` (met or not met; it narrows as 1/√n); 0 when it is off already, -1 when it cannot
+    be estimated (one round, or the centre on the target). (Not in hvd_cifar.measure.stats: the
+    training runs load that module, and a change there would stale every results file.)"""
+    if judge(iv, ">=", target) != "unresolved":
+        return 0
+    distance = abs(math.log(iv.centre / target))
+    if distance == 0 or not math.isfinite(iv.half_width):
+        return -1
+    return max(iv.n + 1, math.ceil(iv.n * (iv.half_width / distance) ** 2))
+
+
+def needing(left: dict[tuple[str, str], Interval], target: float) -> str:
+    """``horovod np=2 / ddp np=2 would need about 24 rounds in all``, one clause per ratio."""
+    words = []
+    for (a, b), iv in left.items():
+        needed = rounds_to_judge(iv, target)
+        about = f"about {needed} rounds in all" if needed > 0 else "more rounds than its spread can tell"
+        words.append(f"{a} / {b} ({iv.centre:.3f}, {iv.low:.3f}-{iv.high:.3f}) "
+                     f"{'would need ' if not words else ''}{about}")
+    return ", ".join(words)
+
+
+def decide(found: dict[tuple[str, str], Interval], target: float, k: int, elapsed_s: float, round_s: float,
+           budget_min: float) -> dict:
+    """After round ``k`` of a pass: whether to run another (some ratio's interval holds
+    ``target``), or why the rounds stop (``stopped``: resolved, max rounds, budget), with its
+    ``sentence``. ``round_s``: the mean seconds of one round so far."""
+    left = {pair: iv for pair, iv in found.items() if judge(iv, ">=", target) == "unresolved"}
+    if not left:
+        return {"more": False, "stopped": "resolved",
+                "sentence": f"every ratio met or not met against {target:g} after {k} rounds"}
+    if k >= MAX_ROUNDS:
+        return {"more": False, "stopped": "max rounds",
+                "sentence": f"{MAX_ROUNDS} rounds, the most --resolve runs, ended it; {needing(left, target)}"}
+    if elapsed_s + round_s > budget_min * 60:  # the next round, at the mean round's length, would overrun
+        return {"more": False, "stopped": "budget",
+                "sentence": f"the budget of {budget_min:g} min ran out after {k} rounds; {needing(left, target)}"}
+    needed = [rounds_to_judge(iv, target) for iv in left.values()]
+    fit = k + max(1, math.floor((budget_min * 60 - elapsed_s) / round_s)) if round_s > 0 else MAX_ROUNDS
+    planned = min(MAX_ROUNDS, fit, max(k + 1, *needed))
+    return {"more": True, "stopped": "", "planned": planned,
+            "sentence": f"{len(left)} of {len(found)} ratios hold {target:g} after {k} rounds "
+                        f"({needing(left, target)}); round {k + 1} next, {round_s / 60:.1f} min a round: "
+                        f"{left_words((planned - k) * round_s)} if it takes the {planned} rounds planned"}
 
 
 def derive_ratios(results: Results, methods, np: int, suffix: str = "", mpi_operations: bool = False) -> None:
@@ -328,13 +444,15 @@ def rounds_of(results: Results) -> list[int]:
 
 
 def run_cluster_pass(cluster: NetCluster, args, results: Results) -> None:
-    """Every cluster variant, ``cluster_repeats`` rounds in a rotated order. The ranks run in the
-    cluster's namespaces, not as this process's children: no noise sampling."""
+    """Every cluster variant, ``cluster_repeats`` rounds in a rotated order (more with
+    --resolve). The ranks run in the cluster's namespaces, not as this process's children: no
+    noise sampling."""
     suffix = f" cluster {args.rate}"
     results.sample_noise = False
-    results.plan(jobs=args.cluster_repeats * len(cluster_variants(args)), rounds=args.cluster_repeats)
-    for k in range(1, args.cluster_repeats + 1):
-        for label in jobs.rotated(tuple(cluster_variants(args)), k - 1):
+    labels = tuple(cluster_variants(args))
+
+    def one_round(k: int) -> None:
+        for label in jobs.rotated(labels, k - 1):
             def measure(label=label):
                 row = summarize(run_on_cluster(cluster, label, f"cluster-{label}-np{args.cluster}-r{k}", args), label)
                 tx = row["nic_tx_bytes_per_step"]
@@ -342,6 +460,8 @@ def run_cluster_pass(cluster: NetCluster, args, results: Results) -> None:
                                                       "images_per_s", "cpu_s_per_image", "comm_bytes_per_step")},
                         "nic_tx_bytes_per_step": sum(tx.values()) / len(tx)}
             results.measure(k, f"{label} np={args.cluster}{suffix}", measure)
+    run_rounds(args, results, f"cluster {args.rate}", one_round, args.cluster_repeats, len(labels),
+               horovod_pairs(args.methods, args.cluster, suffix))
     derive_ratios(results, args.methods, args.cluster, suffix, mpi_operations=args.mpi_operations)
     results.sample_noise = True
 
@@ -412,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     side = run_side_by_side(args, results) if args.side_by_side else []
     path = results.write()
     tables = [render_docs.render_block(f"{os.path.basename(path)} {spec}", os.path.dirname(path)) for spec in specs]
+    tables += [f"--resolve, {record['pass']} pass: {record['sentence']}." for record in results.data.get("resolve", [])]
     if side:
         tables.append(f"side by side: namespace cluster (one rank per host, links {args.rate}), mpirun: "
                       f"{args.side_model} on {args.dataset}, {args.side_epochs} whole epochs at every default "
