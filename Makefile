@@ -40,7 +40,7 @@ bench: setup
 	-$(PY) benchmarks/sync_methods.py --np 2 --methods horovod ddp --dataset synthetic --steps 8 --repeats 10 --no-plain --resolve 0.97 --budget 30 --tag np2 --out $(BENCH_OUT)/sync_methods-np2
 	-$(PY) benchmarks/sync_methods.py --cluster-only --cluster 2 --rate 1gbit --methods horovod ddp --mpi-operations --cluster-cycle-time-ms 0 --dataset synthetic --cluster-batch-size 32 --cluster-steps 8 --cluster-repeats 10 --tag cluster2-1gbit --out $(BENCH_OUT)/sync_methods-cluster2-1gbit
 	-$(PY) benchmarks/sync_methods.py --cluster-only --cluster 2 --rate 100mbit --methods horovod ddp --mpi-operations --cluster-cycle-time-ms 0 --dataset synthetic --cluster-batch-size 32 --cluster-steps 4 --cluster-repeats 10 --tag cluster2-100mbit --out $(BENCH_OUT)/sync_methods-cluster2-100mbit
-	-$(PY) benchmarks/step_validation.py --rates 1gbit 100mbit --nps 2 --syncs horovod --options plain --traced horovod ddp --repeats 3 --dataset synthetic --batch-size 32 --steps 6 --tag cluster2 --out $(BENCH_OUT)/step_validation-cluster2
+	-$(PY) benchmarks/step_validation.py --rates 1gbit 100mbit --nps 2 --syncs horovod --options plain --traced horovod ddp --repeats 5 --dataset synthetic --batch-size 32 --steps 6 --tag cluster2 --out $(BENCH_OUT)/step_validation-cluster2
 	-$(PY) benchmarks/comm_options.py --np 4 --acc-epochs 0 --out $(BENCH_OUT)/comm_options
 	-$(PY) benchmarks/compression.py --np 2 --acc-epochs 0 --schemes none powersgd topk --rates 1gbit 100mbit --repeats 5 --resolve 0.10 --budget 25 --tag np2 --out $(BENCH_OUT)/compression-np2
 	-$(PY) benchmarks/time_to_accuracy.py --out $(BENCH_OUT)/time_to_accuracy
