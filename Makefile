@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine (each sets up first; a second set-up takes seconds):
 #   make demo   - 2-rank horovodrun training on the offline digits data set
 #   make test   - the test suite
-#   make bench-quick - every figure README.md shows measured again (under 30 minutes on 2 cores), then the docs' tables
+#   make bench-quick - every figure README.md shows measured again (14 minutes on 2 cores with bf16), then the docs' tables
 #   make bench  - the headline benchmarks into benchmarks/results/, then the docs' tables from them
 .PHONY: setup demo test bench bench-quick lint-docker clean
 PY := .venv/bin/python
@@ -19,8 +19,9 @@ test: setup
 # tests/test_docs_tables.py holds these commands to them), measured again, then every table
 # rendered again. The compute ratio in 8 rounds of 2 epochs, the accuracy at np 1, 2 and 4 on 3
 # seeds as in make bench. How long each takes is in its results file (started_utc to
-# finished_utc): on the AMD EPYC without bf16 they were last made on, 8 and 21 minutes. No root
-# needed. Each job's line says where its benchmark is and about how long it has left.
+# finished_utc): on the AMD EPYC with AVX-512 BF16 they were last made on, 9 and 5 minutes (14
+# for the whole target); where the processor has no bf16 the accuracy runs compute in fp32 and take
+# longer. No root needed. Each job's line says where its benchmark is and about how long it has left.
 BENCH_QUICK_OUT := logs/bench-quick
 bench-quick: setup
 	rm -rf $(BENCH_QUICK_OUT)
